@@ -1,0 +1,1 @@
+"""Everything about one torch.compile: configs, validation, capture statistics and measurement."""

@@ -1,0 +1,125 @@
+"""`CompileConfig`: one named set of `torch.compile` arguments, and its validation."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
+
+# Reserved: eager is always measured as the baseline of every job.
+EAGER = "eager"
+
+# Cold compile budgets in seconds, per mode. A cold max-autotune ResNet-50 cell took over
+# 8 minutes on an H100 with 16 cores (DESIGN.md), so autotuning modes get far more time.
+DEFAULT_TIMEOUT_BY_MODE: dict[str | None, float] = {
+    None: 900.0,
+    "default": 900.0,
+    "reduce-overhead": 900.0,
+    "max-autotune-no-cudagraphs": 2400.0,
+    "max-autotune": 2400.0,
+}
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """A named set of `torch.compile` arguments, as written in a sweep file's `configs:`."""
+
+    name: str
+    """Name of the config in the sweep (a column of every result row)."""
+    mode: str | None = None
+    """`torch.compile(mode=...)`: one of `torch._inductor.list_mode_options()`, or None."""
+    fullgraph: bool = False
+    """Fail on any graph break instead of splitting the graph."""
+    dynamic: bool | None = None
+    """`torch.compile(dynamic=...)`: None lets Dynamo decide after a shape change."""
+    backend: str = "inductor"
+    """`torch.compile(backend=...)`: a name from `torch._dynamo.list_backends()`."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Inductor options (names from `torch._inductor.list_options()`); exclusive with `mode`."""
+    timeout_s: float | None = None
+    """Per-job wall-time limit for this config; None takes the sweep's, else the mode default."""
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `torch.compile`."""
+        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        if self.mode is not None:
+            kwargs["mode"] = self.mode
+        if self.options:
+            kwargs["options"] = dict(self.options)
+        return kwargs
+
+    def effective_timeout(self, sweep_default: float | None) -> float:
+        if self.timeout_s is not None:
+            return float(self.timeout_s)
+        if sweep_default is not None:
+            return float(sweep_default)
+        return DEFAULT_TIMEOUT_BY_MODE.get(self.mode, DEFAULT_TIMEOUT_BY_MODE[None])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompileConfig:
+        return cls(**data)
+
+
+@lru_cache(maxsize=1)
+def inductor_modes() -> dict[str, dict[str, Any]]:
+    import torch._inductor
+
+    return torch._inductor.list_mode_options()
+
+
+@lru_cache(maxsize=1)
+def inductor_option_names() -> frozenset[str]:
+    import torch._inductor
+
+    return frozenset(torch._inductor.list_options())
+
+
+@lru_cache(maxsize=1)
+def backend_names() -> frozenset[str]:
+    import torch._dynamo
+
+    return frozenset(torch._dynamo.list_backends(exclude_tags=()))
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def config_problems(cfg: CompileConfig) -> list[tuple[str, str]]:
+    """Every problem with `cfg` as (field, message); empty when the config is valid."""
+    problems: list[tuple[str, str]] = []
+    if cfg.name == EAGER:
+        problems.append(("name", f"config name {EAGER!r} is reserved: eager is always measured as the baseline"))
+    modes = inductor_modes()
+    if cfg.mode is not None and cfg.mode not in modes:
+        problems.append(
+            ("mode", f"unknown mode {cfg.mode!r}; valid modes: {', '.join(sorted(modes))}"
+             + _did_you_mean(cfg.mode, list(modes)))
+        )
+    if cfg.mode is not None and cfg.options:
+        problems.append(
+            ("options", "`mode` and `options` cannot be combined (torch.compile raises); put the mode's "
+             f"settings into options instead, e.g. {modes.get(cfg.mode, {})}")
+        )
+    if cfg.backend not in backend_names():
+        problems.append(
+            ("backend", f"unknown backend {cfg.backend!r}; valid: {', '.join(sorted(backend_names()))}"
+             + _did_you_mean(cfg.backend, sorted(backend_names())))
+        )
+    if cfg.backend != "inductor" and (cfg.mode not in (None, "default") or cfg.options):
+        problems.append(("backend", f"mode and options apply to the inductor backend only, not {cfg.backend!r}"))
+    names = inductor_option_names()
+    for opt in cfg.options:
+        if opt not in names:
+            problems.append(
+                (f"options.{opt}", f"unknown Inductor option {opt!r} (see torch._inductor.list_options())"
+                 + _did_you_mean(opt, sorted(names)))
+            )
+    if cfg.timeout_s is not None and not cfg.timeout_s > 0:
+        problems.append(("timeout_s", f"timeout_s must be positive, got {cfg.timeout_s!r}"))
+    return problems

@@ -1,0 +1,210 @@
+"""`orchestrate`: validate, plan and run torch.compile sweeps; derive presets and reports."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+DESCRIPTION = """\
+Find the fastest torch.compile settings for your models on every hardware class of a Ray cluster.
+
+  orchestrate validate sweeps/smoke.yaml      check a sweep file, report every problem with its line
+  orchestrate plan sweeps/smoke.yaml          show the jobs a sweep would run; runs nothing
+  orchestrate sweep sweeps/smoke.yaml         run it (private local Ray unless --address is given)
+  orchestrate report runs/smoke               speedup table per hardware class -> runs/smoke/report.md
+  orchestrate presets runs/smoke              fastest ok config per cell -> runs/smoke/presets.json
+"""
+
+
+def _add_only(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--only",
+        metavar="PATTERN",
+        help="run only jobs whose name (hardware/model/bsN/dtype/config, e.g. cpu/resnet-50/bs1/fp32/default) "
+        "matches: a glob such as '*/bs1/*' must match the whole name, a plain word such as 'resnet' "
+        "matches anywhere; separate several patterns with commas",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="orchestrate", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a sweep file; exit 2 listing every problem with file:line")
+    p.add_argument("sweep", type=Path, help="sweep YAML file")
+
+    p = sub.add_parser("plan", help="print the job matrix of a sweep and its job count; runs nothing")
+    p.add_argument("sweep", type=Path, help="sweep YAML file")
+    p.add_argument(
+        "--hardware",
+        metavar="CLASSES",
+        help="comma-separated hardware classes to plan for when the sweep says `hardware: auto` "
+        "(default: what this machine has, e.g. cpu or H100)",
+    )
+    p.add_argument("--cpus-per-job", type=int, metavar="N", help="as for `sweep` (changes the slot counts shown)")
+    _add_only(p)
+
+    p = sub.add_parser("sweep", help="run a sweep and write its result tables")
+    p.add_argument("sweep", type=Path, help="sweep YAML file")
+    p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default: runs/<sweep name>)")
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster to use (e.g. ray://head:10001 or auto); default: start a private local Ray "
+        "for this sweep and stop it at the end",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a sweep in an output directory that already has rows: jobs with a row are "
+        "skipped, so no job gets a second row (without it, a non-empty --out is refused)",
+    )
+    p.add_argument(
+        "--cpus-per-job",
+        type=int,
+        metavar="N",
+        help="cores each job on a CPU node reserves, and its OMP/compile thread count (default: all cores "
+        "of the node, one job at a time, so jobs do not disturb each other's timings)",
+    )
+    p.add_argument("--scratch", metavar="DIR", help="where job processes keep caches and logs (default: temp dir)")
+    _add_only(p)
+
+    p = sub.add_parser("report", help="print the speedup table of a sweep output and write OUT/report.md")
+    p.add_argument("out", type=Path, help="sweep output directory")
+
+    p = sub.add_parser("presets", help="write OUT/presets.json: the fastest ok config per hardware/model/batch/dtype")
+    p.add_argument("out", type=Path, help="sweep output directory")
+    return parser
+
+
+def _load(path: Path):
+    from orchestrator.spec import SpecError, load_spec
+
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_validate(args) -> int:
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    print(
+        f"{args.sweep}: ok ({len(spec.models)} models x {len(spec.batch_sizes)} batch sizes x "
+        f"{len(spec.dtypes)} dtypes x {len(spec.configs)} configs per hardware class)"
+    )
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from orchestrator.driver import plan_jobs
+    from orchestrator.inventory import CPU_CLASS, HardwareClass, MissingHardwareError, local_classes
+
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    if args.hardware:
+        names = [h.strip() for h in args.hardware.split(",") if h.strip()]
+        classes = {n: HardwareClass(n, "cpu" if n == CPU_CLASS else "cuda", slots=1) for n in names}
+    elif spec.hardware != "auto":
+        classes = {n: HardwareClass(n, "cpu" if n == CPU_CLASS else "cuda", slots=1) for n in spec.hardware}
+    else:
+        classes = local_classes(args.cpus_per_job)
+    try:
+        jobs = plan_jobs(spec, classes, args.only)
+    except MissingHardwareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"sweep {spec.name!r} from {args.sweep}: {len(jobs)} jobs")
+    print(f"hardware: {', '.join(sorted({j.hardware for j in jobs})) or 'none'}"
+          + (" (auto: this machine)" if spec.hardware == "auto" and not args.hardware else ""))
+    width = max((len(j.name) for j in jobs), default=4)
+    print(f"{'#':>4}  {'job':<{width}}  {'job_id':<20}  timeout")
+    for i, job in enumerate(jobs, 1):
+        print(f"{i:>4}  {job.name:<{width}}  {job.job_id:<20}  {job.timeout_s:g}s")
+    print(f"{len(jobs)} jobs")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from orchestrator.driver import OutputExistsError, SweepInterrupted, SweepOptions, run_sweep
+    from orchestrator.inventory import MissingHardwareError
+    from orchestrator.progress import format_duration
+
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    if args.cpus_per_job is not None and args.cpus_per_job < 1:
+        print("error: --cpus-per-job must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    out = args.out or Path("runs") / spec.name
+    opts = SweepOptions(
+        out_dir=out,
+        address=args.address,
+        resume=args.resume,
+        only=args.only,
+        cpus_per_job=args.cpus_per_job,
+        scratch_root=args.scratch,
+        argv=sys.argv,
+    )
+    try:
+        summary = run_sweep(spec, opts)
+    except (OutputExistsError, MissingHardwareError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SweepInterrupted as exc:
+        print(f"\n{exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.counts.items())) or "nothing to run"
+    print(
+        f"done in {format_duration(summary.wall_s)}: {counts}; {summary.skipped} skipped as already done.\n"
+        f"results: {out}/results  (next: orchestrate report {out}; orchestrate presets {out})"
+    )
+    return 0
+
+
+def cmd_report(args) -> int:
+    from orchestrator.schema import read_results
+    from reports.speedup import render, write_report
+
+    table = read_results(args.out)
+    if table.num_rows == 0:
+        print(f"error: no result rows under {args.out}/results; run `orchestrate sweep` first", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(render(table, markdown=False))
+    print(f"wrote {write_report(args.out, table)}")
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from orchestrator.presets import write_presets
+
+    try:
+        path, data = write_presets(args.out)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for p in data["presets"]:
+        vs_default = f"{p['speedup_vs_default']:.2f}x" if p["speedup_vs_default"] else "n/a"
+        print(f"{p['hardware']}/{p['model']}/bs{p['batch_size']}/{p['dtype']}: {p['config']} "
+              f"({p['speedup_vs_eager']:.2f}x vs eager, {vs_default} vs default)")
+    for m in data["no_preset"]:
+        print(f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: no ok config {m['statuses']}")
+    print(f"wrote {path}")
+    return 0
+
+
+COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "presets": cmd_presets}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command](args)

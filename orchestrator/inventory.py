@@ -1,0 +1,113 @@
+"""Hardware classes of a Ray cluster: which kinds of device it has, and how many job slots each.
+
+A GPU node's class is its accelerator type (node label `ray.io/accelerator-type`, or resource
+`accelerator_type:X`, both set by Ray from the NVML name: A100, V100, T4, H100, ...). A node with
+no GPU belongs to the class `cpu`. A job slot is one GPU on GPU nodes, and `cpus_per_job` cores
+on CPU nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.job import DeviceKind
+
+CPU_CLASS = "cpu"
+ACCEL_LABEL = "ray.io/accelerator-type"
+ACCEL_RESOURCE_PREFIX = "accelerator_type:"
+
+
+@dataclass
+class HardwareClass:
+    name: str
+    device: DeviceKind
+    node_ids: list[str] = field(default_factory=list)
+    slots: int = 0
+    """Jobs of this class that can run at once across its nodes."""
+    cpus_per_job: int = 1
+    """Cores each job of this class reserves (and the thread count it gets)."""
+
+
+def node_class(node: dict[str, Any]) -> tuple[str, DeviceKind]:
+    resources = node.get("Resources", {})
+    labels = node.get("Labels", {}) or {}
+    if resources.get("GPU", 0) > 0:
+        if labels.get(ACCEL_LABEL):
+            return labels[ACCEL_LABEL], "cuda"
+        for key in resources:
+            if key.startswith(ACCEL_RESOURCE_PREFIX):
+                return key[len(ACCEL_RESOURCE_PREFIX):], "cuda"
+        return "GPU", "cuda"
+    return CPU_CLASS, "cpu"
+
+
+def classes_from_nodes(nodes: list[dict[str, Any]], cpus_per_job: int | None = None) -> dict[str, HardwareClass]:
+    """Hardware classes of the alive nodes (as `ray.nodes()` returns them).
+
+    `cpus_per_job` for CPU nodes defaults to all cores of the smallest CPU node: concurrent jobs
+    on one CPU node perturb each other's timings, so one job per CPU node is the honest default.
+    """
+    classes: dict[str, HardwareClass] = {}
+    alive = [n for n in nodes if n.get("Alive", n.get("alive", True))]
+    cpu_nodes = [n for n in alive if node_class(n)[1] == "cpu"]
+    cpu_job = cpus_per_job or max(1, int(min((n["Resources"].get("CPU", 1) for n in cpu_nodes), default=1)))
+    for node in alive:
+        name, device = node_class(node)
+        hw = classes.setdefault(name, HardwareClass(name, device))
+        hw.node_ids.append(node["NodeID"])
+        res = node.get("Resources", {})
+        cpus = int(res.get("CPU", 0))
+        if device == "cuda":
+            gpus = int(res.get("GPU", 0))
+            hw.cpus_per_job = max(1, min(hw.cpus_per_job if hw.slots else cpus, cpus // max(gpus, 1)))
+            hw.slots += gpus
+        else:
+            hw.cpus_per_job = cpu_job
+            hw.slots += cpus // cpu_job
+    return {k: v for k, v in sorted(classes.items()) if v.slots > 0}
+
+
+def local_classes(cpus_per_job: int | None = None) -> dict[str, HardwareClass]:
+    """The classes an embedded local Ray cluster on this machine would have, without starting Ray."""
+    import os
+
+    cpus = os.cpu_count() or 1
+    node: dict[str, Any] = {"NodeID": "local", "Resources": {"CPU": float(cpus)}, "Labels": {}}
+    try:
+        from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
+
+        gpus = nv.get_current_node_num_accelerators()
+        if gpus:
+            node["Resources"]["GPU"] = float(gpus)
+            accel = nv.get_current_node_accelerator_type()
+            if accel:
+                node["Labels"][ACCEL_LABEL] = accel
+    except Exception:  # no NVML, or Ray moved the module: a CPU machine as far as we can tell
+        pass
+    return classes_from_nodes([node], cpus_per_job)
+
+
+def cluster_classes(cpus_per_job: int | None = None) -> dict[str, HardwareClass]:
+    """The classes of the Ray cluster this process is connected to."""
+    import ray
+
+    return classes_from_nodes(ray.nodes(), cpus_per_job)
+
+
+class MissingHardwareError(ValueError):
+    pass
+
+
+def resolve(requested: str | tuple[str, ...], present: dict[str, HardwareClass]) -> dict[str, HardwareClass]:
+    """The classes a sweep runs on: all present ones for `auto`, else the requested ones, which
+    must all be present."""
+    if requested == "auto":
+        return dict(present)
+    missing = [h for h in requested if h not in present]
+    if missing:
+        raise MissingHardwareError(
+            f"the sweep asks for hardware {missing} that the cluster lacks; classes present: "
+            f"{', '.join(present) or 'none'}. Use `hardware: auto`, or a cluster with those node types."
+        )
+    return {h: present[h] for h in requested}

@@ -1,0 +1,59 @@
+"""Expand a `SweepSpec` into the list of `Job`s it stands for, and select among them."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+
+from orchestrator.spec import SweepSpec
+from workers.job import DeviceKind, Job, software_stack
+
+
+def expand(spec: SweepSpec, hardware: Mapping[str, DeviceKind], stack: dict[str, str] | None = None) -> list[Job]:
+    """Every (hardware, model, batch size, dtype, config) cell, in that nesting order.
+
+    `hardware` maps each hardware class the sweep runs on to the device kind its jobs use.
+    """
+    stack = software_stack() if stack is None else stack
+    jobs = [
+        Job(
+            sweep=spec.name,
+            hardware=hw,
+            device=device,
+            model=model,
+            batch_size=bs,
+            dtype=dtype,
+            config=cfg,
+            measure=spec.measure,
+            timeout_s=cfg.effective_timeout(spec.timeout_s),
+            stack=stack,
+        )
+        for hw, device in hardware.items()
+        for model in spec.models
+        for bs in spec.batch_sizes
+        for dtype in spec.dtypes
+        for cfg in spec.configs
+    ]
+    ids = [j.job_id for j in jobs]
+    if len(set(ids)) != len(ids):  # identity covers every axis, so this is a bug, not bad input
+        raise AssertionError("job ids collide within one sweep")
+    return jobs
+
+
+def select(jobs: Iterable[Job], pattern: str | None) -> list[Job]:
+    """Jobs whose name (hardware/model/bsN/dtype/config) matches `pattern`.
+
+    A pattern with glob characters (* ? [) must match the whole name; a plain word matches
+    anywhere in it. Several patterns may be given separated by commas.
+    """
+    jobs = list(jobs)
+    if not pattern:
+        return jobs
+    parts = [p.strip() for p in pattern.split(",") if p.strip()]
+
+    def hit(name: str) -> bool:
+        return any(
+            fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else p in name for p in parts
+        )
+
+    return [j for j in jobs if hit(j.name)]

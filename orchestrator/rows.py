@@ -1,0 +1,67 @@
+"""Turn a job and what its task returned into one results row."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from orchestrator.schema import check_row, options_json
+from workers.job import Job
+
+# Result fields the job subprocess reports that are columns as they are.
+_MEASURED = (
+    "device_name", "node_id", "hostname", "task", "error", "eager_ms", "eager_p10_ms", "eager_p90_ms",
+    "compiled_ms", "compiled_p10_ms", "compiled_p90_ms", "speedup", "compile_s", "eager_peak_mem_bytes",
+    "peak_mem_bytes", "graph_count", "graph_breaks", "max_abs_err", "max_rel_err", "torch_version",
+    "python_version", "subprocess_s",
+)
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return value
+
+
+def make_row(
+    job: Job,
+    result: dict[str, Any],
+    *,
+    run_id: str,
+    wall_s: float | None = None,
+    attempt: int = 1,
+) -> dict[str, Any]:
+    row = {k: result.get(k) for k in _MEASURED}
+    row.update(
+        job_id=job.job_id,
+        run_id=run_id,
+        hardware=job.hardware,
+        sweep=job.sweep,
+        job_name=job.name,
+        model=job.model.name,
+        model_id=job.model.id,
+        task=result.get("task") or job.model.task,
+        batch_size=job.batch_size,
+        dtype=job.dtype,
+        config=job.config.name,
+        mode=job.config.mode,
+        backend=job.config.backend,
+        fullgraph=job.config.fullgraph,
+        dynamic=job.config.dynamic,
+        options=options_json(job.config.options),
+        status=result.get("status", "crash"),
+        started_at=_timestamp(result.get("started_at")),
+        wall_s=wall_s,
+        attempt=attempt,
+    )
+    if row["status"] == "ok":
+        row["error"] = None
+    return check_row(row)
+
+
+def failure_row(job: Job, status: str, error: str, *, run_id: str, wall_s: float | None = None) -> dict[str, Any]:
+    """A row for a job whose task never reported (its worker or node died, it was cancelled)."""
+    return make_row(job, {"status": status, "error": error}, run_id=run_id, wall_s=wall_s)

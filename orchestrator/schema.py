@@ -1,0 +1,127 @@
+"""The one place every Arrow table of a sweep output is defined.
+
+Layout of an output directory::
+
+    <out>/run.json                       spec, versions and host of every invocation (appended)
+    <out>/results/hardware=<class>/part-<uuid>.parquet
+
+`results/` is a hive-partitioned Parquet dataset: the `hardware` column lives in the directory
+name, not in the files. Read it with :func:`read_results` (or
+``pyarrow.dataset.dataset(path, partitioning="hive")``). Files are only ever created complete:
+the sink writes a dot-file, fsyncs it and renames it into place, and hive readers skip dot-files.
+
+Failures are rows: every planned job ends as exactly one row whose ``status`` says how it ended.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import pyarrow as pa
+
+Status = Literal["ok", "compile_error", "runtime_error", "accuracy_fail", "oom", "timeout", "crash"]
+STATUSES: tuple[str, ...] = get_args(Status)
+
+RESULTS_DIR = "results"
+PARTITION_COLUMNS = ("hardware",)
+
+# (name, type, description). Descriptions are the data dictionary shown by the docs and tests.
+_RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    ("job_id", pa.string(), "stable content hash of the job and the software stack"),
+    ("run_id", pa.string(), "the `orchestrate sweep` invocation that produced the row"),
+    ("hardware", pa.string(), "hardware class the job was pinned to (e.g. A100, H100, cpu)"),
+    ("device_name", pa.string(), "device the job ran on as the framework names it"),
+    ("node_id", pa.string(), "Ray node id that ran the job"),
+    ("hostname", pa.string(), "host that ran the job"),
+    ("sweep", pa.string(), "sweep name"),
+    ("job_name", pa.string(), "human-readable job name hardware/model/bs/dtype/config"),
+    ("model", pa.string(), "model name in the sweep"),
+    ("model_id", pa.string(), "model id (hf:..., python:...)"),
+    ("task", pa.string(), "model task"),
+    ("batch_size", pa.int32(), "batch size"),
+    ("dtype", pa.string(), "precision policy (fp32, tf32, bf16, fp16)"),
+    ("config", pa.string(), "compile config name from the sweep"),
+    ("mode", pa.string(), "torch.compile mode, null for none"),
+    ("backend", pa.string(), "torch.compile backend"),
+    ("fullgraph", pa.bool_(), "torch.compile fullgraph"),
+    ("dynamic", pa.bool_(), "torch.compile dynamic (null: automatic)"),
+    ("options", pa.string(), "Inductor options as JSON text"),
+    ("status", pa.string(), "one of " + ", ".join(STATUSES)),
+    ("error", pa.string(), "what went wrong (null when status is ok)"),
+    ("eager_ms", pa.float64(), "eager median latency per call, ms"),
+    ("eager_p10_ms", pa.float64(), "eager 10th percentile, ms"),
+    ("eager_p90_ms", pa.float64(), "eager 90th percentile, ms"),
+    ("compiled_ms", pa.float64(), "compiled median latency per call, ms"),
+    ("compiled_p10_ms", pa.float64(), "compiled 10th percentile, ms"),
+    ("compiled_p90_ms", pa.float64(), "compiled 90th percentile, ms"),
+    ("speedup", pa.float64(), "eager_ms / compiled_ms"),
+    ("compile_s", pa.float64(), "wall time of the first compiled call (compile + one run), s"),
+    ("eager_peak_mem_bytes", pa.int64(), "peak memory of the eager phase (CUDA allocator, or process RSS on CPU)"),
+    ("peak_mem_bytes", pa.int64(), "peak memory of the compiled phase (CUDA allocator, or process RSS on CPU)"),
+    ("graph_count", pa.int32(), "FX graphs Dynamo captured"),
+    ("graph_breaks", pa.int32(), "graph breaks Dynamo recorded"),
+    ("max_abs_err", pa.float64(), "max |compiled - eager| over all output tensors"),
+    ("max_rel_err", pa.float64(), "max_abs_err / max |eager|"),
+    ("torch_version", pa.string(), "torch version in the job process"),
+    ("python_version", pa.string(), "Python version in the job process"),
+    ("started_at", pa.timestamp("us", tz="UTC"), "when the job's subprocess started"),
+    ("wall_s", pa.float64(), "driver-side time from dispatch to result, s"),
+    ("subprocess_s", pa.float64(), "lifetime of the job subprocess, s"),
+    ("attempt", pa.int32(), "1 for the first try of the job"),
+]
+
+RESULTS_SCHEMA = pa.schema(
+    [pa.field(name, typ, metadata={"description": doc}) for name, typ, doc in _RESULT_FIELDS]
+)
+# What the Parquet files hold: the partition columns come from the directory names.
+RESULTS_FILE_SCHEMA = pa.schema([f for f in RESULTS_SCHEMA if f.name not in PARTITION_COLUMNS])
+RESULT_COLUMNS: tuple[str, ...] = tuple(RESULTS_SCHEMA.names)
+
+
+class SchemaError(ValueError):
+    """A row that does not fit the results table."""
+
+
+def check_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Return `row` with every results column present (missing ones null); reject unknown keys."""
+    unknown = set(row) - set(RESULT_COLUMNS)
+    if unknown:
+        raise SchemaError(f"unknown result columns {sorted(unknown)}; valid: {list(RESULT_COLUMNS)}")
+    status = row.get("status")
+    if status not in STATUSES:
+        raise SchemaError(f"status {status!r} is not one of {STATUSES}")
+    for key in ("job_id", "run_id", "hardware"):
+        if not row.get(key):
+            raise SchemaError(f"result row lacks {key}")
+    return {name: row.get(name) for name in RESULT_COLUMNS}
+
+
+def rows_to_table(rows: list[dict[str, Any]], *, with_partitions: bool = True) -> pa.Table:
+    schema = RESULTS_SCHEMA if with_partitions else RESULTS_FILE_SCHEMA
+    checked = [check_row(r) for r in rows]
+    return pa.Table.from_pylist([{k: r[k] for k in schema.names} for r in checked], schema=schema)
+
+
+def results_path(out_dir: str | Path) -> Path:
+    return Path(out_dir) / RESULTS_DIR
+
+
+def read_results(out_dir: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """All result rows of an output directory, in the canonical schema (empty table if none)."""
+    import pyarrow.dataset as ds
+
+    path = results_path(out_dir)
+    if not path.is_dir():
+        empty = RESULTS_SCHEMA.empty_table()
+        return empty.select(columns) if columns else empty
+    partitioning = ds.partitioning(
+        pa.schema([RESULTS_SCHEMA.field(c) for c in PARTITION_COLUMNS]), flavor="hive"
+    )
+    dataset = ds.dataset(path, format="parquet", partitioning=partitioning, schema=RESULTS_SCHEMA)
+    return dataset.to_table(columns=columns)
+
+
+def options_json(options: dict[str, Any]) -> str:
+    return json.dumps(options, sort_keys=True)

@@ -1,0 +1,306 @@
+"""Sweep files: YAML -> validated, typed `SweepSpec`.
+
+`load_spec` checks the whole file and raises one `SpecError` listing every problem with its
+file and line, so a user fixes a sweep file in one pass and nothing runs on a bad file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from compiler.config import CompileConfig, config_problems
+from orchestrator.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
+from workers.job import PRECISIONS, MeasureSpec, ModelSpec, canonical_precision
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep file."""
+
+    name: str
+    """Sweep name; also the default output directory `runs/<name>`."""
+    models: tuple[ModelSpec, ...]
+    batch_sizes: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    """Precision policies, canonical names (fp32, tf32, bf16, fp16)."""
+    configs: tuple[CompileConfig, ...]
+    """Compile configs to measure; eager is always measured too, as every job's baseline."""
+    hardware: Literal["auto"] | tuple[str, ...] = "auto"
+    """`auto`: every hardware class the cluster has; else the classes to run on."""
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+    timeout_s: float | None = None
+    """Default per-job wall-time limit; configs may override; None uses the per-mode defaults."""
+    description: str = ""
+    source: str = ""
+    """The file the spec was loaded from."""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The file's data as written, recorded in run.json."""
+
+
+class SpecError(ValueError):
+    """A sweep file with problems; `errors` lists each with file and line."""
+
+    def __init__(self, errors: list[SourceError]):
+        self.errors = errors
+        lines = "\n".join(f"  {e}" for e in errors)
+        super().__init__(f"{len(errors)} problem(s) in sweep file:\n{lines}")
+
+
+def load_spec(file: str | Path) -> SweepSpec:
+    return _build(load_yaml(file))
+
+
+def parse_spec(text: str, file: str = "<string>") -> SweepSpec:
+    return _build(parse_yaml(text, file))
+
+
+# --- validation helpers -------------------------------------------------------------------------
+
+_TOP_KEYS = {"name", "description", "models", "batch_sizes", "dtypes", "configs", "hardware", "measure", "timeout_s"}
+_MODEL_KEYS = {"id", "name", "task", "input_size", "overrides"}
+_CONFIG_KEYS = {"mode", "fullgraph", "dynamic", "backend", "options", "timeout_s"}
+_MEASURE_KEYS = {"warmup", "iterations"}
+
+
+def _check_keys(src: LocatedYaml, mapping: dict, allowed: set[str], path: PathKey, what: str) -> None:
+    for key in mapping:
+        if key not in allowed:
+            src.error(path + (key,), f"unknown key {key!r} in {what}; valid keys: {', '.join(sorted(allowed))}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _positive_number(src: LocatedYaml, value: Any, path: PathKey, what: str) -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value) or value <= 0:
+        src.error(path, f"{what} must be a positive number, got {value!r}")
+        return None
+    return float(value)
+
+
+def _list_of(src: LocatedYaml, data: dict, key: str, required: bool) -> list | None:
+    value = data.get(key)
+    if value is None:
+        if required:
+            src.error((), f"missing required key {key!r}")
+        return None
+    if not isinstance(value, list) or not value:
+        src.error((key,), f"{key!r} must be a non-empty list")
+        return None
+    return value
+
+
+def _duplicates(src: LocatedYaml, values: list, key: str) -> None:
+    seen: set = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            src.error((key, i), f"{v!r} appears twice in {key!r}")
+        seen.add(v)
+
+
+# --- sections -----------------------------------------------------------------------------------
+
+
+def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
+    from workers import zoo
+
+    tasks = get_args(zoo.Task)
+    models: list[ModelSpec] = []
+    for i, item in enumerate(items):
+        path: PathKey = ("models", i)
+        if isinstance(item, str):
+            item = {"id": item}
+        if not isinstance(item, dict):
+            src.error(path, f"a model is an id string or a mapping with 'id', got {item!r}")
+            continue
+        _check_keys(src, item, _MODEL_KEYS, path, "a model")
+        model_id = item.get("id")
+        if not isinstance(model_id, str):
+            src.error(path, "model needs an 'id' such as hf:microsoft/resnet-50 or python:pkg.module:factory")
+            continue
+        if model_id.startswith("python:"):
+            if not zoo.is_known(model_id):
+                src.error(path + ("id",), f"malformed python model id {model_id!r}; expected python:package.module:factory")
+            elif not _module_exists(model_id.split(":")[1]):
+                src.error(path + ("id",), f"module {model_id.split(':')[1]!r} of {model_id!r} is not importable")
+        elif not zoo.is_known(model_id):
+            src.error(
+                path + ("id",),
+                f"unknown model id {model_id!r}; known ids: {', '.join(zoo.known_model_ids())} "
+                "(or python:package.module:factory for your own model)",
+            )
+        name = item.get("name", _default_name(model_id))
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            src.error(path + ("name",), f"model name {name!r} must be letters, digits and _ . + - only")
+        task = item.get("task")
+        if task is not None and task not in tasks:
+            src.error(path + ("task",), f"unknown task {task!r}; valid: {', '.join(tasks)}")
+        input_size = item.get("input_size")
+        if input_size is not None and (not _is_int(input_size) or input_size <= 0):
+            src.error(path + ("input_size",), f"input_size must be a positive integer, got {input_size!r}")
+        overrides = item.get("overrides", {})
+        if not isinstance(overrides, dict):
+            src.error(path + ("overrides",), "overrides must be a mapping of config attribute -> value")
+            overrides = {}
+        models.append(ModelSpec(id=model_id, name=str(name), task=task, input_size=input_size, overrides=overrides))
+    _duplicates(src, [m.name for m in models], "models")
+    return models
+
+
+def _default_name(model_id: str) -> str:
+    tail = model_id.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9_.+-]", "-", tail) or "model"
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
+    if not isinstance(data, dict) or not data:
+        src.error(("configs",), "'configs' must be a non-empty mapping of name -> compile settings, "
+                  "e.g. configs: {default: {}, ro: {mode: reduce-overhead}}")
+        return []
+    configs = []
+    for name, body in data.items():
+        path: PathKey = ("configs", name)
+        body = {} if body is None else body
+        if not isinstance(body, dict):
+            src.error(path, f"config {name!r} must be a mapping of torch.compile settings")
+            continue
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            src.error(path, f"config name {name!r} must be letters, digits and _ . + - only")
+            continue
+        _check_keys(src, body, _CONFIG_KEYS, path, f"config {name!r}")
+        ok = True
+        for key, check, kind in (
+            ("mode", lambda v: v is None or isinstance(v, str), "a string"),
+            ("fullgraph", lambda v: isinstance(v, bool), "true or false"),
+            ("dynamic", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+            ("backend", lambda v: isinstance(v, str), "a string"),
+            ("options", lambda v: isinstance(v, dict), "a mapping"),
+        ):
+            if key in body and not check(body[key]):
+                src.error(path + (key,), f"{key} must be {kind}, got {body[key]!r}")
+                ok = False
+        timeout = _positive_number(src, body.get("timeout_s"), path + ("timeout_s",), "timeout_s")
+        if not ok:
+            continue
+        cfg = CompileConfig(
+            name=name,
+            mode=body.get("mode"),
+            fullgraph=body.get("fullgraph", False),
+            dynamic=body.get("dynamic"),
+            backend=body.get("backend", "inductor"),
+            options=body.get("options", {}),
+            timeout_s=timeout,
+        )
+        for fld, message in config_problems(cfg):
+            src.error(path + tuple(fld.split(".")), f"config {name!r}: {message}")
+        configs.append(cfg)
+    return configs
+
+
+def _measure(src: LocatedYaml, data: Any) -> MeasureSpec:
+    if data is None:
+        return MeasureSpec()
+    if not isinstance(data, dict):
+        src.error(("measure",), "measure must be a mapping with warmup and iterations")
+        return MeasureSpec()
+    _check_keys(src, data, _MEASURE_KEYS, ("measure",), "measure")
+    warmup = data.get("warmup", MeasureSpec.warmup)
+    iterations = data.get("iterations", MeasureSpec.iterations)
+    if not _is_int(warmup) or warmup < 0:
+        src.error(("measure", "warmup"), f"warmup must be an integer >= 0, got {warmup!r}")
+        warmup = MeasureSpec.warmup
+    if not _is_int(iterations) or iterations < 1:
+        src.error(("measure", "iterations"), f"iterations must be an integer >= 1, got {iterations!r}")
+        iterations = MeasureSpec.iterations
+    return MeasureSpec(warmup=warmup, iterations=iterations)
+
+
+def _build(src: LocatedYaml) -> SweepSpec:
+    if src.errors and src.data is None:
+        raise SpecError(src.errors)
+    data = src.data
+    if not isinstance(data, dict):
+        src.error((), "a sweep file is a mapping with name, models, batch_sizes, configs, ...")
+        raise SpecError(src.errors)
+    _check_keys(src, data, _TOP_KEYS, (), "the sweep")
+
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        src.error(("name",) if "name" in data else (), "the sweep needs a 'name' of letters, digits and _ . + -")
+        name = "invalid"
+
+    model_items = _list_of(src, data, "models", required=True) or []
+    models = _models(src, model_items)
+
+    batch_sizes = _list_of(src, data, "batch_sizes", required=True) or []
+    for i, bs in enumerate(batch_sizes):
+        if not _is_int(bs) or bs <= 0:
+            src.error(("batch_sizes", i), f"batch size must be a positive integer, got {bs!r}")
+    _duplicates(src, batch_sizes, "batch_sizes")
+
+    dtypes = []
+    for i, d in enumerate(_list_of(src, data, "dtypes", required=False) or ["fp32"]):
+        canon = canonical_precision(d) if isinstance(d, str) else None
+        if canon is None:
+            src.error(("dtypes", i), f"unknown dtype {d!r}; valid: {', '.join(PRECISIONS)} "
+                      "(aliases: float32, bfloat16, float16)")
+        else:
+            dtypes.append(canon)
+    _duplicates(src, dtypes, "dtypes")
+
+    configs = _configs(src, data.get("configs")) if "configs" in data else []
+    if "configs" not in data:
+        src.error((), "missing required key 'configs'")
+
+    hardware: Any = data.get("hardware", "auto")
+    if hardware != "auto":
+        if isinstance(hardware, str):
+            hardware = [hardware]
+        if not isinstance(hardware, list) or not hardware or not all(
+            isinstance(h, str) and NAME_RE.match(h) for h in hardware
+        ):
+            src.error(("hardware",), f"hardware must be 'auto' or a list of classes such as [A100, T4, cpu], got {hardware!r}")
+            hardware = "auto"
+        else:
+            _duplicates(src, hardware, "hardware")
+            hardware = tuple(hardware)
+
+    measure = _measure(src, data.get("measure"))
+    timeout = _positive_number(src, data.get("timeout_s"), ("timeout_s",), "timeout_s")
+    description = data.get("description", "")
+
+    if src.errors:
+        raise SpecError(src.errors)
+    return SweepSpec(
+        name=name,
+        models=tuple(models),
+        batch_sizes=tuple(batch_sizes),
+        dtypes=tuple(dtypes),
+        configs=tuple(configs),
+        hardware=hardware,
+        measure=measure,
+        timeout_s=timeout,
+        description=str(description),
+        source=src.file,
+        raw=data,
+    )

@@ -1,0 +1,76 @@
+"""Speedup report: per hardware class, a model x config table of compiled-over-eager speedups."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+REPORT_FILE = "report.md"
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    if row["status"] != "ok":
+        return row["status"]
+    return f"{row['speedup']:.2f}x"
+
+
+def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """{hardware: (header, rows)}; one row per (model, batch size, dtype), one column per config."""
+    by_hw: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in table.to_pylist():
+        by_hw[row["hardware"]].append(row)
+    out = {}
+    for hw, rows in sorted(by_hw.items()):
+        configs = sorted({r["config"] for r in rows})
+        cells: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
+        for r in rows:
+            cells[(r["model"], r["batch_size"], r["dtype"])][r["config"]] = r
+        header = ["model", "batch", "dtype", "eager ms", *configs]
+        body = []
+        for (model, bs, dtype), by_cfg in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+            eager = [r["eager_ms"] for r in by_cfg.values() if r["eager_ms"] is not None]
+            eager_s = f"{sorted(eager)[len(eager) // 2]:.3f}" if eager else "-"
+            body.append([model, str(bs), dtype, eager_s, *(_cell(by_cfg.get(c)) for c in configs)])
+        out[hw] = (header, body)
+    return out
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*r) for r in rows)])
+
+
+def render(table: pa.Table, markdown: bool = True) -> str:
+    """The report as Markdown (markdown=True) or aligned plain text for a terminal."""
+    statuses: dict[str, int] = defaultdict(int)
+    for s in table.column("status").to_pylist():
+        statuses[s] += 1
+    parts = []
+    if markdown:
+        parts.append("# Speedup of torch.compile over eager\n")
+    parts.append(
+        f"{table.num_rows} results: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+        + ". Cells: median eager latency / median compiled latency; a status where the job did not succeed.\n"
+    )
+    for hw, (header, rows) in speedup_tables(table).items():
+        parts.append(f"## {hw}\n" if markdown else f"[{hw}]")
+        parts.append((_markdown_table if markdown else _text_table)(header, rows) + "\n")
+    return "\n".join(parts)
+
+
+def write_report(out_dir: str | Path, table: pa.Table) -> Path:
+    path = Path(out_dir) / REPORT_FILE
+    path.write_text(render(table, markdown=True))
+    return path

@@ -1,0 +1,138 @@
+"""A job: one (hardware, model, batch size, precision, compile config) cell, and its stable id.
+
+Jobs travel driver -> Ray task -> job subprocess as JSON, so everything here is plain data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from typing import Any, Literal
+
+from compiler.config import CompileConfig
+
+Precision = Literal["fp32", "tf32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+PRECISION_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "tfloat32": "tf32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+}
+
+DeviceKind = Literal["cpu", "cuda"]
+
+
+def canonical_precision(name: str) -> str | None:
+    """The canonical precision name for `name` (aliases such as float32 accepted), None if unknown."""
+    name = PRECISION_ALIASES.get(name, name)
+    return name if name in PRECISIONS else None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model entry of a sweep file."""
+
+    id: str
+    """`hf:<org>/<name>` from the model zoo, or `python:<package.module>:<factory>` for user code."""
+    name: str
+    """Short name used in job names and tables; defaults to the last part of the id."""
+    task: str | None = None
+    """Task override; defaults to the zoo entry's task."""
+    input_size: int | None = None
+    """Input image size (H = W) override; defaults to the zoo entry's processor size."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Architecture overrides applied to the model config (e.g. `num_hidden_layers: 2`)."""
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """How latency is measured."""
+
+    warmup: int = 5
+    """Untimed calls before timing, for eager and for compiled (after the compiling call)."""
+    iterations: int = 20
+    """Timed calls; median, p10 and p90 are reported."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One cell of the sweep matrix. `job_id` is derived, never set by hand."""
+
+    sweep: str
+    hardware: str
+    device: DeviceKind
+    model: ModelSpec
+    batch_size: int
+    dtype: str
+    config: CompileConfig
+    measure: MeasureSpec
+    timeout_s: float
+    stack: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.hardware}/{self.model.name}/bs{self.batch_size}/{self.dtype}/{self.config.name}"
+
+    @property
+    def job_id(self) -> str:
+        return job_id(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Job:
+        data = dict(data)
+        data["model"] = ModelSpec(**data["model"])
+        data["config"] = CompileConfig.from_dict(data["config"])
+        data["measure"] = MeasureSpec(**data["measure"])
+        return cls(**data)
+
+
+def _identity(job: Job) -> dict[str, Any]:
+    """What a job's result depends on. Names and timeouts are labels and policy, not identity,
+    except the config name, which keeps two configs with equal settings apart."""
+    model = asdict(job.model)
+    model.pop("name")
+    config = asdict(job.config)
+    config.pop("timeout_s")
+    return {
+        "hardware": job.hardware,
+        "device": job.device,
+        "model": model,
+        "batch_size": job.batch_size,
+        "dtype": job.dtype,
+        "config": config,
+        "measure": asdict(job.measure),
+        "stack": job.stack,
+    }
+
+
+def job_id(job: Job) -> str:
+    canonical = json.dumps(_identity(job), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:20]
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+@lru_cache(maxsize=1)
+def software_stack() -> dict[str, str]:
+    """Versions that change what a job measures; part of every job id."""
+    return {
+        "python": ".".join(platform.python_version_tuple()[:2]),
+        "torch": _version("torch"),
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+    }

@@ -1,0 +1,161 @@
+"""Run one job in a fresh subprocess with its own caches, thread counts and a hard timeout.
+
+The subprocess is `python -m workers.bench`. Whatever happens to it (a segfault, a hang, an
+exception, running out of memory) this module returns a result dict with a `status`; it never
+raises for a job's failure. The whole process tree (Inductor's compile workers included) is
+killed on timeout, on cancellation, and when the caller's thread is interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from workers.bench import PARENT_PID_ENV
+from workers.job import Job
+
+POLL_S = 0.1
+KILL_GRACE_S = 3.0
+LOG_TAIL_CHARS = 3000
+
+
+def job_environment(
+    scratch: Path, threads: int, base: dict[str, str] | None = None, extra_path: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """Environment of a job subprocess: private compile caches (so every compile is cold and
+    jobs never share state), explicit thread counts, no network access to model hubs."""
+    env = dict(os.environ if base is None else base)
+    threads_s = str(max(1, threads))
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
+        TRITON_CACHE_DIR=str(scratch / "triton"),
+        OMP_NUM_THREADS=threads_s,
+        MKL_NUM_THREADS=threads_s,
+        TORCHINDUCTOR_COMPILE_THREADS=threads_s,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONFAULTHANDLER="1",
+    )
+    env[PARENT_PID_ENV] = str(os.getpid())
+    # The job imports this project's packages: make sure the subprocess finds them the way we did.
+    # `python:` model factories may live in the directory the sweep was started from.
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *extra_path, *paths]))
+    return env
+
+
+def kill_tree(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM the process and all its descendants, then SIGKILL whatever is left after `grace_s`."""
+    try:
+        parent = psutil.Process(proc.pid)
+        procs = [*parent.children(recursive=True), parent]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _read_result(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def run_job(
+    job: Job,
+    threads: int,
+    scratch_root: str | None = None,
+    keep_scratch: bool = False,
+    extra_path: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Run `job` in a subprocess; return its result fields (see workers.bench) plus
+    `status`, `error` and `subprocess_s`."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id[:12]}-", dir=scratch_root))
+    job_file, result_file, log_file = scratch / "job.json", scratch / "result.json", scratch / "log.txt"
+    job_file.write_text(json.dumps(job.to_dict()))
+    env = job_environment(scratch, threads, extra_path=extra_path)
+    started = time.monotonic()
+    timed_out = False
+    with open(log_file, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.bench", str(job_file), str(result_file)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=scratch,
+        )
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - started > job.timeout_s:
+                    timed_out = True
+                    break
+                time.sleep(POLL_S)  # short waits so a cancellation (KeyboardInterrupt) lands here
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc)
+    elapsed = time.monotonic() - started
+    result = _read_result(result_file)
+    result["subprocess_s"] = elapsed
+    if not result.get("final"):
+        phase = result.get("phase", "start")
+        if timed_out:
+            result["status"] = "timeout"
+            result["error"] = f"timed out after {job.timeout_s:g} s in phase {phase!r}; killed the process tree"
+        else:
+            rc = proc.returncode
+            how = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
+            if rc == -signal.SIGKILL:
+                how += " (possibly the kernel's out-of-memory killer)"
+            result["status"] = "crash"
+            result["error"] = f"job process {how} in phase {phase!r}"
+        tail = _tail(log_file)
+        if tail:
+            result["error"] += "\n--- last output ---\n" + tail
+    if not keep_scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return result
