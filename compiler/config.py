@@ -42,7 +42,11 @@ class CompileConfig:
 
     def compile_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `torch.compile`."""
-        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        kwargs: dict[str, Any] = {
+            "backend": self.backend,
+            "fullgraph": self.fullgraph,
+            "dynamic": self.dynamic,
+        }
         if self.mode is not None:
             kwargs["mode"] = self.mode
         if self.options:
@@ -94,31 +98,47 @@ def config_problems(cfg: CompileConfig) -> list[tuple[str, str]]:
     """Every problem with `cfg` as (field, message); empty when the config is valid."""
     problems: list[tuple[str, str]] = []
     if cfg.name == EAGER:
-        problems.append(("name", f"config name {EAGER!r} is reserved: eager is always measured as the baseline"))
+        problems.append(
+            ("name", f"config name {EAGER!r} is reserved: eager is always measured as the baseline")
+        )
     modes = inductor_modes()
     if cfg.mode is not None and cfg.mode not in modes:
         problems.append(
-            ("mode", f"unknown mode {cfg.mode!r}; valid modes: {', '.join(sorted(modes))}"
-             + _did_you_mean(cfg.mode, list(modes)))
+            (
+                "mode",
+                f"unknown mode {cfg.mode!r}; valid modes: {', '.join(sorted(modes))}"
+                + _did_you_mean(cfg.mode, list(modes)),
+            )
         )
     if cfg.mode is not None and cfg.options:
         problems.append(
-            ("options", "`mode` and `options` cannot be combined (torch.compile raises); put the mode's "
-             f"settings into options instead, e.g. {modes.get(cfg.mode, {})}")
+            (
+                "options",
+                "`mode` and `options` cannot be combined (torch.compile raises); put the mode's "
+                f"settings into options instead, e.g. {modes.get(cfg.mode, {})}",
+            )
         )
     if cfg.backend not in backend_names():
         problems.append(
-            ("backend", f"unknown backend {cfg.backend!r}; valid: {', '.join(sorted(backend_names()))}"
-             + _did_you_mean(cfg.backend, sorted(backend_names())))
+            (
+                "backend",
+                f"unknown backend {cfg.backend!r}; valid: {', '.join(sorted(backend_names()))}"
+                + _did_you_mean(cfg.backend, sorted(backend_names())),
+            )
         )
     if cfg.backend != "inductor" and (cfg.mode not in (None, "default") or cfg.options):
-        problems.append(("backend", f"mode and options apply to the inductor backend only, not {cfg.backend!r}"))
+        problems.append(
+            ("backend", f"mode and options apply to the inductor backend only, not {cfg.backend!r}")
+        )
     names = inductor_option_names()
     for opt in cfg.options:
         if opt not in names:
             problems.append(
-                (f"options.{opt}", f"unknown Inductor option {opt!r} (see torch._inductor.list_options())"
-                 + _did_you_mean(opt, sorted(names)))
+                (
+                    f"options.{opt}",
+                    f"unknown Inductor option {opt!r} (see torch._inductor.list_options())"
+                    + _did_you_mean(opt, sorted(names)),
+                )
             )
     if cfg.timeout_s is not None and not cfg.timeout_s > 0:
         problems.append(("timeout_s", f"timeout_s must be positive, got {cfg.timeout_s!r}"))

@@ -87,11 +87,15 @@ def compare_outputs(reference: list[torch.Tensor], actual: list[torch.Tensor], p
     """Compare flattened output tensors. Relative error is normalized by the largest reference
     magnitude of each tensor, so near-zero elements do not dominate."""
     if len(reference) != len(actual):
-        return Comparison(math.inf, math.inf, False, f"{len(actual)} output tensors, eager gave {len(reference)}")
+        return Comparison(
+            math.inf, math.inf, False, f"{len(actual)} output tensors, eager gave {len(reference)}"
+        )
     max_abs = max_rel = 0.0
-    for i, (ref, out) in enumerate(zip(reference, actual)):
+    for i, (ref, out) in enumerate(zip(reference, actual, strict=False)):
         if ref.shape != out.shape:
-            return Comparison(math.inf, math.inf, False, f"output {i}: shape {tuple(out.shape)} != {tuple(ref.shape)}")
+            return Comparison(
+                math.inf, math.inf, False, f"output {i}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+            )
         if not ref.is_floating_point():
             if not torch.equal(ref, out):
                 return Comparison(math.inf, math.inf, False, f"output {i}: integer outputs differ")
@@ -105,4 +109,6 @@ def compare_outputs(reference: list[torch.Tensor], actual: list[torch.Tensor], p
         max_rel = max(max_rel, diff / max(scale, 1e-12))
     tol = TOLERANCE[precision]
     ok = max_rel <= tol
-    return Comparison(max_abs, max_rel, ok, "" if ok else f"max relative error {max_rel:.3g} > tolerance {tol:g}")
+    return Comparison(
+        max_abs, max_rel, ok, "" if ok else f"max relative error {max_rel:.3g} > tolerance {tol:g}"
+    )

@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated hardware classes to plan for when the sweep says `hardware: auto` "
         "(default: what this machine has, e.g. cpu or H100)",
     )
-    p.add_argument("--cpus-per-job", type=int, metavar="N", help="as for `sweep` (changes the slot counts shown)")
+    p.add_argument(
+        "--cpus-per-job", type=int, metavar="N", help="as for `sweep` (changes the slot counts shown)"
+    )
     _add_only(p)
 
     p = sub.add_parser("sweep", help="run a sweep and write its result tables")
@@ -72,13 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="cores each job on a CPU node reserves, and its OMP/compile thread count (default: all cores "
         "of the node, one job at a time, so jobs do not disturb each other's timings)",
     )
-    p.add_argument("--scratch", metavar="DIR", help="where job processes keep caches and logs (default: temp dir)")
+    p.add_argument(
+        "--scratch", metavar="DIR", help="where job processes keep caches and logs (default: temp dir)"
+    )
     _add_only(p)
 
     p = sub.add_parser("report", help="print the speedup table of a sweep output and write OUT/report.md")
     p.add_argument("out", type=Path, help="sweep output directory")
 
-    p = sub.add_parser("presets", help="write OUT/presets.json: the fastest ok config per hardware/model/batch/dtype")
+    p = sub.add_parser(
+        "presets", help="write OUT/presets.json: the fastest ok config per hardware/model/batch/dtype"
+    )
     p.add_argument("out", type=Path, help="sweep output directory")
     return parser
 
@@ -124,8 +130,10 @@ def cmd_plan(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"sweep {spec.name!r} from {args.sweep}: {len(jobs)} jobs")
-    print(f"hardware: {', '.join(sorted({j.hardware for j in jobs})) or 'none'}"
-          + (" (auto: this machine)" if spec.hardware == "auto" and not args.hardware else ""))
+    print(
+        f"hardware: {', '.join(sorted({j.hardware for j in jobs})) or 'none'}"
+        + (" (auto: this machine)" if spec.hardware == "auto" and not args.hardware else "")
+    )
     width = max((len(j.name) for j in jobs), default=4)
     print(f"{'#':>4}  {'job':<{width}}  {'job_id':<20}  timeout")
     for i, job in enumerate(jobs, 1):
@@ -177,7 +185,9 @@ def cmd_report(args) -> int:
 
     table = read_results(args.out)
     if table.num_rows == 0:
-        print(f"error: no result rows under {args.out}/results; run `orchestrate sweep` first", file=sys.stderr)
+        print(
+            f"error: no result rows under {args.out}/results; run `orchestrate sweep` first", file=sys.stderr
+        )
         return EXIT_BAD_INPUT
     print(render(table, markdown=False))
     print(f"wrote {write_report(args.out, table)}")
@@ -194,15 +204,23 @@ def cmd_presets(args) -> int:
         return EXIT_BAD_INPUT
     for p in data["presets"]:
         vs_default = f"{p['speedup_vs_default']:.2f}x" if p["speedup_vs_default"] else "n/a"
-        print(f"{p['hardware']}/{p['model']}/bs{p['batch_size']}/{p['dtype']}: {p['config']} "
-              f"({p['speedup_vs_eager']:.2f}x vs eager, {vs_default} vs default)")
+        print(
+            f"{p['hardware']}/{p['model']}/bs{p['batch_size']}/{p['dtype']}: {p['config']} "
+            f"({p['speedup_vs_eager']:.2f}x vs eager, {vs_default} vs default)"
+        )
     for m in data["no_preset"]:
         print(f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: no ok config {m['statuses']}")
     print(f"wrote {path}")
     return 0
 
 
-COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "presets": cmd_presets}
+COMMANDS = {
+    "validate": cmd_validate,
+    "plan": cmd_plan,
+    "sweep": cmd_sweep,
+    "report": cmd_report,
+    "presets": cmd_presets,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

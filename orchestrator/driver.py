@@ -151,8 +151,15 @@ def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None)
         todo = [j for j in jobs if j.job_id not in done_ids]
         skipped = len(jobs) - len(todo)
         used = {j.hardware for j in jobs}
-        runlog.start_run(out, run_id, spec, opts.argv, {n: vars(classes[n]) for n in sorted(used)},
-                         planned=len(jobs), skipped=skipped)
+        runlog.start_run(
+            out,
+            run_id,
+            spec,
+            opts.argv,
+            {n: vars(classes[n]) for n in sorted(used)},
+            planned=len(jobs),
+            skipped=skipped,
+        )
         print(
             f"sweep {spec.name!r}: {len(jobs)} jobs planned, {skipped} already done, {len(todo)} to run "
             f"on {', '.join(f'{n} ({classes[n].slots} slots)' for n in sorted(used)) or 'nothing'}; "
@@ -175,7 +182,9 @@ def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None)
                     hw = classes[name]
                     while queue and per_class[name] < hw.slots:
                         job = queue.popleft()
-                        ref = remotes[name].remote(job.to_dict(), hw.cpus_per_job, opts.scratch_root, extra_path)
+                        ref = remotes[name].remote(
+                            job.to_dict(), hw.cpus_per_job, opts.scratch_root, extra_path
+                        )
                         in_flight[ref] = (job, time.monotonic())
                         per_class[name] += 1
                         progress.started_job()
@@ -189,8 +198,13 @@ def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None)
                     try:
                         row = make_row(job, ray.get(ref), run_id=run_id, wall_s=wall)
                     except Exception as exc:  # the task itself failed: its worker or node died
-                        row = failure_row(job, "crash", f"Ray task failed: {_describe_task_error(exc)}",
-                                          run_id=run_id, wall_s=wall)
+                        row = failure_row(
+                            job,
+                            "crash",
+                            f"Ray task failed: {_describe_task_error(exc)}",
+                            run_id=run_id,
+                            wall_s=wall,
+                        )
                     sink.add(row)
                     progress.finished_job(job.name, row["status"], wall)
                 sink.tick()

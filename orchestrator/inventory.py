@@ -37,12 +37,14 @@ def node_class(node: dict[str, Any]) -> tuple[str, DeviceKind]:
             return labels[ACCEL_LABEL], "cuda"
         for key in resources:
             if key.startswith(ACCEL_RESOURCE_PREFIX):
-                return key[len(ACCEL_RESOURCE_PREFIX):], "cuda"
+                return key[len(ACCEL_RESOURCE_PREFIX) :], "cuda"
         return "GPU", "cuda"
     return CPU_CLASS, "cpu"
 
 
-def classes_from_nodes(nodes: list[dict[str, Any]], cpus_per_job: int | None = None) -> dict[str, HardwareClass]:
+def classes_from_nodes(
+    nodes: list[dict[str, Any]], cpus_per_job: int | None = None
+) -> dict[str, HardwareClass]:
     """Hardware classes of the alive nodes (as `ray.nodes()` returns them).
 
     `cpus_per_job` for CPU nodes defaults to all cores of the smallest CPU node: concurrent jobs

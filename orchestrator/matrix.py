@@ -9,7 +9,9 @@ from orchestrator.spec import SweepSpec
 from workers.job import DeviceKind, Job, software_stack
 
 
-def expand(spec: SweepSpec, hardware: Mapping[str, DeviceKind], stack: dict[str, str] | None = None) -> list[Job]:
+def expand(
+    spec: SweepSpec, hardware: Mapping[str, DeviceKind], stack: dict[str, str] | None = None
+) -> list[Job]:
     """Every (hardware, model, batch size, dtype, config) cell, in that nesting order.
 
     `hardware` maps each hardware class the sweep runs on to the device kind its jobs use.
@@ -25,7 +27,7 @@ def expand(spec: SweepSpec, hardware: Mapping[str, DeviceKind], stack: dict[str,
             dtype=dtype,
             config=cfg,
             measure=spec.measure,
-            timeout_s=cfg.effective_timeout(spec.timeout_s),
+            timeout_s=model.timeout_s or cfg.effective_timeout(spec.timeout_s),
             stack=stack,
         )
         for hw, device in hardware.items()
@@ -52,8 +54,6 @@ def select(jobs: Iterable[Job], pattern: str | None) -> list[Job]:
     parts = [p.strip() for p in pattern.split(",") if p.strip()]
 
     def hit(name: str) -> bool:
-        return any(
-            fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else p in name for p in parts
-        )
+        return any(fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else p in name for p in parts)
 
     return [j for j in jobs if hit(j.name)]

@@ -45,28 +45,30 @@ def derive_presets(table: pa.Table) -> dict[str, Any]:
             continue
         best = min(ok, key=lambda r: r["compiled_ms"])
         default = next((r for r in ok if _is_default(r)), None)
-        presets.append({
-            **cell,
-            "model_id": best["model_id"],
-            "config": best["config"],
-            "compile": {
-                "backend": best["backend"],
-                "mode": best["mode"],
-                "fullgraph": best["fullgraph"],
-                "dynamic": best["dynamic"],
-                "options": json.loads(best["options"] or "{}"),
-            },
-            "compiled_ms": best["compiled_ms"],
-            "eager_ms": best["eager_ms"],
-            "speedup_vs_eager": best["eager_ms"] / best["compiled_ms"] if best["eager_ms"] else None,
-            "speedup_vs_default": default["compiled_ms"] / best["compiled_ms"] if default else None,
-            "default_config": default["config"] if default else None,
-            "compile_s": best["compile_s"],
-            "candidates": len(ok),
-            "job_id": best["job_id"],
-            "device_name": best["device_name"],
-            "torch_version": best["torch_version"],
-        })
+        presets.append(
+            {
+                **cell,
+                "model_id": best["model_id"],
+                "config": best["config"],
+                "compile": {
+                    "backend": best["backend"],
+                    "mode": best["mode"],
+                    "fullgraph": best["fullgraph"],
+                    "dynamic": best["dynamic"],
+                    "options": json.loads(best["options"] or "{}"),
+                },
+                "compiled_ms": best["compiled_ms"],
+                "eager_ms": best["eager_ms"],
+                "speedup_vs_eager": best["eager_ms"] / best["compiled_ms"] if best["eager_ms"] else None,
+                "speedup_vs_default": default["compiled_ms"] / best["compiled_ms"] if default else None,
+                "default_config": default["config"] if default else None,
+                "compile_s": best["compile_s"],
+                "candidates": len(ok),
+                "job_id": best["job_id"],
+                "device_name": best["device_name"],
+                "torch_version": best["torch_version"],
+            }
+        )
     return {"format": PRESET_FORMAT, "presets": presets, "no_preset": missing}
 
 

@@ -22,7 +22,9 @@ def format_duration(seconds: float | None) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, already_done: int = 0, stream: TextIO | None = None, live: bool | None = None):
+    def __init__(
+        self, total: int, already_done: int = 0, stream: TextIO | None = None, live: bool | None = None
+    ):
         self.total = total
         self.already_done = already_done
         self.stream = stream or sys.stderr

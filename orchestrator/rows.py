@@ -10,10 +10,28 @@ from workers.job import Job
 
 # Result fields the job subprocess reports that are columns as they are.
 _MEASURED = (
-    "device_name", "node_id", "hostname", "task", "error", "eager_ms", "eager_p10_ms", "eager_p90_ms",
-    "compiled_ms", "compiled_p10_ms", "compiled_p90_ms", "speedup", "compile_s", "eager_peak_mem_bytes",
-    "peak_mem_bytes", "graph_count", "graph_breaks", "max_abs_err", "max_rel_err", "torch_version",
-    "python_version", "subprocess_s",
+    "device_name",
+    "node_id",
+    "hostname",
+    "task",
+    "error",
+    "eager_ms",
+    "eager_p10_ms",
+    "eager_p90_ms",
+    "compiled_ms",
+    "compiled_p10_ms",
+    "compiled_p90_ms",
+    "speedup",
+    "compile_s",
+    "eager_peak_mem_bytes",
+    "peak_mem_bytes",
+    "graph_count",
+    "graph_breaks",
+    "max_abs_err",
+    "max_rel_err",
+    "torch_version",
+    "python_version",
+    "subprocess_s",
 )
 
 
@@ -62,6 +80,8 @@ def make_row(
     return check_row(row)
 
 
-def failure_row(job: Job, status: str, error: str, *, run_id: str, wall_s: float | None = None) -> dict[str, Any]:
+def failure_row(
+    job: Job, status: str, error: str, *, run_id: str, wall_s: float | None = None
+) -> dict[str, Any]:
     """A row for a job whose task never reported (its worker or node died, it was cancelled)."""
     return make_row(job, {"status": status, "error": error}, run_id=run_id, wall_s=wall_s)

@@ -42,27 +42,36 @@ def _write(out_dir: Path, runs: list[dict[str, Any]]) -> None:
     os.replace(tmp, out_dir / RUN_FILE)
 
 
-def start_run(out_dir: Path, run_id: str, spec: SweepSpec, argv: list[str], hardware: dict[str, Any],
-              planned: int, skipped: int) -> None:
+def start_run(
+    out_dir: Path,
+    run_id: str,
+    spec: SweepSpec,
+    argv: list[str],
+    hardware: dict[str, Any],
+    planned: int,
+    skipped: int,
+) -> None:
     runs = read_runs(out_dir)
-    runs.append({
-        "run_id": run_id,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "finished_at": None,
-        "argv": argv,
-        "spec_file": spec.source,
-        "spec": spec.raw,
-        "versions": _versions(),
-        "host": {
-            "hostname": socket.gethostname(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "cpus": os.cpu_count(),
-        },
-        "hardware": hardware,
-        "planned": planned,
-        "skipped": skipped,
-    })
+    runs.append(
+        {
+            "run_id": run_id,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "finished_at": None,
+            "argv": argv,
+            "spec_file": spec.source,
+            "spec": spec.raw,
+            "versions": _versions(),
+            "host": {
+                "hostname": socket.gethostname(),
+                "platform": platform.platform(),
+                "python": sys.version.split()[0],
+                "cpus": os.cpu_count(),
+            },
+            "hardware": hardware,
+            "planned": planned,
+            "skipped": skipped,
+        }
+    )
     _write(out_dir, runs)
 
 
@@ -70,5 +79,7 @@ def finish_run(out_dir: Path, run_id: str, counts: dict[str, int], interrupted: 
     runs = read_runs(out_dir)
     for run in runs:
         if run["run_id"] == run_id:
-            run.update(finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), counts=counts, interrupted=interrupted)
+            run.update(
+                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), counts=counts, interrupted=interrupted
+            )
     _write(out_dir, runs)

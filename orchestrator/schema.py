@@ -58,8 +58,16 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("compiled_p90_ms", pa.float64(), "compiled 90th percentile, ms"),
     ("speedup", pa.float64(), "eager_ms / compiled_ms"),
     ("compile_s", pa.float64(), "wall time of the first compiled call (compile + one run), s"),
-    ("eager_peak_mem_bytes", pa.int64(), "peak memory of the eager phase (CUDA allocator, or process RSS on CPU)"),
-    ("peak_mem_bytes", pa.int64(), "peak memory of the compiled phase (CUDA allocator, or process RSS on CPU)"),
+    (
+        "eager_peak_mem_bytes",
+        pa.int64(),
+        "peak memory of the eager phase (CUDA allocator, or process RSS on CPU)",
+    ),
+    (
+        "peak_mem_bytes",
+        pa.int64(),
+        "peak memory of the compiled phase (CUDA allocator, or process RSS on CPU)",
+    ),
     ("graph_count", pa.int32(), "FX graphs Dynamo captured"),
     ("graph_breaks", pa.int32(), "graph breaks Dynamo recorded"),
     ("max_abs_err", pa.float64(), "max |compiled - eager| over all output tensors"),

@@ -67,7 +67,7 @@ class ResultSink:
         for row in self._buffer:
             groups[tuple(row[c] for c in PARTITION_COLUMNS)].append(row)
         for key, rows in groups.items():
-            part_dir = self.root.joinpath(*(f"{c}={v}" for c, v in zip(PARTITION_COLUMNS, key)))
+            part_dir = self.root.joinpath(*(f"{c}={v}" for c, v in zip(PARTITION_COLUMNS, key, strict=False)))
             part_dir.mkdir(parents=True, exist_ok=True)
             name = f"part-{uuid.uuid4().hex}.parquet"
             tmp = part_dir / f".{name}"

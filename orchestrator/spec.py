@@ -62,8 +62,18 @@ def parse_spec(text: str, file: str = "<string>") -> SweepSpec:
 
 # --- validation helpers -------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "description", "models", "batch_sizes", "dtypes", "configs", "hardware", "measure", "timeout_s"}
-_MODEL_KEYS = {"id", "name", "task", "input_size", "overrides"}
+_TOP_KEYS = {
+    "name",
+    "description",
+    "models",
+    "batch_sizes",
+    "dtypes",
+    "configs",
+    "hardware",
+    "measure",
+    "timeout_s",
+}
+_MODEL_KEYS = {"id", "name", "task", "input_size", "overrides", "timeout_s"}
 _CONFIG_KEYS = {"mode", "fullgraph", "dynamic", "backend", "options", "timeout_s"}
 _MEASURE_KEYS = {"warmup", "iterations"}
 
@@ -71,7 +81,9 @@ _MEASURE_KEYS = {"warmup", "iterations"}
 def _check_keys(src: LocatedYaml, mapping: dict, allowed: set[str], path: PathKey, what: str) -> None:
     for key in mapping:
         if key not in allowed:
-            src.error(path + (key,), f"unknown key {key!r} in {what}; valid keys: {', '.join(sorted(allowed))}")
+            src.error(
+                path + (key,), f"unknown key {key!r} in {what}; valid keys: {', '.join(sorted(allowed))}"
+            )
 
 
 def _is_int(v: Any) -> bool:
@@ -133,9 +145,14 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
             continue
         if model_id.startswith("python:"):
             if not zoo.is_known(model_id):
-                src.error(path + ("id",), f"malformed python model id {model_id!r}; expected python:package.module:factory")
+                src.error(
+                    path + ("id",),
+                    f"malformed python model id {model_id!r}; expected python:package.module:factory",
+                )
             elif not _module_exists(model_id.split(":")[1]):
-                src.error(path + ("id",), f"module {model_id.split(':')[1]!r} of {model_id!r} is not importable")
+                src.error(
+                    path + ("id",), f"module {model_id.split(':')[1]!r} of {model_id!r} is not importable"
+                )
         elif not zoo.is_known(model_id):
             src.error(
                 path + ("id",),
@@ -155,7 +172,17 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
         if not isinstance(overrides, dict):
             src.error(path + ("overrides",), "overrides must be a mapping of config attribute -> value")
             overrides = {}
-        models.append(ModelSpec(id=model_id, name=str(name), task=task, input_size=input_size, overrides=overrides))
+        timeout = _positive_number(src, item.get("timeout_s"), path + ("timeout_s",), "timeout_s")
+        models.append(
+            ModelSpec(
+                id=model_id,
+                name=str(name),
+                task=task,
+                input_size=input_size,
+                overrides=overrides,
+                timeout_s=timeout,
+            )
+        )
     _duplicates(src, [m.name for m in models], "models")
     return models
 
@@ -174,8 +201,11 @@ def _module_exists(module: str) -> bool:
 
 def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
     if not isinstance(data, dict) or not data:
-        src.error(("configs",), "'configs' must be a non-empty mapping of name -> compile settings, "
-                  "e.g. configs: {default: {}, ro: {mode: reduce-overhead}}")
+        src.error(
+            ("configs",),
+            "'configs' must be a non-empty mapping of name -> compile settings, "
+            "e.g. configs: {default: {}, ro: {mode: reduce-overhead}}",
+        )
         return []
     configs = []
     for name, body in data.items():
@@ -246,7 +276,9 @@ def _build(src: LocatedYaml) -> SweepSpec:
 
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
-        src.error(("name",) if "name" in data else (), "the sweep needs a 'name' of letters, digits and _ . + -")
+        src.error(
+            ("name",) if "name" in data else (), "the sweep needs a 'name' of letters, digits and _ . + -"
+        )
         name = "invalid"
 
     model_items = _list_of(src, data, "models", required=True) or []
@@ -262,8 +294,10 @@ def _build(src: LocatedYaml) -> SweepSpec:
     for i, d in enumerate(_list_of(src, data, "dtypes", required=False) or ["fp32"]):
         canon = canonical_precision(d) if isinstance(d, str) else None
         if canon is None:
-            src.error(("dtypes", i), f"unknown dtype {d!r}; valid: {', '.join(PRECISIONS)} "
-                      "(aliases: float32, bfloat16, float16)")
+            src.error(
+                ("dtypes", i),
+                f"unknown dtype {d!r}; valid: {', '.join(PRECISIONS)} (aliases: float32, bfloat16, float16)",
+            )
         else:
             dtypes.append(canon)
     _duplicates(src, dtypes, "dtypes")
@@ -276,10 +310,15 @@ def _build(src: LocatedYaml) -> SweepSpec:
     if hardware != "auto":
         if isinstance(hardware, str):
             hardware = [hardware]
-        if not isinstance(hardware, list) or not hardware or not all(
-            isinstance(h, str) and NAME_RE.match(h) for h in hardware
+        if (
+            not isinstance(hardware, list)
+            or not hardware
+            or not all(isinstance(h, str) and NAME_RE.match(h) for h in hardware)
         ):
-            src.error(("hardware",), f"hardware must be 'auto' or a list of classes such as [A100, T4, cpu], got {hardware!r}")
+            src.error(
+                ("hardware",),
+                f"hardware must be 'auto' or a list of classes such as [A100, T4, cpu], got {hardware!r}",
+            )
             hardware = "auto"
         else:
             _duplicates(src, hardware, "hardware")

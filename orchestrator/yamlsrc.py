@@ -91,7 +91,9 @@ def _convert(node: yaml.Node, path: PathKey, loader: yaml.SafeLoader, out: Locat
                 continue
             if key in result:
                 out.errors.append(
-                    SourceError(out.file, line, f"duplicate key {key!r} (first defined on line {first_line[key]})")
+                    SourceError(
+                        out.file, line, f"duplicate key {key!r} (first defined on line {first_line[key]})"
+                    )
                 )
                 continue
             first_line[key] = line

@@ -32,7 +32,9 @@ def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]
             cells[(r["model"], r["batch_size"], r["dtype"])][r["config"]] = r
         header = ["model", "batch", "dtype", "eager ms", *configs]
         body = []
-        for (model, bs, dtype), by_cfg in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        for (model, bs, dtype), by_cfg in sorted(
+            cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])
+        ):
             eager = [r["eager_ms"] for r in by_cfg.values() if r["eager_ms"] is not None]
             eager_s = f"{sorted(eager)[len(eager) // 2]:.3f}" if eager else "-"
             body.append([model, str(bs), dtype, eager_s, *(_cell(by_cfg.get(c)) for c in configs)])
@@ -47,9 +49,11 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=False)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*r) for r in rows)])
+    return "\n".join(
+        [fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*r) for r in rows)]
+    )
 
 
 def render(table: pa.Table, markdown: bool = True) -> str:
@@ -61,7 +65,8 @@ def render(table: pa.Table, markdown: bool = True) -> str:
     if markdown:
         parts.append("# Speedup of torch.compile over eager\n")
     parts.append(
-        f"{table.num_rows} results: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+        f"{table.num_rows} results: "
+        + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
         + ". Cells: median eager latency / median compiled latency; a status where the job did not succeed.\n"
     )
     for hw, (header, rows) in speedup_tables(table).items():

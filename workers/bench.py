@@ -135,7 +135,9 @@ class JobRun:
         else:
             entry = zoo.get_entry(job.model.id)
             model = entry.build(dict(job.model.overrides))
-            inputs = entry.make_inputs(model, job.batch_size, job.model.input_size or entry.image_size, generator)
+            inputs = entry.make_inputs(
+                model, job.batch_size, job.model.input_size or entry.image_size, generator
+            )
             task = job.model.task or entry.task
         self.result["task"] = task
         model = model.eval().to(device=device, dtype=dtype)
@@ -145,7 +147,11 @@ class JobRun:
                 return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
             return t
 
-        inputs = {k: place(v) for k, v in inputs.items()} if isinstance(inputs, dict) else tuple(map(place, inputs))
+        inputs = (
+            {k: place(v) for k, v in inputs.items()}
+            if isinstance(inputs, dict)
+            else tuple(map(place, inputs))
+        )
         return model, inputs
 
     def _call(self, fn, inputs):

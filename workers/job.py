@@ -49,6 +49,8 @@ class ModelSpec:
     """Input image size (H = W) override; defaults to the zoo entry's processor size."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Architecture overrides applied to the model config (e.g. `num_hidden_layers: 2`)."""
+    timeout_s: float | None = None
+    """Per-job time limit for this model; wins over the config's and the sweep's."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ def _identity(job: Job) -> dict[str, Any]:
     except the config name, which keeps two configs with equal settings apart."""
     model = asdict(job.model)
     model.pop("name")
+    model.pop("timeout_s")
     config = asdict(job.config)
     config.pop("timeout_s")
     return {

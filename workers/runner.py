@@ -8,6 +8,7 @@ killed on timeout, on cancellation, and when the caller's thread is interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -64,21 +65,15 @@ def kill_tree(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
     except psutil.NoSuchProcess:
         procs = []
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(alive, timeout=grace_s)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
@@ -145,7 +140,9 @@ def run_job(
         phase = result.get("phase", "start")
         if timed_out:
             result["status"] = "timeout"
-            result["error"] = f"timed out after {job.timeout_s:g} s in phase {phase!r}; killed the process tree"
+            result["error"] = (
+                f"timed out after {job.timeout_s:g} s in phase {phase!r}; killed the process tree"
+            )
         else:
             rc = proc.returncode
             how = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
