@@ -62,3 +62,15 @@ class _EagerOnlyNoise(torch.nn.Module):
 
 def wrong_when_compiled(batch_size, input_size=None, overrides=None):
     return _EagerOnlyNoise(), _inputs(batch_size)
+
+
+def hang_with_child(batch_size, input_size=None, overrides=None):
+    """Starts a grandchild process, then hangs: the timeout must kill both."""
+    import os
+    import subprocess
+    import sys
+
+    marker = os.environ.get("CO_TEST_MARKER", "co-test-marker")
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker])
+    while True:
+        time.sleep(1)

@@ -76,6 +76,11 @@ class JobRun:
         self.result["final"] = final
         _atomic_write_json(self.result_path, self.result)
 
+    def enter(self, phase: str) -> None:
+        """Record the phase before starting it, so a crash or timeout says where it happened."""
+        self.result["phase"] = phase
+        self.save()
+
     def fail(self, status: str, exc: BaseException | str) -> None:
         self.result["status"] = "oom" if isinstance(exc, BaseException) and _is_oom(exc) else status
         self.result["error"] = exc if isinstance(exc, str) else _error_text(exc)
@@ -95,15 +100,12 @@ class JobRun:
             reference = self.measure_eager(model, inputs)
         except Exception as exc:
             return self.fail("runtime_error", exc)
-        self.save()
         try:
+            self.enter("compile")  # also saves the eager numbers, should the compile never return
             compiled = torch.compile(model, **job.config.compile_kwargs())
-            self.result["phase"] = "compile"
-            self.save()
             first_out = self.first_call(compiled, inputs)
         except Exception as exc:
             return self.fail("compile_error", exc)
-        self.save()
         try:
             self.measure_compiled(compiled, inputs)
         except Exception as exc:
@@ -119,7 +121,7 @@ class JobRun:
         from workers import zoo
 
         job = self.job
-        self.result["phase"] = "build"
+        self.enter("build")
         device = torch.device("cuda" if job.device == "cuda" else "cpu")
         if job.device == "cuda":
             self.result["device_name"] = torch.cuda.get_device_name(device)
@@ -164,7 +166,7 @@ class JobRun:
         from workers import zoo
 
         job, dev = self.job, self.job.device
-        self.result["phase"] = "eager"
+        self.enter("eager")
         measure.reset_peak_memory(dev)
         with torch.inference_mode():
             reference = [t.clone() for t in zoo.output_tensors(self._call(model, inputs))]
@@ -209,7 +211,7 @@ class JobRun:
         from compiler import measure
 
         job, dev = self.job, self.job.device
-        self.result["phase"] = "compiled"
+        self.enter("compiled")
         with torch.inference_mode():
             for _ in range(job.measure.warmup):
                 self._call(compiled, inputs)

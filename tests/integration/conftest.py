@@ -1,0 +1,44 @@
+"""Integration tier: the real CLI, a real local Ray cluster, real torch.compile on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def orchestrate(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m orchestrator ARGS` from the repository root, as a user would."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"orchestrate {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def planned_count(sweep: Path, *extra: str) -> int:
+    out = orchestrate("plan", str(sweep), *extra).stdout.strip().splitlines()
+    return int(out[-1].split()[0])
+
+
+@pytest.fixture
+def sweep_file(tmp_path):
+    def write(text: str, name: str = "sweep.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return write

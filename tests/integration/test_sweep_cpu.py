@@ -1,0 +1,88 @@
+"""A real sweep on the embedded local Ray: real models compiled by Inductor, real faults."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.dataset as ds
+import pytest
+
+from orchestrator.schema import read_results
+from tests.integration.conftest import orchestrate, planned_count
+
+pytestmark = pytest.mark.integration
+
+SWEEP = """\
+name: it-cpu
+models:
+  - id: hf:microsoft/resnet-50
+    name: resnet-tiny
+    input_size: 64
+    overrides: {embedding_size: 16, hidden_sizes: [16, 32, 64, 128], depths: [1, 1, 1, 1]}
+  - {id: python:workers.toy:mlp, name: mlp}
+  - {id: python:tests.faulty:segfault, name: segfault}
+  - {id: python:tests.faulty:hang, name: hang, timeout_s: 8}
+  - {id: python:tests.faulty:raising, name: raising}
+batch_sizes: [2]
+configs:
+  default: {}
+measure: {warmup: 2, iterations: 5}
+timeout_s: 240
+"""
+
+EXPECTED_STATUS = {
+    "resnet-tiny": "ok",
+    "mlp": "ok",
+    "segfault": "crash",
+    "hang": "timeout",
+    "raising": "runtime_error",
+}
+
+
+def test_sweep_records_every_job_and_faults_become_rows(sweep_file, tmp_path):
+    sweep = sweep_file(SWEEP)
+    out = tmp_path / "out"
+    planned = planned_count(sweep)
+    assert planned == 5
+
+    proc = orchestrate("sweep", str(sweep), "--out", str(out), "--cpus-per-job", "1")
+    assert "done in" in proc.stdout
+
+    table = read_results(out)
+    assert table.num_rows == planned
+    rows = {r["model"]: r for r in table.to_pylist()}
+    assert {m: r["status"] for m, r in rows.items()} == EXPECTED_STATUS
+    assert len(set(table.column("job_id").to_pylist())) == planned
+    for model in ("resnet-tiny", "mlp"):
+        r = rows[model]
+        assert r["compile_s"] > 0 and r["eager_ms"] > 0 and r["compiled_ms"] > 0, r
+        assert r["speedup"] == pytest.approx(r["eager_ms"] / r["compiled_ms"])
+        assert r["graph_count"] >= 1 and r["error"] is None
+        assert r["max_rel_err"] < 1e-3
+    assert "SIGSEGV" in rows["segfault"]["error"]
+    assert "timed out after 8 s" in rows["hang"]["error"]
+    assert "this model always fails" in rows["raising"]["error"]
+    assert all(r["node_id"] and r["hardware"] == "cpu" and r["wall_s"] > 0 for r in rows.values())
+
+    # Plain pyarrow reads the dataset too, with the hardware class from the directory names.
+    plain = ds.dataset(out / "results", partitioning="hive").to_table()
+    assert plain.num_rows == planned and set(plain.column("hardware").to_pylist()) == {"cpu"}
+
+    runs = json.loads((out / "run.json").read_text())["runs"]
+    assert len(runs) == 1 and runs[0]["planned"] == planned and runs[0]["versions"]["torch"]
+
+    # Running the same sweep again into the same directory is refused without --resume...
+    again = orchestrate("sweep", str(sweep), "--out", str(out), check=False)
+    assert again.returncode == 2 and "--resume" in again.stderr
+    # ...and with --resume there is nothing left to do.
+    resumed = orchestrate("sweep", str(sweep), "--out", str(out), "--resume")
+    assert "5 already done, 0 to run" in resumed.stderr
+    assert read_results(out).num_rows == planned
+
+    report = orchestrate("report", str(out))
+    assert "resnet-tiny" in report.stdout and "timeout" in report.stdout
+    assert (out / "report.md").exists()
+    orchestrate("presets", str(out))
+    presets = json.loads((out / "presets.json").read_text())
+    assert {p["model"] for p in presets["presets"]} == {"resnet-tiny", "mlp"}
+    assert {m["model"] for m in presets["no_preset"]} == {"segfault", "hang", "raising"}
