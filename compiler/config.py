@@ -114,8 +114,8 @@ def config_problems(cfg: CompileConfig) -> list[tuple[str, str]]:
         problems.append(
             (
                 "options",
-                "`mode` and `options` cannot be combined (torch.compile raises); put the mode's "
-                f"settings into options instead, e.g. {modes.get(cfg.mode, {})}",
+                "`mode` and `options` cannot be combined (torch.compile raises); drop `mode` and put "
+                f"its settings into options instead (mode {cfg.mode!r} sets {modes.get(cfg.mode) or 'nothing'})",
             )
         )
     if cfg.backend not in backend_names():

@@ -101,10 +101,13 @@ def compare_outputs(reference: list[torch.Tensor], actual: list[torch.Tensor], p
                 return Comparison(math.inf, math.inf, False, f"output {i}: integer outputs differ")
             continue
         ref64, out64 = ref.detach().double().cpu(), out.detach().double().cpu()
-        if not torch.isfinite(out64).all() and torch.isfinite(ref64).all():
-            return Comparison(math.inf, math.inf, False, f"output {i}: compiled output has inf/nan")
-        diff = (ref64 - out64).abs().nan_to_num(0.0).max().item() if ref64.numel() else 0.0
-        scale = ref64.abs().nan_to_num(0.0).max().item() if ref64.numel() else 0.0
+        ref_finite, out_finite = torch.isfinite(ref64), torch.isfinite(out64)
+        if not torch.equal(ref_finite, out_finite):
+            return Comparison(math.inf, math.inf, False, f"output {i}: inf/nan where eager has none, or vice versa")
+        if not ref_finite.any():
+            continue
+        diff = (ref64 - out64)[ref_finite].abs().max().item()
+        scale = ref64[ref_finite].abs().max().item()
         max_abs = max(max_abs, diff)
         max_rel = max(max_rel, diff / max(scale, 1e-12))
     tol = TOLERANCE[precision]

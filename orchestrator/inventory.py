@@ -51,7 +51,13 @@ def classes_from_nodes(
     on one CPU node perturb each other's timings, so one job per CPU node is the honest default.
     """
     classes: dict[str, HardwareClass] = {}
-    alive = [n for n in nodes if n.get("Alive", n.get("alive", True))]
+    # A node with neither GPUs nor CPUs (a head started with --num-cpus=0) runs no jobs.
+    alive = [
+        n
+        for n in nodes
+        if n.get("Alive", n.get("alive", True))
+        and (n.get("Resources", {}).get("CPU", 0) > 0 or n.get("Resources", {}).get("GPU", 0) > 0)
+    ]
     cpu_nodes = [n for n in alive if node_class(n)[1] == "cpu"]
     cpu_job = cpus_per_job or max(1, int(min((n["Resources"].get("CPU", 1) for n in cpu_nodes), default=1)))
     for node in alive:

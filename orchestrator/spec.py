@@ -115,9 +115,10 @@ def _list_of(src: LocatedYaml, data: dict, key: str, required: bool) -> list | N
     return value
 
 
-def _duplicates(src: LocatedYaml, values: list, key: str) -> None:
+def _duplicates(src: LocatedYaml, values: list[tuple[int, Any]], key: str) -> None:
+    """Report repeated values; `values` holds (index in the file's list, value) of the valid items."""
     seen: set = set()
-    for i, v in enumerate(values):
+    for i, v in values:
         if v in seen:
             src.error((key, i), f"{v!r} appears twice in {key!r}")
         seen.add(v)
@@ -131,6 +132,7 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
 
     tasks = get_args(zoo.Task)
     models: list[ModelSpec] = []
+    positions: list[int] = []
     for i, item in enumerate(items):
         path: PathKey = ("models", i)
         if isinstance(item, str):
@@ -173,6 +175,7 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
             src.error(path + ("overrides",), "overrides must be a mapping of config attribute -> value")
             overrides = {}
         timeout = _positive_number(src, item.get("timeout_s"), path + ("timeout_s",), "timeout_s")
+        positions.append(i)
         models.append(
             ModelSpec(
                 id=model_id,
@@ -183,7 +186,7 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
                 timeout_s=timeout,
             )
         )
-    _duplicates(src, [m.name for m in models], "models")
+    _duplicates(src, [(i, m.name) for i, m in zip(positions, models)], "models")
     return models
 
 
@@ -285,12 +288,15 @@ def _build(src: LocatedYaml) -> SweepSpec:
     models = _models(src, model_items)
 
     batch_sizes = _list_of(src, data, "batch_sizes", required=True) or []
+    valid_bs = []
     for i, bs in enumerate(batch_sizes):
         if not _is_int(bs) or bs <= 0:
             src.error(("batch_sizes", i), f"batch size must be a positive integer, got {bs!r}")
-    _duplicates(src, batch_sizes, "batch_sizes")
+        else:
+            valid_bs.append((i, bs))
+    _duplicates(src, valid_bs, "batch_sizes")
 
-    dtypes = []
+    dtypes: list[tuple[int, str]] = []
     for i, d in enumerate(_list_of(src, data, "dtypes", required=False) or ["fp32"]):
         canon = canonical_precision(d) if isinstance(d, str) else None
         if canon is None:
@@ -299,7 +305,7 @@ def _build(src: LocatedYaml) -> SweepSpec:
                 f"unknown dtype {d!r}; valid: {', '.join(PRECISIONS)} (aliases: float32, bfloat16, float16)",
             )
         else:
-            dtypes.append(canon)
+            dtypes.append((i, canon))
     _duplicates(src, dtypes, "dtypes")
 
     configs = _configs(src, data.get("configs")) if "configs" in data else []
@@ -321,7 +327,7 @@ def _build(src: LocatedYaml) -> SweepSpec:
             )
             hardware = "auto"
         else:
-            _duplicates(src, hardware, "hardware")
+            _duplicates(src, list(enumerate(hardware)), "hardware")
             hardware = tuple(hardware)
 
     measure = _measure(src, data.get("measure"))
@@ -333,8 +339,8 @@ def _build(src: LocatedYaml) -> SweepSpec:
     return SweepSpec(
         name=name,
         models=tuple(models),
-        batch_sizes=tuple(batch_sizes),
-        dtypes=tuple(dtypes),
+        batch_sizes=tuple(bs for _, bs in valid_bs),
+        dtypes=tuple(d for _, d in dtypes),
         configs=tuple(configs),
         hardware=hardware,
         measure=measure,

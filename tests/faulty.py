@@ -74,3 +74,12 @@ def hang_with_child(batch_size, input_size=None, overrides=None):
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", marker])
     while True:
         time.sleep(1)
+
+
+def oom(batch_size, input_size=None, overrides=None):
+    """The forward asks the allocator for 1 PiB: a real allocation failure."""
+
+    def alloc(x):
+        return x + torch.empty(2**50, dtype=torch.uint8).sum()
+
+    return _Fn(alloc), _inputs(batch_size)

@@ -43,6 +43,12 @@ def test_exception_in_forward_becomes_runtime_error():
     assert result["final"] is True
 
 
+def test_failed_allocation_becomes_oom():
+    result = run_job(_job("oom"), threads=1)
+    assert result["status"] == "oom", result.get("error")
+    assert "allocate" in result["error"]
+
+
 def test_compiled_output_that_differs_becomes_accuracy_fail():
     result = run_job(_job("wrong_when_compiled"), threads=1)
     assert result["status"] == "accuracy_fail", result.get("error")

@@ -55,7 +55,9 @@ def _is_oom(exc: BaseException) -> bool:
 
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
-    return "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    # CUDA: "CUDA out of memory"; CPU allocator: "DefaultCPUAllocator: can't allocate memory"
+    return any(m in text for m in ("out of memory", "can't allocate memory", "cannot allocate memory"))
 
 
 class JobRun:

@@ -1,0 +1,234 @@
+"""Presets (fastest ok config per cell) and the speedup report, from a hand-built results table."""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+
+import pytest
+
+from orchestrator.presets import PRESET_FORMAT, derive_presets, write_presets
+from orchestrator.rows import make_row
+from orchestrator.schema import read_results, rows_to_table
+from orchestrator.sink import ResultSink
+from reports.speedup import REPORT_FILE, render, speedup_tables, write_report
+
+# (job name, status, eager_ms, compiled_ms)
+CELLS = [
+    # A100/resnet/bs1: ro is fastest among ok; tuned is faster still but failed its accuracy check.
+    ("A100/resnet/bs1/fp32/default", "ok", 20.0, 10.0),
+    ("A100/resnet/bs1/fp32/ro", "ok", 20.0, 8.0),
+    ("A100/resnet/bs1/fp32/tuned", "accuracy_fail", 20.0, 4.0),
+    # A100/resnet/bs4: nothing ok.
+    ("A100/resnet/bs4/fp32/default", "timeout", None, None),
+    ("A100/resnet/bs4/fp32/ro", "oom", 30.0, None),
+    ("A100/resnet/bs4/fp32/tuned", "compile_error", 30.0, None),
+    # A100/mlp/bs1: only a non-default config is ok, so there is no speedup over default.
+    ("A100/mlp/bs1/fp32/default", "crash", None, None),
+    ("A100/mlp/bs1/fp32/ro", "runtime_error", 6.0, None),
+    ("A100/mlp/bs1/fp32/tuned", "ok", 6.0, 2.0),
+    # cpu/resnet/bs1: tuned wins.
+    ("cpu/resnet/bs1/fp32/default", "ok", 50.0, 40.0),
+    ("cpu/resnet/bs1/fp32/ro", "ok", 50.0, 45.0),
+    ("cpu/resnet/bs1/fp32/tuned", "ok", 50.0, 25.0),
+    # cpu/mlp/bs4: default wins; no tuned row at all.
+    ("cpu/mlp/bs4/fp32/default", "ok", 5.0, 5.0),
+    ("cpu/mlp/bs4/fp32/ro", "ok", 5.0, 6.0),
+]
+
+
+@pytest.fixture
+def rows(table_jobs, make_result):
+    return [
+        make_row(table_jobs[name], make_result(status, eager_ms, compiled_ms), run_id="run-1")
+        for name, status, eager_ms, compiled_ms in CELLS
+    ]
+
+
+@pytest.fixture
+def table(rows):
+    return rows_to_table(rows)
+
+
+def by_cell(entries):
+    return {(e["hardware"], e["model"], e["batch_size"], e["dtype"]): e for e in entries}
+
+
+# --- presets --------------------------------------------------------------------------------------
+
+
+def test_derive_presets_picks_the_fastest_ok_config(table, table_jobs):
+    data = derive_presets(table)
+    assert data["format"] == PRESET_FORMAT
+    presets = by_cell(data["presets"])
+    assert set(presets) == {
+        ("A100", "resnet", 1, "fp32"),
+        ("A100", "mlp", 1, "fp32"),
+        ("cpu", "resnet", 1, "fp32"),
+        ("cpu", "mlp", 4, "fp32"),
+    }
+
+    p = presets["A100", "resnet", 1, "fp32"]
+    assert p["config"] == "ro"  # not the failed 'tuned' at 4 ms
+    assert p["compiled_ms"] == 8.0 and p["eager_ms"] == 20.0
+    assert p["speedup_vs_eager"] == pytest.approx(20.0 / 8.0)
+    assert p["speedup_vs_default"] == pytest.approx(10.0 / 8.0)
+    assert p["default_config"] == "default"
+    assert p["candidates"] == 2
+    assert p["compile"] == {
+        "backend": "inductor",
+        "mode": "reduce-overhead",
+        "fullgraph": False,
+        "dynamic": None,
+        "options": {},
+    }
+    assert p["job_id"] == table_jobs["A100/resnet/bs1/fp32/ro"].job_id
+    assert p["model_id"] == "hf:microsoft/resnet-50"
+
+    p = presets["A100", "mlp", 1, "fp32"]
+    assert p["config"] == "tuned"
+    assert p["compile"]["options"] == {"max_autotune": True}
+    assert p["speedup_vs_eager"] == pytest.approx(3.0)
+    assert p["speedup_vs_default"] is None and p["default_config"] is None
+    assert p["candidates"] == 1
+
+    p = presets["cpu", "resnet", 1, "fp32"]
+    assert p["config"] == "tuned"
+    assert p["speedup_vs_eager"] == pytest.approx(2.0)
+    assert p["speedup_vs_default"] == pytest.approx(40.0 / 25.0)
+    assert p["candidates"] == 3
+
+    p = presets["cpu", "mlp", 4, "fp32"]
+    assert p["config"] == "default"
+    assert p["speedup_vs_eager"] == pytest.approx(1.0)
+    assert p["speedup_vs_default"] == pytest.approx(1.0)
+
+
+def test_cell_without_ok_config_is_listed_with_statuses(table):
+    missing = by_cell(derive_presets(table)["no_preset"])
+    assert list(missing) == [("A100", "resnet", 4, "fp32")]
+    assert missing["A100", "resnet", 4, "fp32"]["statuses"] == {
+        "default": "timeout",
+        "ro": "oom",
+        "tuned": "compile_error",
+    }
+
+
+def test_non_default_settings_are_not_taken_as_default(table_jobs, make_result):
+    # A config with fullgraph=True is not the plain torch.compile(model) baseline.
+    spec_rows = [
+        make_row(
+            table_jobs["cpu/resnet/bs4/fp32/ro"], make_result(eager_ms=10.0, compiled_ms=4.0), run_id="r"
+        ),
+        make_row(
+            table_jobs["cpu/resnet/bs4/fp32/tuned"], make_result(eager_ms=10.0, compiled_ms=5.0), run_id="r"
+        ),
+    ]
+    (p,) = derive_presets(rows_to_table(spec_rows))["presets"]
+    assert p["config"] == "ro"
+    assert p["default_config"] is None and p["speedup_vs_default"] is None
+
+
+def test_write_presets(tmp_path, rows, table):
+    with closing(ResultSink(tmp_path)) as sink:
+        for row in rows:
+            sink.add(row)
+    path, data = write_presets(tmp_path)
+    assert path == tmp_path / "presets.json"
+    on_disk = json.loads(path.read_text())
+    assert on_disk == data
+    expected = derive_presets(table)
+    assert by_cell(on_disk["presets"]) == by_cell(json.loads(json.dumps(expected["presets"])))
+    assert by_cell(on_disk["no_preset"]) == by_cell(expected["no_preset"])
+    assert not list(tmp_path.glob(".presets*"))
+
+
+def test_write_presets_without_results(tmp_path):
+    with pytest.raises(FileNotFoundError, match="orchestrate sweep"):
+        write_presets(tmp_path)
+    (tmp_path / "results").mkdir()
+    with pytest.raises(FileNotFoundError):
+        write_presets(tmp_path)
+    assert not (tmp_path / "presets.json").exists()
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def sections(markdown: str) -> dict[str, str]:
+    parts = markdown.split("\n## ")[1:]
+    return {p.split("\n", 1)[0].strip(): p for p in parts}
+
+
+def table_line(section: str, model: str, batch: int) -> list[str]:
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[:2] == [model, str(batch)]:
+            return cells
+    raise AssertionError(f"no row for {model} bs{batch} in:\n{section}")
+
+
+def test_render_has_a_section_per_hardware(table):
+    text = render(table)
+    assert text.startswith("# Speedup of torch.compile over eager")
+    assert f"{len(CELLS)} results: " in text
+    assert "8 ok" in text and "1 timeout" in text
+    secs = sections(text)
+    assert list(secs) == ["A100", "cpu"]
+    assert "| model | batch | dtype | eager ms | default | ro | tuned |" in secs["A100"]
+
+
+def test_render_shows_status_instead_of_number_for_failed_cells(table):
+    secs = sections(render(table))
+    assert table_line(secs["A100"], "resnet", 1) == [
+        "resnet",
+        "1",
+        "fp32",
+        "20.000",
+        "2.00x",
+        "2.50x",
+        "accuracy_fail",
+    ]
+    assert "5.00x" not in secs["A100"]  # the failed tuned cell's would-be speedup is not shown
+    assert table_line(secs["A100"], "resnet", 4)[4:] == ["timeout", "oom", "compile_error"]
+    assert table_line(secs["A100"], "mlp", 1)[4:] == ["crash", "runtime_error", "3.00x"]
+    assert table_line(secs["cpu"], "resnet", 1) == [
+        "resnet",
+        "1",
+        "fp32",
+        "50.000",
+        "1.25x",
+        "1.11x",
+        "2.00x",
+    ]
+    assert table_line(secs["cpu"], "mlp", 4) == ["mlp", "4", "fp32", "5.000", "1.00x", "0.83x", "-"]
+    for status in ("accuracy_fail", "timeout", "oom", "crash"):
+        assert status not in secs["cpu"]
+
+
+def test_render_plain_text(table):
+    text = render(table, markdown=False)
+    assert "[A100]" in text and "[cpu]" in text
+    assert "|" not in text and "## " not in text
+    a100, cpu = text.split("[A100]")[1].split("[cpu]")
+    assert "accuracy_fail" in a100 and "2.50x" in a100
+    assert "accuracy_fail" not in cpu and "1.25x" in cpu
+
+
+def test_speedup_tables(table):
+    tables = speedup_tables(table)
+    assert list(tables) == ["A100", "cpu"]
+    header, body = tables["cpu"]
+    assert header == ["model", "batch", "dtype", "eager ms", "default", "ro", "tuned"]
+    assert [r[:2] for r in body] == [["mlp", "4"], ["resnet", "1"]]
+
+
+def test_write_report(tmp_path, table, rows):
+    path = write_report(tmp_path, table)
+    assert path == tmp_path / REPORT_FILE
+    assert path.read_text() == render(table, markdown=True)
+    with closing(ResultSink(tmp_path)) as sink:
+        for row in rows:
+            sink.add(row)
+    from_disk = read_results(tmp_path)
+    assert sections(render(from_disk)) == sections(render(table))
