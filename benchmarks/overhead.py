@@ -26,8 +26,12 @@ from orchestrator.spec import parse_spec  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=20, help="number of jobs (tiny MLPs, Dynamo + eager backend)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=20, help="number of jobs (tiny MLPs, Dynamo + eager backend)"
+    )
     parser.add_argument("--cpus-per-job", type=int, default=None, help="as for `orchestrate sweep`")
     args = parser.parse_args()
 
@@ -43,7 +47,9 @@ measure: {{warmup: 1, iterations: 3}}
         "overhead.yaml",
     )
     with tempfile.TemporaryDirectory() as tmp:
-        summary = run_sweep(spec, SweepOptions(out_dir=Path(tmp), cpus_per_job=args.cpus_per_job), stream=io.StringIO())
+        summary = run_sweep(
+            spec, SweepOptions(out_dir=Path(tmp), cpus_per_job=args.cpus_per_job), stream=io.StringIO()
+        )
         rows = read_results(tmp).to_pylist()
     bad = [r for r in rows if r["status"] != "ok"]
     if bad:
@@ -57,7 +63,9 @@ measure: {{warmup: 1, iterations: 3}}
         ("orchestration overhead (wall - subprocess)", overhead),
         ("job subprocess lifetime (for scale)", proc),
     ):
-        print(f"{name:<40} {statistics.median(values):>7.3f}s {percentile(values, 90):>7.3f}s {values[-1]:>7.3f}s")
+        print(
+            f"{name:<40} {statistics.median(values):>7.3f}s {percentile(values, 90):>7.3f}s {values[-1]:>7.3f}s"
+        )
     target = statistics.median(overhead) <= 1.0
     print(f"\ntarget median overhead <= 1 s: {'met' if target else 'MISSED'}")
     return 0 if target else 1

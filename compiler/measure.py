@@ -103,7 +103,9 @@ def compare_outputs(reference: list[torch.Tensor], actual: list[torch.Tensor], p
         ref64, out64 = ref.detach().double().cpu(), out.detach().double().cpu()
         ref_finite, out_finite = torch.isfinite(ref64), torch.isfinite(out64)
         if not torch.equal(ref_finite, out_finite):
-            return Comparison(math.inf, math.inf, False, f"output {i}: inf/nan where eager has none, or vice versa")
+            return Comparison(
+                math.inf, math.inf, False, f"output {i}: inf/nan where eager has none, or vice versa"
+            )
         if not ref_finite.any():
             continue
         diff = (ref64 - out64)[ref_finite].abs().max().item()

@@ -186,7 +186,7 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
                 timeout_s=timeout,
             )
         )
-    _duplicates(src, [(i, m.name) for i, m in zip(positions, models)], "models")
+    _duplicates(src, [(i, m.name) for i, m in zip(positions, models, strict=True)], "models")
     return models
 
 
