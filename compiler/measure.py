@@ -1,4 +1,5 @@
-"""Measurement primitives: latency samples, their summary, output comparison, peak memory."""
+"""Measurement primitives: warm-up, interleaved latency samples, their summary and confidence
+interval, output comparison (against eager and against an fp64 reference), peak memory, FLOPs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ import torch
 
 # Accuracy tolerance on max |compiled - eager| / max |eager|, per precision policy.
 TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 5e-2, "fp16": 1e-2}
+# `tol` of torch._dynamo.utils.same (PyTorch's benchmark harness rule: allclose at tol, else the
+# compiled RMSE against fp64 must be within a multiplier of eager's RMSE against fp64, + tol/10).
+# fp32 1e-3 is the harness's inference tolerance for Hugging Face models.
+RMSE_TOL = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 1e-2, "fp16": 1e-2}
 
 
 @dataclass(frozen=True)
@@ -117,3 +122,140 @@ def compare_outputs(reference: list[torch.Tensor], actual: list[torch.Tensor], p
     return Comparison(
         max_abs, max_rel, ok, "" if ok else f"max relative error {max_rel:.3g} > tolerance {tol:g}"
     )
+
+
+def warmup_until_stable(
+    call: Callable[[int], Any],
+    device: str,
+    min_calls: int,
+    max_calls: int = 200,
+    window: int = 5,
+    rel_tol: float = 0.02,
+    max_s: float = 60.0,
+) -> int:
+    """Call `call(i)` at least `min_calls` times, then until the median of the last `window`
+    timings is within `rel_tol` of the window before it (or `max_calls` / `max_s` is reached).
+    Returns the number of warm-up calls made."""
+    samples: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while i < max_calls:
+        samples += time_calls(lambda j=i: call(j), 1, device)
+        i += 1
+        if i < min_calls:
+            continue
+        if time.perf_counter() - start > max_s:
+            break
+        if i >= 2 * window:
+            last = statistics.median(samples[-window:])
+            before = statistics.median(samples[-2 * window : -window])
+            if abs(last - before) <= rel_tol * before:
+                break
+    return i
+
+
+def interleaved_samples(
+    eager: Callable[[int], Any],
+    compiled: Callable[[int], Any],
+    device: str,
+    iterations: int,
+    rounds: int = 10,
+) -> tuple[list[float], list[float]]:
+    """`iterations` timed calls of each, in `rounds` alternating blocks within one process, so
+    slow drifts (clocks, thermals, other tenants) hit both sides alike. Each call gets its
+    index, so callers can rotate inputs."""
+    rounds = max(1, min(rounds, iterations))
+    eager_ms: list[float] = []
+    compiled_ms: list[float] = []
+    done = 0
+    for r in range(rounds):
+        n = iterations * (r + 1) // rounds - done
+        eager_ms += _indexed_times(eager, done, n, device)
+        compiled_ms += _indexed_times(compiled, done, n, device)
+        done += n
+    return eager_ms, compiled_ms
+
+
+def _indexed_times(call: Callable[[int], Any], offset: int, n: int, device: str) -> list[float]:
+    counter = iter(range(offset, offset + n))
+    return time_calls(lambda: call(next(counter)), n, device)
+
+
+def bootstrap_ratio_ci(
+    numerator: list[float], denominator: list[float], n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of median(numerator) / median(denominator),
+    resampling the two sample sets independently."""
+    import numpy as np
+
+    if not numerator or not denominator:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(numerator), np.asarray(denominator)
+    ra = np.median(a[rng.integers(0, len(a), (n_boot, len(a)))], axis=1)
+    rb = np.median(b[rng.integers(0, len(b), (n_boot, len(b)))], axis=1)
+    ratios = ra / rb
+    alpha = (1 - level) / 2
+    return float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))
+
+
+@dataclass(frozen=True)
+class Fp64Check:
+    ok: bool
+    rmse_eager: float
+    """max over outputs of RMSE(eager, fp64 reference)."""
+    rmse_compiled: float
+    """max over outputs of RMSE(compiled, fp64 reference)."""
+    detail: str = ""
+
+
+def check_against_fp64(
+    eager: list[torch.Tensor], compiled: list[torch.Tensor], fp64: list[torch.Tensor], precision: str
+) -> Fp64Check:
+    """PyTorch's harness accuracy rule (`torch._dynamo.utils.same` with an fp64 reference), per
+    output tensor, so a failure names the output."""
+    from torch._dynamo.utils import same
+
+    if not (len(eager) == len(compiled) == len(fp64)):
+        return Fp64Check(False, math.nan, math.nan, "output counts differ between eager, compiled and fp64")
+    tol = RMSE_TOL[precision]
+    worst_eager = worst_compiled = 0.0
+    for i, (ref, res, ref64) in enumerate(zip(eager, compiled, fp64, strict=True)):
+        if not ref.is_floating_point():
+            if not torch.equal(ref.cpu(), res.cpu()):
+                return Fp64Check(False, math.nan, math.nan, f"output {i}: integer outputs differ")
+            continue
+        ref64 = ref64.detach().double().to(res.device)
+        worst_eager = max(worst_eager, _rmse(ref64, ref))
+        worst_compiled = max(worst_compiled, _rmse(ref64, res))
+        if not same(
+            ref, res, fp64_ref=ref64, tol=tol, equal_nan=True, exact_dtype=False, log_error=lambda *a: None
+        ):
+            return Fp64Check(
+                False,
+                worst_eager,
+                worst_compiled,
+                f"output {i} {tuple(res.shape)}: compiled RMSE vs fp64 {_rmse(ref64, res):.3g} against eager's "
+                f"{_rmse(ref64, ref):.3g} fails the harness rule at tol {tol:g}",
+            )
+    return Fp64Check(True, worst_eager, worst_compiled)
+
+
+def _rmse(ref64: torch.Tensor, x: torch.Tensor) -> float:
+    x = x.detach().double()
+    finite = torch.isfinite(ref64) & torch.isfinite(x)
+    if not finite.any():
+        return 0.0
+    return float(torch.sqrt(torch.mean((ref64[finite] - x[finite]) ** 2)).item())
+
+
+def count_flops(call: Callable[[], Any]) -> int | None:
+    """FLOPs of one call, counted by torch.utils.flop_counter (matmuls and convolutions)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            call()
+        return int(counter.get_total_flops())
+    except Exception:  # an op the counter cannot follow: report no figure rather than a wrong one
+        return None

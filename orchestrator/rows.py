@@ -5,34 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orchestrator.schema import check_row, options_json
+from orchestrator.schema import RESULT_COLUMNS, check_row, options_json
 from workers.job import Job
-
-# Result fields the job subprocess reports that are columns as they are.
-_MEASURED = (
-    "device_name",
-    "node_id",
-    "hostname",
-    "task",
-    "error",
-    "eager_ms",
-    "eager_p10_ms",
-    "eager_p90_ms",
-    "compiled_ms",
-    "compiled_p10_ms",
-    "compiled_p90_ms",
-    "speedup",
-    "compile_s",
-    "eager_peak_mem_bytes",
-    "peak_mem_bytes",
-    "graph_count",
-    "graph_breaks",
-    "max_abs_err",
-    "max_rel_err",
-    "torch_version",
-    "python_version",
-    "subprocess_s",
-)
 
 
 def _timestamp(value: Any) -> datetime | None:
@@ -52,7 +26,8 @@ def make_row(
     wall_s: float | None = None,
     attempt: int = 1,
 ) -> dict[str, Any]:
-    row = {k: result.get(k) for k in _MEASURED}
+    # What the job measured goes in as it is; the job's identity comes from the job itself.
+    row = {k: v for k, v in result.items() if k in RESULT_COLUMNS}
     row.update(
         job_id=job.job_id,
         run_id=run_id,

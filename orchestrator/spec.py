@@ -75,7 +75,7 @@ _TOP_KEYS = {
 }
 _MODEL_KEYS = {"id", "name", "task", "input_size", "overrides", "timeout_s"}
 _CONFIG_KEYS = {"mode", "fullgraph", "dynamic", "backend", "options", "timeout_s"}
-_MEASURE_KEYS = {"warmup", "iterations"}
+_MEASURE_KEYS = {"warmup", "iterations", "rounds", "flops", "warm_compile"}
 
 
 def _check_keys(src: LocatedYaml, mapping: dict, allowed: set[str], path: PathKey, what: str) -> None:
@@ -254,18 +254,23 @@ def _measure(src: LocatedYaml, data: Any) -> MeasureSpec:
     if data is None:
         return MeasureSpec()
     if not isinstance(data, dict):
-        src.error(("measure",), "measure must be a mapping with warmup and iterations")
+        src.error(("measure",), f"measure must be a mapping with keys {', '.join(sorted(_MEASURE_KEYS))}")
         return MeasureSpec()
     _check_keys(src, data, _MEASURE_KEYS, ("measure",), "measure")
-    warmup = data.get("warmup", MeasureSpec.warmup)
-    iterations = data.get("iterations", MeasureSpec.iterations)
-    if not _is_int(warmup) or warmup < 0:
-        src.error(("measure", "warmup"), f"warmup must be an integer >= 0, got {warmup!r}")
-        warmup = MeasureSpec.warmup
-    if not _is_int(iterations) or iterations < 1:
-        src.error(("measure", "iterations"), f"iterations must be an integer >= 1, got {iterations!r}")
-        iterations = MeasureSpec.iterations
-    return MeasureSpec(warmup=warmup, iterations=iterations)
+    values: dict[str, Any] = {}
+    for key, low in (("warmup", 0), ("iterations", 1), ("rounds", 1)):
+        value = data.get(key, getattr(MeasureSpec, key))
+        if not _is_int(value) or value < low:
+            src.error(("measure", key), f"{key} must be an integer >= {low}, got {value!r}")
+        else:
+            values[key] = value
+    for key in ("flops", "warm_compile"):
+        value = data.get(key, getattr(MeasureSpec, key))
+        if not isinstance(value, bool):
+            src.error(("measure", key), f"{key} must be true or false, got {value!r}")
+        else:
+            values[key] = value
+    return MeasureSpec(**values)
 
 
 def _build(src: LocatedYaml) -> SweepSpec:

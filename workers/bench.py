@@ -1,13 +1,26 @@
-"""The job subprocess: `python -m workers.bench JOB.json RESULT.json`.
+"""The job subprocess: `python -m workers.bench [--warm] JOB.json RESULT.json`.
 
-Runs one job in a fresh process: build the model, measure eager, compile, measure compiled,
-compare outputs. Exceptions become a status in RESULT.json; the result file is rewritten
-after every phase so that a crash or a timeout still leaves what was measured before it.
-Only a crash of the process itself (a segfault, a kill) leaves RESULT.json without "final".
+Runs one job in a fresh process (see README "How a job runs and is measured"):
+
+1. build the model (random weights) and `INPUT_SETS` task-correct input sets, rotated call by
+   call so that caches do not flatter either side; keep an fp32 copy for the fp64 reference;
+2. eager: a reference output, then warm-up until the latency is stable (peak memory measured);
+3. compile: the first compiled call's wall time is `compile_s`, with Dynamo's and Inductor's
+   breakdown; then warm-up until stable (peak memory measured);
+4. `iterations` timed calls of eager and of compiled, interleaved in rounds; CUDA events on GPU;
+   per-call samples kept; median, p10, p90 and a bootstrap CI of the speedup;
+5. FLOPs of one call; accuracy of the compiled output against an fp64 reference with the rule of
+   PyTorch's benchmark harness.
+
+`--warm` only builds and compiles (against the cache the first run filled) and reports that
+compile time. Exceptions become a status in RESULT.json; the file is rewritten at every phase,
+so a crash or a timeout still leaves what was measured before it. Only a crash of the process
+itself (a segfault, a kill) leaves RESULT.json without "final".
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import json
 import os
@@ -22,6 +35,7 @@ from typing import Any
 
 PARENT_PID_ENV = "CO_PARENT_PID"
 ERROR_CHARS = 4000
+INPUT_SETS = 3
 
 
 def _die_with_parent() -> None:
@@ -60,6 +74,21 @@ def _is_oom(exc: BaseException) -> bool:
     return any(m in text for m in ("out of memory", "can't allocate memory", "cannot allocate memory"))
 
 
+def _call(fn, inputs):
+    return fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
+
+
+def _cast_inputs(inputs, device, dtype):
+    import torch
+
+    def place(t):
+        if isinstance(t, torch.Tensor):
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+        return t
+
+    return {k: place(v) for k, v in inputs.items()} if isinstance(inputs, dict) else tuple(map(place, inputs))
+
+
 class JobRun:
     """The phases of one job; `result` holds every field measured so far."""
 
@@ -68,6 +97,7 @@ class JobRun:
 
         self.job = Job.from_dict(json.loads(job_path.read_text()))
         self.result_path = result_path
+        self.notes: list[str] = []
         self.result: dict[str, Any] = {
             "started_at": datetime.now(timezone.utc).isoformat(),
             "python_version": platform.python_version(),
@@ -76,6 +106,8 @@ class JobRun:
 
     def save(self, final: bool = False) -> None:
         self.result["final"] = final
+        if self.notes:
+            self.result["notes"] = "; ".join(self.notes)
         _atomic_write_json(self.result_path, self.result)
 
     def enter(self, phase: str) -> None:
@@ -89,34 +121,44 @@ class JobRun:
         if isinstance(exc, BaseException):
             self.result["traceback"] = "".join(traceback.format_exception(exc))[-ERROR_CHARS:]
 
-    def run(self) -> None:
-        import torch
+    # --- the two entry points -------------------------------------------------------------------
 
-        self.result["torch_version"] = torch.__version__
-        job = self.job
+    def run(self) -> None:
+        from compiler import env
+
+        self.result.update(env.describe(self.job.device))
         try:
-            model, inputs = self.build()
+            model, input_sets, fp32_copy = self.build()
         except Exception as exc:
             return self.fail("runtime_error", exc)
         try:
-            reference = self.measure_eager(model, inputs)
+            reference = self.eager_phase(model, input_sets)
         except Exception as exc:
             return self.fail("runtime_error", exc)
         try:
-            self.enter("compile")  # also saves the eager numbers, should the compile never return
-            compiled = torch.compile(model, **job.config.compile_kwargs())
-            first_out = self.first_call(compiled, inputs)
+            compiled, first_out = self.compile_phase(model, input_sets[0])
         except Exception as exc:
             return self.fail("compile_error", exc)
         try:
-            self.measure_compiled(compiled, inputs)
+            self.compiled_warmup(compiled, input_sets)
+            self.timed_rounds(model, compiled, input_sets)
         except Exception as exc:
             return self.fail("runtime_error", exc)
-        self.check_accuracy(reference, first_out)
+        self.count_flops(model, input_sets[0])
+        self.check_accuracy(reference, first_out, fp32_copy, input_sets[0])
+
+    def run_warm(self) -> None:
+        """A second compile of the same job against the cache the first run filled."""
+        try:
+            model, input_sets, _ = self.build(keep_fp32_copy=False)
+            self.compile_phase(model, input_sets[0])
+            self.result["status"] = "ok"
+        except Exception as exc:
+            self.fail("compile_error", exc)
 
     # --- phases ---------------------------------------------------------------------------------
 
-    def build(self):
+    def build(self, keep_fp32_copy: bool = True):
         import torch
 
         from compiler.precision import apply_precision
@@ -125,43 +167,42 @@ class JobRun:
         job = self.job
         self.enter("build")
         device = torch.device("cuda" if job.device == "cuda" else "cpu")
-        if job.device == "cuda":
-            self.result["device_name"] = torch.cuda.get_device_name(device)
-        else:
-            self.result["device_name"] = platform.processor() or platform.machine()
         dtype = apply_precision(job.dtype)
         torch.manual_seed(0)
-        generator = torch.Generator().manual_seed(0)
         if job.model.id.startswith("python:"):
             factory = zoo.load_python_factory(job.model.id)
             model, inputs = factory(job.batch_size, job.model.input_size, dict(job.model.overrides))
+            input_sets = [inputs]
             task = job.model.task or "other"
         else:
             entry = zoo.get_entry(job.model.id)
             model = entry.build(dict(job.model.overrides))
-            inputs = entry.make_inputs(
-                model, job.batch_size, job.model.input_size or entry.image_size, generator
-            )
+            size = job.model.input_size or entry.image_size
+            input_sets = [
+                entry.make_inputs(model, job.batch_size, size, torch.Generator().manual_seed(seed))
+                for seed in range(INPUT_SETS)
+            ]
             task = job.model.task or entry.task
         self.result["task"] = task
-        model = model.eval().to(device=device, dtype=dtype)
+        model = model.eval()
+        fp32_copy = copy.deepcopy(model).float() if keep_fp32_copy else None
+        model = model.to(device=device, dtype=dtype)
+        return model, [_cast_inputs(i, device, dtype) for i in input_sets], fp32_copy
 
-        def place(t):
-            if isinstance(t, torch.Tensor):
-                return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-            return t
+    def _rotating(self, fn, input_sets, mark_step: bool = False):
+        import torch
 
-        inputs = (
-            {k: place(v) for k, v in inputs.items()}
-            if isinstance(inputs, dict)
-            else tuple(map(place, inputs))
-        )
-        return model, inputs
+        n = len(input_sets)
+        if mark_step and self.job.device == "cuda":
 
-    def _call(self, fn, inputs):
-        return fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
+            def call(i):
+                torch.compiler.cudagraph_mark_step_begin()  # CUDA-graph outputs live until the next step
+                return _call(fn, input_sets[i % n])
 
-    def measure_eager(self, model, inputs):
+            return call
+        return lambda i: _call(fn, input_sets[i % n])
+
+    def eager_phase(self, model, input_sets):
         import torch
 
         from compiler import measure
@@ -171,84 +212,149 @@ class JobRun:
         self.enter("eager")
         measure.reset_peak_memory(dev)
         with torch.inference_mode():
-            reference = [t.clone() for t in zoo.output_tensors(self._call(model, inputs))]
-            for _ in range(job.measure.warmup):
-                self._call(model, inputs)
-            measure.synchronize(dev)
-            samples = measure.time_calls(lambda: self._call(model, inputs), job.measure.iterations, dev)
-        summary = measure.summarize(samples)
-        self.result.update(
-            eager_ms=summary.median_ms,
-            eager_p10_ms=summary.p10_ms,
-            eager_p90_ms=summary.p90_ms,
-            eager_peak_mem_bytes=measure.peak_memory_bytes(dev),
-        )
+            reference = [t.clone() for t in zoo.output_tensors(_call(model, input_sets[0]))]
+            calls = measure.warmup_until_stable(self._rotating(model, input_sets), dev, job.measure.warmup)
+        self.result.update(eager_warmup_calls=calls, eager_peak_mem_bytes=measure.peak_memory_bytes(dev))
         return reference
 
-    def first_call(self, compiled, inputs):
+    def compile_phase(self, model, inputs):
         import torch
 
         from compiler import measure, stats
         from workers import zoo
 
         dev = self.job.device
+        self.enter("compile")  # also saves the eager numbers, should the compile never return
         stats.reset()
-        measure.reset_peak_memory(dev)
+        compiled = torch.compile(model, **self.job.config.compile_kwargs())
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = [t.clone() for t in zoo.output_tensors(self._call(compiled, inputs))]
+            if dev == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            out = [t.clone() for t in zoo.output_tensors(_call(compiled, inputs))]
             measure.synchronize(dev)
         self.result["compile_s"] = time.perf_counter() - t0
-        captured = stats.capture_stats()
-        self.result.update(
-            graph_count=captured.graph_count,
-            graph_breaks=captured.graph_breaks,
-            break_reasons=list(captured.break_reasons),
-        )
-        return out
+        self.result.update(stats.capture_stats().to_dict())
+        return compiled, out
 
-    def measure_compiled(self, compiled, inputs):
+    def compiled_warmup(self, compiled, input_sets):
+        import torch
+
+        from compiler import measure
+
+        dev = self.job.device
+        self.enter("compiled")
+        measure.reset_peak_memory(dev)
+        with torch.inference_mode():
+            calls = measure.warmup_until_stable(
+                self._rotating(compiled, input_sets, mark_step=True), dev, self.job.measure.warmup
+            )
+        peak = measure.peak_memory_bytes(dev)
+        eager_peak = self.result.get("eager_peak_mem_bytes")
+        self.result.update(
+            compiled_warmup_calls=calls,
+            peak_mem_bytes=peak,
+            memory_compression=eager_peak / peak if eager_peak and peak else None,
+        )
+
+    def timed_rounds(self, model, compiled, input_sets):
         import torch
 
         from compiler import measure
 
         job, dev = self.job, self.job.device
-        self.enter("compiled")
+        self.enter("timing")
         with torch.inference_mode():
-            for _ in range(job.measure.warmup):
-                self._call(compiled, inputs)
-            measure.synchronize(dev)
-            samples = measure.time_calls(lambda: self._call(compiled, inputs), job.measure.iterations, dev)
-        summary = measure.summarize(samples)
+            eager_ms, compiled_ms = measure.interleaved_samples(
+                self._rotating(model, input_sets),
+                self._rotating(compiled, input_sets, mark_step=True),
+                dev,
+                job.measure.iterations,
+                job.measure.rounds,
+            )
+        e, c = measure.summarize(eager_ms), measure.summarize(compiled_ms)
+        lo, hi = measure.bootstrap_ratio_ci(eager_ms, compiled_ms)
         self.result.update(
-            compiled_ms=summary.median_ms,
-            compiled_p10_ms=summary.p10_ms,
-            compiled_p90_ms=summary.p90_ms,
-            peak_mem_bytes=measure.peak_memory_bytes(dev),
-            speedup=self.result["eager_ms"] / summary.median_ms if summary.median_ms > 0 else None,
+            eager_ms=e.median_ms,
+            eager_p10_ms=e.p10_ms,
+            eager_p90_ms=e.p90_ms,
+            compiled_ms=c.median_ms,
+            compiled_p10_ms=c.p10_ms,
+            compiled_p90_ms=c.p90_ms,
+            eager_samples_ms=eager_ms,
+            compiled_samples_ms=compiled_ms,
+            speedup=e.median_ms / c.median_ms if c.median_ms > 0 else None,
+            speedup_ci_low=lo,
+            speedup_ci_high=hi,
         )
 
-    def check_accuracy(self, reference, actual):
+    def count_flops(self, model, inputs):
+        import torch
+
         from compiler import measure
 
-        cmp = measure.compare_outputs(reference, actual, self.job.dtype)
+        if not self.job.measure.flops:
+            return
+        with torch.inference_mode():
+            flops = measure.count_flops(lambda: _call(model, inputs))
+        if flops:
+            self.result["flops"] = flops
+            for side in ("eager", "compiled"):
+                ms = self.result.get(f"{side}_ms")
+                self.result[f"{side}_tflops"] = flops / (ms * 1e-3) / 1e12 if ms else None
+        else:
+            self.notes.append("FLOPs not counted: the flop counter failed on this model")
+
+    def check_accuracy(self, reference, compiled_out, fp32_copy, inputs):
+        import torch
+
+        from compiler import measure
+        from workers import zoo
+
+        job = self.job
+        self.enter("accuracy")
+        cmp = measure.compare_outputs(reference, compiled_out, job.dtype)
         self.result.update(max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
-        if cmp.ok:
+        try:
+            device = "cuda" if job.device == "cuda" else "cpu"
+            fp64_model = fp32_copy.to(device=device, dtype=torch.float64)
+            with torch.inference_mode():
+                fp64 = [
+                    t.double()
+                    for t in zoo.output_tensors(
+                        _call(fp64_model, _cast_inputs(inputs, device, torch.float64))
+                    )
+                ]
+            del fp64_model
+        except Exception as exc:  # no fp64 reference (memory, an op without fp64): fall back to eager
+            why = "out of memory" if _is_oom(exc) else _error_text(exc)[:200]
+            self.notes.append(f"no fp64 reference ({why}): accuracy judged against eager only")
+            if cmp.ok:
+                self.result["status"] = "ok"
+            else:
+                self.fail("accuracy_fail", cmp.detail)
+            return
+        check = measure.check_against_fp64(reference, compiled_out, fp64, job.dtype)
+        self.result.update(rmse_eager=check.rmse_eager, rmse_compiled=check.rmse_compiled)
+        if check.ok:
             self.result["status"] = "ok"
         else:
-            self.fail("accuracy_fail", cmp.detail)
+            self.fail("accuracy_fail", check.detail)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    warm = bool(argv) and argv[0] == "--warm"
+    if warm:
+        argv = argv[1:]
     if len(argv) != 2:
-        print("usage: python -m workers.bench JOB.json RESULT.json", file=sys.stderr)
+        print("usage: python -m workers.bench [--warm] JOB.json RESULT.json", file=sys.stderr)
         return 2
     _die_with_parent()
     run = JobRun(Path(argv[0]), Path(argv[1]))
     run.save()
     try:
-        run.run()
+        run.run_warm() if warm else run.run()
     except BaseException as exc:  # a bug in this file must still become a row
         run.fail("runtime_error", exc)
     run.result["phase"] = "done"

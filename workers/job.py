@@ -58,9 +58,16 @@ class MeasureSpec:
     """How latency is measured."""
 
     warmup: int = 5
-    """Untimed calls before timing, for eager and for compiled (after the compiling call)."""
+    """Least untimed calls before timing, for eager and compiled (after the compiling call);
+    warm-up goes on until the latency is stable (two windows of 5 calls within 2%)."""
     iterations: int = 20
-    """Timed calls; median, p10 and p90 are reported."""
+    """Timed calls of each side; median, p10, p90 and every sample are reported."""
+    rounds: int = 10
+    """Eager and compiled calls alternate in this many blocks (interleaving)."""
+    flops: bool = True
+    """Count the FLOPs of one call (torch.utils.flop_counter) and report achieved TFLOP/s."""
+    warm_compile: bool = False
+    """Also time a second compile in a fresh process against the cache the first filled."""
 
 
 @dataclass(frozen=True)

@@ -100,49 +100,37 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-def run_job(
-    job: Job,
-    threads: int,
-    scratch_root: str | None = None,
-    keep_scratch: bool = False,
-    extra_path: tuple[str, ...] = (),
+def _run_bench(
+    flags: list[str], job_file: Path, result_file: Path, log_file: Path, env: dict[str, str], timeout_s: float
 ) -> dict[str, Any]:
-    """Run `job` in a subprocess; return its result fields (see workers.bench) plus
-    `status`, `error` and `subprocess_s`."""
-    scratch = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id[:12]}-", dir=scratch_root))
-    job_file, result_file, log_file = scratch / "job.json", scratch / "result.json", scratch / "log.txt"
-    job_file.write_text(json.dumps(job.to_dict()))
-    env = job_environment(scratch, threads, extra_path=extra_path)
+    """One `python -m workers.bench` process under a wall-time limit; its result, classified."""
     started = time.monotonic()
     timed_out = False
-    with open(log_file, "wb") as log:
+    with open(log_file, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.bench", str(job_file), str(result_file)],
+            [sys.executable, "-m", "workers.bench", *flags, str(job_file), str(result_file)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=scratch,
+            cwd=job_file.parent,
         )
         try:
             while proc.poll() is None:
-                if time.monotonic() - started > job.timeout_s:
+                if time.monotonic() - started > timeout_s:
                     timed_out = True
                     break
                 time.sleep(POLL_S)  # short waits so a cancellation (KeyboardInterrupt) lands here
         finally:
             if proc.poll() is None:
                 kill_tree(proc)
-    elapsed = time.monotonic() - started
     result = _read_result(result_file)
-    result["subprocess_s"] = elapsed
+    result["subprocess_s"] = time.monotonic() - started
     if not result.get("final"):
         phase = result.get("phase", "start")
         if timed_out:
             result["status"] = "timeout"
-            result["error"] = (
-                f"timed out after {job.timeout_s:g} s in phase {phase!r}; killed the process tree"
-            )
+            result["error"] = f"timed out after {timeout_s:g} s in phase {phase!r}; killed the process tree"
         else:
             rc = proc.returncode
             how = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
@@ -153,6 +141,34 @@ def run_job(
         tail = _tail(log_file)
         if tail:
             result["error"] += "\n--- last output ---\n" + tail
-    if not keep_scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
+    return result
+
+
+def run_job(
+    job: Job,
+    threads: int,
+    scratch_root: str | None = None,
+    keep_scratch: bool = False,
+    extra_path: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Run `job` in a subprocess; return its result fields (see workers.bench) plus
+    `status`, `error` and `subprocess_s`. With `measure.warm_compile`, a second process then
+    compiles again against the cache the first one filled (`warm_compile_s`)."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id[:12]}-", dir=scratch_root))
+    job_file, log_file = scratch / "job.json", scratch / "log.txt"
+    job_file.write_text(json.dumps(job.to_dict()))
+    env = job_environment(scratch, threads, extra_path=extra_path)
+    try:
+        result = _run_bench([], job_file, scratch / "result.json", log_file, env, job.timeout_s)
+        if job.measure.warm_compile and result.get("status") == "ok":
+            warm = _run_bench(["--warm"], job_file, scratch / "warm.json", log_file, env, job.timeout_s)
+            if warm.get("status") == "ok":
+                result["warm_compile_s"] = warm.get("compile_s")
+            else:
+                note = f"warm compile {warm.get('status')}: {(warm.get('error') or '')[:300]}"
+                result["notes"] = "; ".join(filter(None, [result.get("notes"), note]))
+            result["subprocess_s"] += warm["subprocess_s"]
+    finally:
+        if not keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     return result

@@ -1,0 +1,69 @@
+"""The environment a job measured in: device, driver, CUDA, torch and Triton, clocks."""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from typing import Any
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _nvml(index: int) -> dict[str, Any]:
+    """Driver version and current SM clock from NVML (nvidia-ml-py), where it is installed."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            return {
+                "driver_version": driver.decode() if isinstance(driver, bytes) else driver,
+                "sm_clock_mhz": int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                "sm_clock_max_mhz": int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+            }
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML present but not usable (container without the library): no figure
+        return {}
+
+
+def describe(device: str) -> dict[str, Any]:
+    """Environment columns of a result row, measured at the start of the job."""
+    import torch
+
+    env: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "triton_version": _version("triton") or _version("pytorch-triton"),
+        "python_version": platform.python_version(),
+        "cuda_version": torch.version.cuda,
+    }
+    if device == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(0)
+        # CUDA_VISIBLE_DEVICES (set by Ray) maps our device 0 to a physical index NVML uses.
+        import os
+
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+        env.update(_nvml(int(visible) if visible.isdigit() else 0))
+    else:
+        env["device_name"] = _cpu_name()
+    return env
