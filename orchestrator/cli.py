@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scratch", metavar="DIR", help="where job processes keep caches and logs (default: temp dir)"
     )
+    p.add_argument(
+        "--timeout-cap",
+        type=float,
+        metavar="SECONDS",
+        help="lower every job's time limit to at most this (for a run that must end within a window); "
+        "jobs that hit it become `timeout` rows",
+    )
     _add_only(p)
 
     p = sub.add_parser("report", help="print the speedup table of a sweep output and write OUT/report.md")
@@ -153,6 +160,9 @@ def cmd_sweep(args) -> int:
     if args.cpus_per_job is not None and args.cpus_per_job < 1:
         print("error: --cpus-per-job must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.timeout_cap is not None and args.timeout_cap <= 0:
+        print("error: --timeout-cap must be positive", file=sys.stderr)
+        return EXIT_BAD_INPUT
     out = args.out or Path("runs") / spec.name
     opts = SweepOptions(
         out_dir=out,
@@ -161,6 +171,7 @@ def cmd_sweep(args) -> int:
         only=args.only,
         cpus_per_job=args.cpus_per_job,
         scratch_root=args.scratch,
+        timeout_cap_s=args.timeout_cap,
         argv=sys.argv,
     )
     try:

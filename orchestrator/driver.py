@@ -7,6 +7,7 @@ fails); every job ends as one row, whatever happened to its task.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -48,6 +49,8 @@ class SweepOptions:
     resume: bool = False
     only: str | None = None
     cpus_per_job: int | None = None
+    timeout_cap_s: float | None = None
+    """Upper bound on every job's time limit (for runs that must end within a window)."""
     scratch_root: str | None = None
     """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
     argv: list[str] = field(default_factory=list)
@@ -126,9 +129,14 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def plan_jobs(spec: SweepSpec, classes: dict[str, HardwareClass], only: str | None) -> list[Job]:
+def plan_jobs(
+    spec: SweepSpec, classes: dict[str, HardwareClass], only: str | None, timeout_cap_s: float | None = None
+) -> list[Job]:
     hardware = resolve(spec.hardware, classes)
-    return select(expand(spec, {name: hw.device for name, hw in hardware.items()}), only)
+    jobs = select(expand(spec, {name: hw.device for name, hw in hardware.items()}), only)
+    if timeout_cap_s:
+        jobs = [dataclasses.replace(j, timeout_s=min(j.timeout_s, timeout_cap_s)) for j in jobs]
+    return jobs
 
 
 def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None) -> SweepSummary:
@@ -147,7 +155,7 @@ def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None)
     t_start = time.monotonic()
     with ray_session(opts.address), _sigterm_as_interrupt():
         classes = cluster_classes(opts.cpus_per_job)
-        jobs = plan_jobs(spec, classes, opts.only)
+        jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s)
         todo = [j for j in jobs if j.job_id not in done_ids]
         skipped = len(jobs) - len(todo)
         used = {j.hardware for j in jobs}
