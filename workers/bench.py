@@ -211,7 +211,7 @@ class JobRun:
         job, dev = self.job, self.job.device
         self.enter("eager")
         measure.reset_peak_memory(dev)
-        with torch.inference_mode():
+        with torch.no_grad():
             reference = [t.clone() for t in zoo.output_tensors(_call(model, input_sets[0]))]
             calls = measure.warmup_until_stable(self._rotating(model, input_sets), dev, job.measure.warmup)
         self.result.update(eager_warmup_calls=calls, eager_peak_mem_bytes=measure.peak_memory_bytes(dev))
@@ -228,7 +228,7 @@ class JobRun:
         stats.reset()
         compiled = torch.compile(model, **self.job.config.compile_kwargs())
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.no_grad():
             if dev == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             out = [t.clone() for t in zoo.output_tensors(_call(compiled, inputs))]
@@ -245,7 +245,7 @@ class JobRun:
         dev = self.job.device
         self.enter("compiled")
         measure.reset_peak_memory(dev)
-        with torch.inference_mode():
+        with torch.no_grad():
             calls = measure.warmup_until_stable(
                 self._rotating(compiled, input_sets, mark_step=True), dev, self.job.measure.warmup
             )
@@ -264,7 +264,7 @@ class JobRun:
 
         job, dev = self.job, self.job.device
         self.enter("timing")
-        with torch.inference_mode():
+        with torch.no_grad():
             eager_ms, compiled_ms = measure.interleaved_samples(
                 self._rotating(model, input_sets),
                 self._rotating(compiled, input_sets, mark_step=True),
@@ -295,7 +295,7 @@ class JobRun:
 
         if not self.job.measure.flops:
             return
-        with torch.inference_mode():
+        with torch.no_grad():
             flops = measure.count_flops(lambda: _call(model, inputs))
         if flops:
             self.result["flops"] = flops
@@ -318,7 +318,7 @@ class JobRun:
         try:
             device = "cuda" if job.device == "cuda" else "cpu"
             fp64_model = fp32_copy.to(device=device, dtype=torch.float64)
-            with torch.inference_mode():
+            with torch.no_grad():
                 fp64 = [
                     t.double()
                     for t in zoo.output_tensors(
