@@ -146,12 +146,21 @@ def warmup_until_stable(
             continue
         if time.perf_counter() - start > max_s:
             break
-        if i >= 2 * window:
-            last = statistics.median(samples[-window:])
-            before = statistics.median(samples[-2 * window : -window])
-            if abs(last - before) <= rel_tol * before:
-                break
+        if i >= 2 * window and _settled(samples[-2 * window : -window], samples[-window:], rel_tol):
+            break
     return i
+
+
+def _settled(before: list[float], last: list[float], rel_tol: float) -> bool:
+    """Two consecutive windows at the same level, with no level change inside either: their
+    medians agree within `rel_tol`, and each window's mean is within 5 x `rel_tol` of its median
+    (a window straddling a drop, such as 20 20 20 1 1, has its mean far from its median)."""
+    m_before, m_last = statistics.median(before), statistics.median(last)
+    if abs(m_last - m_before) > rel_tol * m_before:
+        return False
+    return all(
+        abs(statistics.fmean(w) - m) <= 5 * rel_tol * m for w, m in ((before, m_before), (last, m_last))
+    )
 
 
 def interleaved_samples(
@@ -225,6 +234,13 @@ def check_against_fp64(
             if not torch.equal(ref.cpu(), res.cpu()):
                 return Fp64Check(False, math.nan, math.nan, f"output {i}: integer outputs differ")
             continue
+        if not (ref.shape == res.shape == ref64.shape):
+            return Fp64Check(
+                False,
+                math.nan,
+                math.nan,
+                f"output {i}: compiled shape {tuple(res.shape)}, eager {tuple(ref.shape)}, fp64 {tuple(ref64.shape)}",
+            )
         ref64 = ref64.detach().double().to(res.device)
         worst_eager = max(worst_eager, _rmse(ref64, ref))
         worst_compiled = max(worst_compiled, _rmse(ref64, res))

@@ -1,0 +1,135 @@
+"""Two seed-benchmark architectures, reduced, through a real sweep: the CLI, a local Ray cluster,
+cold Inductor compiles on CPU, a warm recompile, and every measurement column in the rows."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pyarrow as pa
+import pytest
+
+from orchestrator.schema import read_results
+from tests.integration.conftest import orchestrate
+from workers.zoo import SMALL_IMAGE_SIZE, SMALL_OVERRIDES
+
+pytestmark = pytest.mark.integration
+
+ITERATIONS = 6
+MODELS = {
+    # model id -> (short name, task)
+    "hf:google/vit-base-patch16-224": ("vit-small", "image-classification"),
+    "hf:facebook/detr-resnet-50": ("detr-small", "object-detection"),
+}
+
+
+def sweep_text() -> str:
+    models = "\n".join(
+        f"  - id: {model_id}\n"
+        f"    name: {name}\n"
+        f"    input_size: {SMALL_IMAGE_SIZE}\n"
+        f"    overrides: {json.dumps(SMALL_OVERRIDES[model_id])}"
+        for model_id, (name, _) in MODELS.items()
+    )
+    return (
+        "name: it-seed\n"
+        f"models:\n{models}\n"
+        "batch_sizes: [1]\n"
+        "dtypes: [fp32]\n"
+        "configs:\n"
+        "  default: {}\n"
+        f"measure: {{warmup: 2, iterations: {ITERATIONS}, rounds: 3, warm_compile: true}}\n"
+        "timeout_s: 300\n"
+    )
+
+
+# Every measurement column of the row, each non-null for an ok job.
+NON_NULL = (
+    "job_id",
+    "run_id",
+    "hardware",
+    "node_id",
+    "device_name",
+    "torch_version",
+    "python_version",
+    "started_at",
+    "task",
+    "eager_ms",
+    "eager_p10_ms",
+    "eager_p90_ms",
+    "compiled_ms",
+    "compiled_p10_ms",
+    "compiled_p90_ms",
+    "speedup",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "eager_samples_ms",
+    "compiled_samples_ms",
+    "eager_warmup_calls",
+    "compiled_warmup_calls",
+    "compile_s",
+    "warm_compile_s",
+    "dynamo_s",
+    "inductor_s",
+    "peak_mem_bytes",
+    "eager_peak_mem_bytes",
+    "memory_compression",
+    "graph_count",
+    "graph_breaks",
+    "guard_count",
+    "kernel_count",
+    "flops",
+    "eager_tflops",
+    "compiled_tflops",
+    "max_abs_err",
+    "max_rel_err",
+    "rmse_eager",
+    "rmse_compiled",
+    "wall_s",
+    "subprocess_s",
+)
+
+
+@pytest.fixture(scope="module")
+def seed_sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("seed")
+    sweep = tmp / "seed.yaml"
+    sweep.write_text(sweep_text())
+    out = tmp / "out"
+    t0 = time.monotonic()
+    proc = orchestrate("sweep", str(sweep), "--out", str(out), "--cpus-per-job", "1", timeout=400)
+    took = time.monotonic() - t0
+    print(f"seed sweep took {took:.1f} s")
+    return proc, read_results(out), took
+
+
+def test_seed_models_sweep_rows(seed_sweep):
+    proc, table, took = seed_sweep
+    assert "done in" in proc.stdout
+    assert table.num_rows == 2
+    for key in ("eager_samples_ms", "compiled_samples_ms"):
+        assert table.schema.field(key).type == pa.list_(pa.float64())
+    rows = {r["model_id"]: r for r in table.to_pylist()}
+    assert set(rows) == set(MODELS)
+    for model_id, (name, task) in MODELS.items():
+        r = rows[model_id]
+        assert r["status"] == "ok", r["error"]
+        assert r["error"] is None
+        assert r["model"] == name and r["task"] == task
+        assert r["batch_size"] == 1 and r["dtype"] == "fp32" and r["config"] == "default"
+        assert r["backend"] == "inductor" and r["hardware"] == "cpu"
+        nulls = [c for c in NON_NULL if r[c] is None]
+        assert not nulls, f"{name}: null columns {nulls}"
+        assert len(r["eager_samples_ms"]) == len(r["compiled_samples_ms"]) == ITERATIONS
+        assert r["eager_p10_ms"] <= r["eager_ms"] <= r["eager_p90_ms"]
+        assert r["compiled_p10_ms"] <= r["compiled_ms"] <= r["compiled_p90_ms"]
+        assert r["speedup"] == pytest.approx(r["eager_ms"] / r["compiled_ms"])
+        assert r["speedup_ci_low"] <= r["speedup"] <= r["speedup_ci_high"]
+        assert 0 < r["warm_compile_s"] < r["compile_s"] < r["subprocess_s"]
+        assert 0 < r["inductor_s"] <= r["dynamo_s"]
+        assert r["graph_count"] >= 1 and r["kernel_count"] >= 1 and r["guard_count"] >= 1
+        assert r["flops"] > 0 and r["compiled_tflops"] > 0 and r["memory_compression"] > 0
+        assert r["eager_warmup_calls"] >= 2 and r["compiled_warmup_calls"] >= 2
+        assert r["max_rel_err"] < 1e-3 and r["rmse_compiled"] < 1e-3
+    assert len({r["job_id"] for r in rows.values()}) == 2
+    assert took < 300, f"the seed sweep took {took:.0f} s"
