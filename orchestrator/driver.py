@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +64,9 @@ class SweepSummary:
     skipped: int
     counts: dict[str, int]
     wall_s: float
+    """Whole invocation, Ray start and stop included."""
+    dispatch_s: float
+    """From the first job dispatched to the last row recorded."""
     hardware: dict[str, int]
 
 
@@ -92,18 +95,19 @@ def ray_session(address: str | None) -> Iterator[None]:
         ray.shutdown()
 
 
-def _remote_for(hw: HardwareClass):
+def _remote_for(hw: HardwareClass, body: Callable[..., dict[str, Any]] | None = None):
     import ray
 
     from workers.task import execute_job
 
+    body = body or execute_job
     opts: dict[str, Any] = {"num_cpus": hw.cpus_per_job, "max_retries": 0}
     if hw.device == "cuda":
         opts["num_gpus"] = 1
         opts["max_calls"] = 0  # the Ray worker never touches CUDA itself: reuse it across jobs
         if hw.name != "GPU":
             opts["resources"] = {f"accelerator_type:{hw.name}": 0.001}
-    return ray.remote(**opts)(execute_job)
+    return ray.remote(**opts)(body)
 
 
 def _describe_task_error(exc: BaseException) -> str:
@@ -139,8 +143,16 @@ def plan_jobs(
     return jobs
 
 
-def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None) -> SweepSummary:
-    """Run every job of `spec` not yet in `opts.out_dir`; return what happened."""
+def run_sweep(
+    spec: SweepSpec,
+    opts: SweepOptions,
+    stream: TextIO | None = None,
+    task_body: Callable[..., dict[str, Any]] | None = None,
+) -> SweepSummary:
+    """Run every job of `spec` not yet in `opts.out_dir`; return what happened.
+
+    `task_body` replaces the per-job task (`workers.task.execute_job`, same arguments and
+    result); the dispatch benchmark uses it to push synthetic jobs through the real driver."""
     import ray
 
     stream = stream or sys.stderr
@@ -177,13 +189,14 @@ def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None)
         )
         sink = ResultSink(out)
         progress = Progress(total=len(jobs), already_done=skipped, stream=stream)
-        remotes = {name: _remote_for(classes[name]) for name in used}
+        remotes = {name: _remote_for(classes[name], task_body) for name in used}
         queues: dict[str, deque[Job]] = {name: deque() for name in sorted(used)}
         for job in todo:
             queues[job.hardware].append(job)
         in_flight: dict[Any, tuple[Job, float]] = {}
         per_class = dict.fromkeys(queues, 0)
         extra_path = (os.getcwd(),)
+        t_dispatch = time.monotonic()
         try:
             while in_flight or any(queues.values()):
                 for name, queue in queues.items():
@@ -229,6 +242,7 @@ def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None)
             ) from None
         sink.close()
         progress.close()
+        dispatch_s = time.monotonic() - t_dispatch
     counts = dict(progress.counts)
     runlog.finish_run(out, run_id, counts)
     return SweepSummary(
@@ -238,5 +252,6 @@ def run_sweep(spec: SweepSpec, opts: SweepOptions, stream: TextIO | None = None)
         skipped=skipped,
         counts=counts,
         wall_s=time.monotonic() - t_start,
+        dispatch_s=dispatch_s,
         hardware={n: classes[n].slots for n in sorted(used)},
     )
