@@ -1,8 +1,7 @@
-"""The Ray driver: connect (or start a private local cluster), place jobs, collect rows.
+"""The Ray driver: connect (or start a private local cluster), plan, place jobs, collect rows.
 
-One bounded window of in-flight tasks per hardware class (its slot count), so no class waits
-on another; a `ray.wait` loop of our own (Ray's `as_completed` drops results when a task
-fails); every job ends as one row, whatever happened to its task.
+The dispatch loop itself (windows per class, retries, lost classes) is `orchestrator.scheduler`;
+every job ends as one row, whatever happened to its task.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import signal
 import sys
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,15 +20,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from orchestrator import runlog
-from orchestrator.inventory import HardwareClass, cluster_classes, resolve
+from orchestrator.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
 from orchestrator.matrix import expand, select
+from orchestrator.ordering import History, longest_first
 from orchestrator.progress import Progress
-from orchestrator.rows import failure_row, make_row
+from orchestrator.scheduler import Scheduler
 from orchestrator.sink import ResultSink, finished_job_ids
 from orchestrator.spec import SweepSpec
 from workers.job import Job
-
-WAIT_S = 0.25
 
 
 class OutputExistsError(RuntimeError):
@@ -51,6 +48,10 @@ class SweepOptions:
     cpus_per_job: int | None = None
     timeout_cap_s: float | None = None
     """Upper bound on every job's time limit (for runs that must end within a window)."""
+    allow_missing: bool = False
+    """Run the classes that are present when the sweep names some the cluster lacks."""
+    max_attempts: int = 3
+    """Tries per job when its worker or node dies (a job's own failure is never retried)."""
     scratch_root: str | None = None
     """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
     argv: list[str] = field(default_factory=list)
@@ -95,24 +96,26 @@ def ray_session(address: str | None) -> Iterator[None]:
         ray.shutdown()
 
 
-def _remote_for(hw: HardwareClass, body: Callable[..., dict[str, Any]] | None = None):
+def _remote_for(hw: HardwareClass, gpu_classes: list[str], body: Callable[..., dict[str, Any]] | None = None):
+    """The per-job remote function of a class: its slot's resources and its placement.
+
+    GPU classes: one GPU and the `accelerator_type:<class>` resource (set on every node of that
+    type, autoscaled ones included). CPU class: a label selector that keeps CPU jobs off GPU
+    nodes, whose cores belong to their GPU jobs."""
     import ray
 
     from workers.task import execute_job
 
-    body = body or execute_job
     opts: dict[str, Any] = {"num_cpus": hw.cpus_per_job, "max_retries": 0}
     if hw.device == "cuda":
         opts["num_gpus"] = 1
         opts["max_calls"] = 0  # the Ray worker never touches CUDA itself: reuse it across jobs
         if hw.name != "GPU":
             opts["resources"] = {f"accelerator_type:{hw.name}": 0.001}
-    return ray.remote(**opts)(body)
-
-
-def _describe_task_error(exc: BaseException) -> str:
-    text = str(exc)
-    return text if len(text) < 4000 else text[:2000] + "\n...\n" + text[-2000:]
+    elif gpu_classes:
+        # no space after the commas: Ray reads " T4" as a value of its own, and T4 nodes would match
+        opts["label_selector"] = {ACCEL_LABEL: f"!in({','.join(gpu_classes)})"}
+    return ray.remote(**opts)(body or execute_job)
 
 
 @contextmanager
@@ -134,9 +137,13 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def plan_jobs(
-    spec: SweepSpec, classes: dict[str, HardwareClass], only: str | None, timeout_cap_s: float | None = None
+    spec: SweepSpec,
+    classes: dict[str, HardwareClass],
+    only: str | None,
+    timeout_cap_s: float | None = None,
+    allow_missing: bool = False,
 ) -> list[Job]:
-    hardware = resolve(spec.hardware, classes)
+    hardware = resolve(spec.hardware, classes, allow_missing)
     jobs = select(expand(spec, {name: hw.device for name, hw in hardware.items()}), only)
     if timeout_cap_s:
         jobs = [dataclasses.replace(j, timeout_s=min(j.timeout_s, timeout_cap_s)) for j in jobs]
@@ -167,7 +174,7 @@ def run_sweep(
     t_start = time.monotonic()
     with ray_session(opts.address), _sigterm_as_interrupt():
         classes = cluster_classes(opts.cpus_per_job)
-        jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s)
+        jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s, opts.allow_missing)
         todo = [j for j in jobs if j.job_id not in done_ids]
         skipped = len(jobs) - len(todo)
         used = {j.hardware for j in jobs}
@@ -189,55 +196,33 @@ def run_sweep(
         )
         sink = ResultSink(out)
         progress = Progress(total=len(jobs), already_done=skipped, stream=stream)
-        remotes = {name: _remote_for(classes[name], task_body) for name in used}
-        queues: dict[str, deque[Job]] = {name: deque() for name in sorted(used)}
-        for job in todo:
-            queues[job.hardware].append(job)
-        in_flight: dict[Any, tuple[Job, float]] = {}
-        per_class = dict.fromkeys(queues, 0)
-        extra_path = (os.getcwd(),)
+
+        def emit(row: dict[str, Any], job: Job, wall: float | None) -> None:
+            sink.add(row)
+            progress.finished_job(job.name, row["status"], wall)
+
+        gpu_classes = sorted(n for n, hw in classes.items() if hw.device == "cuda")
+        scheduler = Scheduler(
+            classes=classes,
+            remotes={name: _remote_for(classes[name], gpu_classes, task_body) for name in used},
+            task_args=(opts.scratch_root, (os.getcwd(),)),
+            run_id=run_id,
+            emit=emit,
+            inventory=lambda: cluster_classes(opts.cpus_per_job),
+            max_attempts=opts.max_attempts,
+        )
+        scheduler.add(longest_first(todo, History.from_output(out)))
         t_dispatch = time.monotonic()
         try:
-            while in_flight or any(queues.values()):
-                for name, queue in queues.items():
-                    hw = classes[name]
-                    while queue and per_class[name] < hw.slots:
-                        job = queue.popleft()
-                        ref = remotes[name].remote(
-                            job.to_dict(), hw.cpus_per_job, opts.scratch_root, extra_path
-                        )
-                        in_flight[ref] = (job, time.monotonic())
-                        per_class[name] += 1
-                        progress.started_job()
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=WAIT_S)
-                if ready:
-                    ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=0)
-                for ref in ready:
-                    job, t_submit = in_flight.pop(ref)
-                    per_class[job.hardware] -= 1
-                    wall = time.monotonic() - t_submit
-                    try:
-                        row = make_row(job, ray.get(ref), run_id=run_id, wall_s=wall)
-                    except Exception as exc:  # the task itself failed: its worker or node died
-                        row = failure_row(
-                            job,
-                            "crash",
-                            f"Ray task failed: {_describe_task_error(exc)}",
-                            run_id=run_id,
-                            wall_s=wall,
-                        )
-                    sink.add(row)
-                    progress.finished_job(job.name, row["status"], wall)
-                sink.tick()
+            scheduler.run(ray, started=progress.started_job, tick=sink.tick)
         except KeyboardInterrupt:
-            for ref in in_flight:
-                ray.cancel(ref, force=True)  # kills the worker; its job process dies with it
+            cancelled = scheduler.cancel_all(ray)
             sink.close()
             progress.close()
             runlog.finish_run(out, run_id, dict(progress.counts), interrupted=True)
             raise SweepInterrupted(
                 f"interrupted: {sink.rows_written} rows of this run are saved in {out}; "
-                f"{len(in_flight)} running jobs were cancelled. Resume with:\n"
+                f"{cancelled} running jobs were cancelled. Resume with:\n"
                 f"  orchestrate sweep {spec.source or 'SWEEP.yaml'} --out {out} --resume"
             ) from None
         sink.close()

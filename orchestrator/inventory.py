@@ -107,15 +107,18 @@ class MissingHardwareError(ValueError):
     pass
 
 
-def resolve(requested: str | tuple[str, ...], present: dict[str, HardwareClass]) -> dict[str, HardwareClass]:
+def resolve(
+    requested: str | tuple[str, ...], present: dict[str, HardwareClass], allow_missing: bool = False
+) -> dict[str, HardwareClass]:
     """The classes a sweep runs on: all present ones for `auto`, else the requested ones, which
-    must all be present."""
+    must all be present unless `allow_missing` (then the missing ones are left out)."""
     if requested == "auto":
         return dict(present)
     missing = [h for h in requested if h not in present]
-    if missing:
+    if missing and not allow_missing:
         raise MissingHardwareError(
             f"the sweep asks for hardware {missing} that the cluster lacks; classes present: "
-            f"{', '.join(present) or 'none'}. Use `hardware: auto`, or a cluster with those node types."
+            f"{', '.join(present) or 'none'}. Use `hardware: auto`, --allow-missing to run the rest, "
+            "or a cluster with those node types."
         )
-    return {h: present[h] for h in requested}
+    return {h: present[h] for h in requested if h in present}

@@ -56,7 +56,7 @@ def make_row(
 
 
 def failure_row(
-    job: Job, status: str, error: str, *, run_id: str, wall_s: float | None = None
+    job: Job, status: str, error: str, *, run_id: str, wall_s: float | None = None, attempt: int = 1
 ) -> dict[str, Any]:
-    """A row for a job whose task never reported (its worker or node died, it was cancelled)."""
-    return make_row(job, {"status": status, "error": error}, run_id=run_id, wall_s=wall_s)
+    """A row for a job whose task never reported (its worker or node died, its class is gone)."""
+    return make_row(job, {"status": status, "error": error}, run_id=run_id, wall_s=wall_s, attempt=attempt)

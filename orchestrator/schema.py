@@ -21,7 +21,9 @@ from typing import Any, Literal, get_args
 
 import pyarrow as pa
 
-Status = Literal["ok", "compile_error", "runtime_error", "accuracy_fail", "oom", "timeout", "crash"]
+Status = Literal[
+    "ok", "compile_error", "runtime_error", "accuracy_fail", "oom", "timeout", "crash", "hardware_lost"
+]
 STATUSES: tuple[str, ...] = get_args(Status)
 
 RESULTS_DIR = "results"

@@ -1,0 +1,66 @@
+"""Longest-expected-first ordering of a class's job queue.
+
+Starting the longest jobs first shortens the makespan (a long job started last keeps one slot
+busy while the others idle). Expected cost comes from earlier runs in the same output
+directory, matched by hardware, model, config and batch size, then by model and config; with
+no history, from a heuristic: compile mode (autotuning compiles for minutes), batch size, and
+whether the architecture is reduced by overrides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from orchestrator.schema import read_results
+from workers.job import Job
+
+MODE_COST = {"max-autotune": 20.0, "max-autotune-no-cudagraphs": 15.0, "reduce-overhead": 1.1}
+
+
+def heuristic_cost(job: Job) -> float:
+    mode = job.config.mode
+    if job.config.options.get("max_autotune"):
+        mode = "max-autotune"
+    size = 0.2 if job.model.overrides else 1.0
+    return MODE_COST.get(mode or "", 1.0) * size * (1.0 + math.log2(job.batch_size) / 4)
+
+
+class History:
+    """Mean job subprocess time of earlier rows, by (hardware, model_id, config, batch) and by
+    (model_id, config)."""
+
+    def __init__(self, rows: Iterable[dict]):
+        exact: dict[tuple, list[float]] = defaultdict(list)
+        loose: dict[tuple, list[float]] = defaultdict(list)
+        for r in rows:
+            if r.get("subprocess_s") is None:
+                continue
+            exact[(r["hardware"], r["model_id"], r["config"], r["batch_size"])].append(r["subprocess_s"])
+            loose[(r["model_id"], r["config"])].append(r["subprocess_s"])
+        self.exact = {k: sum(v) / len(v) for k, v in exact.items()}
+        self.loose = {k: sum(v) / len(v) for k, v in loose.items()}
+
+    @classmethod
+    def from_output(cls, out_dir: str | Path) -> History:
+        columns = ["hardware", "model_id", "config", "batch_size", "subprocess_s"]
+        return cls(read_results(out_dir, columns=columns).to_pylist())
+
+    def expected_s(self, job: Job) -> float | None:
+        key = (job.hardware, job.model.id, job.config.name, job.batch_size)
+        if key in self.exact:
+            return self.exact[key]
+        return self.loose.get((job.model.id, job.config.name))
+
+
+def longest_first(jobs: list[Job], history: History) -> list[Job]:
+    """Jobs with a measured history first, longest first; then the rest by heuristic.
+
+    Measured seconds and heuristic units are not comparable, so the two groups are not mixed;
+    a job that took long before is the surest bet to take long again."""
+    measured = [(history.expected_s(j), j) for j in jobs]
+    known = sorted(((s, j) for s, j in measured if s is not None), key=lambda sj: -sj[0])
+    unknown = sorted((j for s, j in measured if s is None), key=lambda j: -heuristic_cost(j))
+    return [j for _, j in known] + unknown

@@ -1,0 +1,155 @@
+"""The dispatch loop: per-class queues and windows, retries after node loss, lost classes.
+
+- One queue and one window of in-flight tasks per hardware class (its slot count), so a slow
+  or absent class never holds up the others.
+- A task that fails for a system reason (its worker or node died) is retried on the same class,
+  up to `max_attempts` times in all. A task whose own code raised is not retried.
+- The inventory is re-read every `recheck_s` seconds and after every system failure. A class
+  with no alive nodes left gets `hardware_lost` rows for its queued and running jobs, so the
+  sweep finishes instead of waiting forever on tasks Ray cannot place.
+- Our own `ray.wait` loop: `ray.util.as_completed` drops results when a task fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.inventory import HardwareClass
+from orchestrator.rows import failure_row, make_row
+from workers.job import Job
+
+WAIT_S = 0.25
+
+
+def _short(exc: BaseException, limit: int = 2000) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2 :]
+
+
+@dataclass
+class _Running:
+    job: Job
+    submitted: float
+    attempt: int
+
+
+@dataclass
+class Scheduler:
+    classes: dict[str, HardwareClass]
+    remotes: dict[str, Any]
+    """Ray remote function per class, with that class's resources and placement."""
+    task_args: tuple
+    """Arguments after the job dict: (threads are per class, so they are added per submit)."""
+    run_id: str
+    emit: Callable[[dict[str, Any], Job, float | None], None]
+    """Called with each finished row, its job and the driver-side wall time."""
+    inventory: Callable[[], dict[str, HardwareClass]]
+    max_attempts: int = 3
+    recheck_s: float = 5.0
+    queues: dict[str, deque[tuple[Job, int]]] = field(default_factory=dict)
+    running: dict[Any, _Running] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+
+    def add(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.queues.setdefault(job.hardware, deque()).append((job, 1))
+
+    def busy(self) -> bool:
+        return bool(self.running) or any(self.queues.values())
+
+    def _in_flight(self, name: str) -> int:
+        return sum(1 for r in self.running.values() if r.job.hardware == name)
+
+    def fill(self, started: Callable[[], None]) -> None:
+        for name, queue in self.queues.items():
+            if name in self.lost:
+                continue
+            hw = self.classes[name]
+            free = hw.slots - self._in_flight(name)
+            while queue and free > 0:
+                job, attempt = queue.popleft()
+                ref = self.remotes[name].remote(job.to_dict(), hw.cpus_per_job, *self.task_args)
+                self.running[ref] = _Running(job, time.monotonic(), attempt)
+                free -= 1
+                started()
+
+    def step(self, ray) -> bool:
+        """Wait up to WAIT_S for results and handle them; True if a system failure happened."""
+        refs = list(self.running)
+        if not refs:
+            return False
+        ready, _ = ray.wait(refs, num_returns=1, timeout=WAIT_S)
+        if ready:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        failed = False
+        for ref in ready:
+            failed |= self._collect(ray, ref)
+        return failed
+
+    def _collect(self, ray, ref) -> bool:
+        run = self.running.pop(ref)
+        wall = time.monotonic() - run.submitted
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:  # our task's own code raised: a bug, not a fault
+            self.emit(
+                self._failure(run, "crash", f"the job's Ray task raised: {_short(exc)}", wall), run.job, wall
+            )
+            return False
+        except Exception as exc:  # worker or node died, object lost: the machine failed, not the job
+            if run.attempt < self.max_attempts:
+                self.queues[run.job.hardware].appendleft((run.job, run.attempt + 1))
+            else:
+                error = f"Ray task failed {run.attempt} times (worker or node lost); last: {_short(exc)}"
+                self.emit(self._failure(run, "crash", error, wall), run.job, wall)
+            return True
+        self.emit(
+            make_row(run.job, result, run_id=self.run_id, wall_s=wall, attempt=run.attempt), run.job, wall
+        )
+        return False
+
+    def _failure(self, run: _Running, status: str, error: str, wall: float | None) -> dict[str, Any]:
+        return failure_row(run.job, status, error, run_id=self.run_id, wall_s=wall, attempt=run.attempt)
+
+    def check_classes(self, ray) -> None:
+        """Re-read the inventory: shrink windows to the slots left; end classes with no nodes."""
+        present = self.inventory()
+        for name in list(self.queues):
+            if name in self.lost:
+                continue
+            if name in present:
+                self.classes[name].slots = present[name].slots
+                continue
+            self.lost.add(name)
+            error = f"no alive node of hardware class {name!r} is left in the cluster"
+            for ref, run in list(self.running.items()):
+                if run.job.hardware == name:
+                    ray.cancel(ref, force=True)
+                    del self.running[ref]
+                    self.emit(self._failure(run, "hardware_lost", error, None), run.job, None)
+            while self.queues[name]:
+                job, attempt = self.queues[name].popleft()
+                self.emit(self._failure(_Running(job, 0.0, attempt), "hardware_lost", error, None), job, None)
+
+    def run(self, ray, started: Callable[[], None], tick: Callable[[], None]) -> None:
+        last_check = time.monotonic()
+        while self.busy():
+            self.fill(started)
+            failed = self.step(ray)
+            if failed or time.monotonic() - last_check > self.recheck_s:
+                self.check_classes(ray)
+                last_check = time.monotonic()
+            tick()
+            if not self.running and any(self.queues[n] for n in self.queues if n not in self.lost):
+                time.sleep(WAIT_S)  # a class's window is zero for now (its nodes are busy or gone)
+
+    def cancel_all(self, ray) -> int:
+        for ref in self.running:
+            ray.cancel(ref, force=True)  # kills the worker; its job process dies with it
+        n = len(self.running)
+        self.running.clear()
+        return n

@@ -1,0 +1,185 @@
+"""A heterogeneous fleet on one machine: `ray.cluster_utils.Cluster` with fake A100 and T4 nodes
+(GPU resources and accelerator labels, as Ray sets them on real GPU nodes) and a CPU node.
+
+Jobs of the fake GPU classes run a synthetic task body (this machine has no GPU); jobs of the
+CPU class run the real job subprocess, faults included. Placement is checked from the node id
+each row records, which the task reads from Ray itself.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+
+from orchestrator.driver import SweepOptions, run_sweep
+from orchestrator.inventory import MissingHardwareError
+from orchestrator.schema import read_results
+from orchestrator.spec import parse_spec
+
+pytestmark = pytest.mark.integration
+
+GPU_CLASSES = ("A100", "T4")
+
+
+def make_cluster(a100_nodes: int = 2):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes: dict[str, list] = {"A100": [], "T4": [], "cpu": []}
+    for cls, count in (("A100", a100_nodes), ("T4", 1)):
+        for _ in range(count):
+            nodes[cls].append(
+                cluster.add_node(
+                    num_cpus=1,
+                    num_gpus=1,
+                    labels={"ray.io/accelerator-type": cls},
+                    resources={f"accelerator_type:{cls}": 1},
+                )
+            )
+    nodes["cpu"].append(cluster.add_node(num_cpus=2))
+    cluster.wait_for_nodes()
+    return cluster, {cls: {n.node_id for n in ns} for cls, ns in nodes.items()}, nodes
+
+
+def task_body(seconds: float, started_dir: str | None = None):
+    """Synthetic result on the fake GPU classes; the real job subprocess on the CPU class.
+    With `started_dir`, each synthetic task first drops a file named after its node there."""
+
+    def body(job_dict, threads, scratch_root=None, extra_path=()):
+        import pathlib
+        import time
+
+        import ray
+
+        if started_dir:
+            pathlib.Path(started_dir, ray.get_runtime_context().get_node_id()).touch()
+
+        if job_dict["hardware"] == "cpu":
+            from workers.task import execute_job
+
+            return execute_job(job_dict, threads, scratch_root, extra_path)
+        time.sleep(seconds)
+        return {
+            "status": "ok",
+            "eager_ms": 2.0,
+            "compiled_ms": 1.0,
+            "speedup": 2.0,
+            "compile_s": 0.1,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "device_name": "fake",
+        }
+
+    return body
+
+
+SWEEP = """\
+name: fleet
+models:
+  - {{id: python:workers.toy:mlp, name: mlp}}
+  - {{id: python:tests.faulty:segfault, name: segfault}}
+batch_sizes: [{batch_sizes}]
+configs:
+  dynamo: {{backend: eager}}
+measure: {{warmup: 1, iterations: 3, flops: false}}
+hardware: {hardware}
+"""
+
+
+def test_every_job_lands_on_a_node_of_its_class(tmp_path):
+    cluster, node_ids, _ = make_cluster()
+    try:
+        spec = parse_spec(SWEEP.format(batch_sizes="1, 2, 3", hardware="auto"), "fleet.yaml")
+        summary = run_sweep(
+            spec,
+            SweepOptions(out_dir=tmp_path, address=cluster.address, cpus_per_job=1),
+            stream=io.StringIO(),
+            task_body=task_body(0.3),
+        )
+    finally:
+        cluster.shutdown()
+    rows = read_results(tmp_path).to_pylist()
+    assert summary.hardware == {"A100": 2, "T4": 1, "cpu": 2}
+    assert len(rows) == 3 * 2 * 3 == summary.planned
+    for r in rows:
+        assert r["node_id"] in node_ids[r["hardware"]], (r["job_name"], r["node_id"])
+    # Both A100 nodes were used: the class's window spans its nodes.
+    assert {r["node_id"] for r in rows if r["hardware"] == "A100"} == node_ids["A100"]
+    # The CPU class ran the real job process: the MLP compiled and ran, the segfault became a row.
+    cpu = {(r["model"], r["batch_size"]): r for r in rows if r["hardware"] == "cpu"}
+    assert {m for (m, _), r in cpu.items() if r["status"] == "ok"} == {"mlp"}
+    assert all(
+        r["status"] == "crash" and "SIGSEGV" in r["error"] for (m, _), r in cpu.items() if m == "segfault"
+    )
+
+
+def test_lost_node_is_retried_and_a_lost_class_finishes_with_rows(tmp_path):
+    cluster, node_ids, nodes = make_cluster()
+    spec = parse_spec(SWEEP.format(batch_sizes="1, 2, 3, 4", hardware="[A100, T4]"), "fleet.yaml")
+    out = tmp_path / "out"
+
+    started = tmp_path / "started"
+    started.mkdir()
+
+    def kill_nodes():
+        victims = [nodes["A100"][0], nodes["T4"][0]]
+        deadline = time.monotonic() + 120
+        while not all((started / n.node_id).exists() for n in victims) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # both victims are running a 3 s job now
+        cluster.remove_node(nodes["A100"][0], allow_graceful=False)
+        cluster.remove_node(nodes["T4"][0], allow_graceful=False)
+
+    killer = threading.Thread(target=kill_nodes)
+    try:
+        killer.start()
+        summary = run_sweep(
+            spec,
+            SweepOptions(out_dir=out, address=cluster.address, cpus_per_job=1, max_attempts=3),
+            stream=io.StringIO(),
+            task_body=task_body(3.0, str(started)),
+        )
+        killer.join()
+    finally:
+        cluster.shutdown()
+    rows = read_results(out).to_pylist()
+    assert len(rows) == summary.planned == 2 * 4 * 2
+    assert len({r["job_id"] for r in rows}) == len(rows)
+    a100 = [r for r in rows if r["hardware"] == "A100"]
+    t4 = [r for r in rows if r["hardware"] == "T4"]
+    # The A100 class survives on its second node: every job ends ok, some on a second attempt.
+    assert {r["status"] for r in a100} == {"ok"}
+    assert any(r["attempt"] > 1 for r in a100)
+    assert all(r["node_id"] in node_ids["A100"] for r in a100)
+    # The T4 class is gone: what had not finished is recorded as hardware_lost, not left hanging.
+    lost = [r for r in t4 if r["status"] == "hardware_lost"]
+    assert lost and all("T4" in r["error"] for r in lost)
+    assert {r["status"] for r in t4} <= {"ok", "hardware_lost"}
+
+
+def test_absent_class_is_an_error_before_anything_runs_unless_allowed(tmp_path):
+    cluster, node_ids, _ = make_cluster(a100_nodes=1)
+    try:
+        spec = parse_spec(SWEEP.format(batch_sizes="1", hardware="[A100, V100]"), "fleet.yaml")
+        with pytest.raises(MissingHardwareError) as err:
+            run_sweep(
+                spec,
+                SweepOptions(out_dir=tmp_path / "a", address=cluster.address),
+                stream=io.StringIO(),
+                task_body=task_body(0.0),
+            )
+        assert "V100" in str(err.value) and "A100" in str(err.value) and "T4" in str(err.value)
+        assert read_results(tmp_path / "a").num_rows == 0
+        summary = run_sweep(
+            spec,
+            SweepOptions(out_dir=tmp_path / "b", address=cluster.address, allow_missing=True),
+            stream=io.StringIO(),
+            task_body=task_body(0.0),
+        )
+    finally:
+        cluster.shutdown()
+    rows = read_results(tmp_path / "b").to_pylist()
+    assert summary.hardware == {"A100": 1}
+    assert {r["hardware"] for r in rows} == {"A100"} and len(rows) == 2

@@ -1,0 +1,92 @@
+"""Longest-expected-first ordering: history first, then the heuristic."""
+
+from __future__ import annotations
+
+from compiler.config import CompileConfig
+from orchestrator.ordering import History, heuristic_cost, longest_first
+from workers.job import Job, MeasureSpec, ModelSpec
+
+
+def job(
+    config: str = "default",
+    mode: str | None = None,
+    bs: int = 1,
+    model: str = "hf:microsoft/resnet-50",
+    overrides: dict | None = None,
+    hardware: str = "A100",
+) -> Job:
+    return Job(
+        sweep="s",
+        hardware=hardware,
+        device="cuda",
+        model=ModelSpec(id=model, name=model.rsplit("/", 1)[-1], overrides=overrides or {}),
+        batch_size=bs,
+        dtype="fp32",
+        config=CompileConfig(name=config, mode=mode),
+        measure=MeasureSpec(),
+        timeout_s=60,
+    )
+
+
+def test_heuristic_puts_autotuning_and_big_batches_and_full_models_first():
+    assert heuristic_cost(job(mode="max-autotune")) > heuristic_cost(job(mode="reduce-overhead"))
+    assert heuristic_cost(job(mode="reduce-overhead")) > heuristic_cost(job())
+    assert heuristic_cost(job(bs=16)) > heuristic_cost(job(bs=1))
+    assert heuristic_cost(job()) > heuristic_cost(job(overrides={"depths": [1, 1, 1, 1]}))
+    tuned = Job(**{**job().__dict__, "config": CompileConfig(name="t", options={"max_autotune": True})})
+    assert heuristic_cost(tuned) == heuristic_cost(job(mode="max-autotune"))
+
+
+def test_history_orders_measured_jobs_longest_first_before_unmeasured_ones():
+    a, b, c = job(config="a"), job(config="b"), job(config="c", mode="max-autotune")
+    history = History(
+        [
+            {
+                "hardware": "A100",
+                "model_id": a.model.id,
+                "config": "a",
+                "batch_size": 1,
+                "subprocess_s": 10.0,
+            },
+            {
+                "hardware": "A100",
+                "model_id": b.model.id,
+                "config": "b",
+                "batch_size": 1,
+                "subprocess_s": 30.0,
+            },
+            {
+                "hardware": "A100",
+                "model_id": b.model.id,
+                "config": "b",
+                "batch_size": 1,
+                "subprocess_s": 50.0,
+            },
+            {"hardware": "T4", "model_id": a.model.id, "config": "a", "batch_size": 1, "subprocess_s": None},
+        ]
+    )
+    assert history.expected_s(b) == 40.0
+    assert history.expected_s(c) is None
+    assert [j.config.name for j in longest_first([a, c, b], history)] == ["b", "a", "c"]
+
+
+def test_history_falls_back_to_model_and_config_across_hardware_and_batch():
+    history = History(
+        [
+            {
+                "hardware": "T4",
+                "model_id": "hf:microsoft/resnet-50",
+                "config": "default",
+                "batch_size": 4,
+                "subprocess_s": 12.0,
+            }
+        ]
+    )
+    assert history.expected_s(job(hardware="A100", bs=1)) == 12.0
+
+
+def test_without_history_order_is_by_heuristic_and_keeps_every_job():
+    jobs = [job(config="d"), job(config="m", mode="max-autotune"), job(config="r", mode="reduce-overhead")]
+    ordered = longest_first(jobs, History([]))
+    assert [j.config.name for j in ordered] == ["m", "r", "d"]
+    assert sorted(j.job_id for j in ordered) == sorted(j.job_id for j in jobs)
