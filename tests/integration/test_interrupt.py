@@ -1,0 +1,86 @@
+"""Ctrl-C in the middle of a sweep: running jobs are cancelled, finished rows stay readable, and
+the message says how to resume; the resumed sweep then completes the plan."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from orchestrator.schema import read_results
+from tests.integration.conftest import ROOT, orchestrate
+
+pytestmark = pytest.mark.integration
+
+SWEEP = """\
+name: it-interrupt
+models:
+  - {id: python:workers.toy:mlp, name: mlp}
+  - {id: python:tests.faulty:hang, name: hang, timeout_s: 600}
+batch_sizes: [1]
+configs:
+  dynamo: {backend: eager}
+measure: {warmup: 1, iterations: 3, flops: false}
+"""
+
+
+def test_ctrl_c_cancels_running_jobs_keeps_rows_and_says_how_to_resume(sweep_file, tmp_path):
+    sweep = sweep_file(SWEEP)
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    scratch.mkdir()
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "sweep",
+            str(sweep),
+            "--out",
+            str(out),
+            "--scratch",
+            str(scratch),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Longest-expected-first puts both jobs level; wait until the MLP's row is on disk and the
+    # hanging job is running, then press Ctrl-C.
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and driver.poll() is None:
+        if read_results(out, columns=["job_id"]).num_rows == 1 and _bench_processes(scratch):
+            break
+        time.sleep(0.5)
+    assert driver.poll() is None, driver.communicate()
+    driver.send_signal(signal.SIGINT)
+    stdout, stderr = driver.communicate(timeout=60)
+    assert driver.returncode == 130, stderr
+    assert "interrupted" in stderr and "--resume" in stderr and str(out) in stderr
+    assert "1 running jobs were cancelled" in stderr
+
+    table = read_results(out)
+    assert table.num_rows == 1 and table.column("model").to_pylist() == ["mlp"]
+    deadline = time.monotonic() + 30
+    while _bench_processes(scratch) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _bench_processes(scratch), "the cancelled job's process is still running"
+
+    # The resumed sweep runs only what is missing (the hanging job, now with a short limit).
+    resumed = orchestrate("sweep", str(sweep), "--out", str(out), "--resume", "--timeout-cap", "5")
+    assert "1 already done, 1 to run" in resumed.stderr
+    statuses = dict(zip(*read_results(out, columns=["model", "status"]).to_pydict().values(), strict=True))
+    assert statuses == {"mlp": "ok", "hang": "timeout"}
+
+
+def _bench_processes(scratch) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "workers.bench" in cmd and str(scratch) in cmd:
+            found.append(p)
+    return found
