@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from compiler.config import CompileConfig
 from orchestrator.ordering import History, heuristic_cost, longest_first
 from workers.job import Job, MeasureSpec, ModelSpec
@@ -33,7 +35,7 @@ def test_heuristic_puts_autotuning_and_big_batches_and_full_models_first():
     assert heuristic_cost(job(mode="reduce-overhead")) > heuristic_cost(job())
     assert heuristic_cost(job(bs=16)) > heuristic_cost(job(bs=1))
     assert heuristic_cost(job()) > heuristic_cost(job(overrides={"depths": [1, 1, 1, 1]}))
-    tuned = Job(**{**job().__dict__, "config": CompileConfig(name="t", options={"max_autotune": True})})
+    tuned = dataclasses.replace(job(), config=CompileConfig(name="t", options={"max_autotune": True}))
     assert heuristic_cost(tuned) == heuristic_cost(job(mode="max-autotune"))
 
 

@@ -9,7 +9,7 @@ import hashlib
 import json
 import platform
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import metadata
 from typing import Any, Literal
 
@@ -89,8 +89,9 @@ class Job:
     def name(self) -> str:
         return f"{self.hardware}/{self.model.name}/bs{self.batch_size}/{self.dtype}/{self.config.name}"
 
-    @property
+    @cached_property
     def job_id(self) -> str:
+        """Computed once per instance (the driver asks for it several times per job)."""
         return job_id(self)
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,3 +43,13 @@ def sweep_file(tmp_path):
         return path
 
     return write
+
+
+def bench_processes(marker: str) -> list[psutil.Process]:
+    """Job processes (`python -m workers.bench`) whose command line contains `marker`."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "workers.bench" in cmd and marker in cmd:
+            found.append(p)
+    return found

@@ -8,11 +8,10 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from orchestrator.schema import read_results
-from tests.integration.conftest import ROOT, orchestrate
+from tests.integration.conftest import ROOT, bench_processes, orchestrate
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +52,7 @@ def test_ctrl_c_cancels_running_jobs_keeps_rows_and_says_how_to_resume(sweep_fil
     # hanging job is running, then press Ctrl-C.
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and driver.poll() is None:
-        if read_results(out, columns=["job_id"]).num_rows == 1 and _bench_processes(scratch):
+        if read_results(out, columns=["job_id"]).num_rows == 1 and bench_processes(str(scratch)):
             break
         time.sleep(0.5)
     assert driver.poll() is None, driver.communicate()
@@ -66,21 +65,12 @@ def test_ctrl_c_cancels_running_jobs_keeps_rows_and_says_how_to_resume(sweep_fil
     table = read_results(out)
     assert table.num_rows == 1 and table.column("model").to_pylist() == ["mlp"]
     deadline = time.monotonic() + 30
-    while _bench_processes(scratch) and time.monotonic() < deadline:
+    while bench_processes(str(scratch)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _bench_processes(scratch), "the cancelled job's process is still running"
+    assert not bench_processes(str(scratch)), "the cancelled job's process is still running"
 
     # The resumed sweep runs only what is missing (the hanging job, now with a short limit).
     resumed = orchestrate("sweep", str(sweep), "--out", str(out), "--resume", "--timeout-cap", "5")
     assert "1 already done, 1 to run" in resumed.stderr
     statuses = dict(zip(*read_results(out, columns=["model", "status"]).to_pydict().values(), strict=True))
     assert statuses == {"mlp": "ok", "hang": "timeout"}
-
-
-def _bench_processes(scratch) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "workers.bench" in cmd and str(scratch) in cmd:
-            found.append(p)
-    return found

@@ -8,11 +8,10 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from orchestrator.schema import read_results
-from tests.integration.conftest import ROOT, orchestrate, planned_count
+from tests.integration.conftest import ROOT, bench_processes, orchestrate, planned_count
 
 pytestmark = pytest.mark.integration
 
@@ -26,15 +25,6 @@ configs:
   aot: {backend: aot_eager}
 measure: {warmup: 1, iterations: 3}
 """
-
-
-def _bench_processes(out_marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "workers.bench" in cmd and out_marker in cmd:
-            found.append(p)
-    return found
 
 
 def test_sigkill_then_resume_gives_exactly_the_planned_rows(sweep_file, tmp_path):
@@ -74,9 +64,9 @@ def test_sigkill_then_resume_gives_exactly_the_planned_rows(sweep_file, tmp_path
 
     # The job that was running dies with its Ray worker instead of running on as an orphan.
     deadline = time.monotonic() + 30
-    while _bench_processes(str(scratch)) and time.monotonic() < deadline:
+    while bench_processes(str(scratch)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _bench_processes(str(scratch)), "a job process outlived the killed driver"
+    assert not bench_processes(str(scratch)), "a job process outlived the killed driver"
 
     proc = orchestrate("sweep", str(sweep), "--out", str(out), "--resume", "--scratch", str(scratch))
     assert f"{planned} jobs planned" in proc.stderr
