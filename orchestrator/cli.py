@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -285,8 +286,9 @@ def cmd_report(args) -> int:
             f"error: no result rows under {args.out}/results; run `orchestrate sweep` first", file=sys.stderr
         )
         return EXIT_BAD_INPUT
+    path = write_report(args.out, table)  # before printing: a closed pipe must not cost the file
     print(render(table, markdown=False))
-    print(f"wrote {write_report(args.out, table)}")
+    print(f"wrote {path}")
     return 0
 
 
@@ -403,4 +405,8 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return COMMANDS[args.command](args)
+    try:
+        return COMMANDS[args.command](args)
+    except BrokenPipeError:  # output piped into `head` or a pager that quit: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush is quiet
+        return 0

@@ -236,3 +236,27 @@ def test_no_command_is_a_usage_error(capsys):
         main([])
     assert info.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_report_into_a_closed_pipe_still_writes_the_file_and_exits_quietly(tmp_path, table_jobs, make_result):
+    import dataclasses
+    import subprocess
+    import sys
+
+    from workers.job import ModelSpec
+
+    base = table_jobs["cpu/mlp/bs1/fp32/default"]
+    with closing(ResultSink(tmp_path)) as sink:  # a report far larger than a pipe's 64 KiB buffer
+        for i in range(1500):
+            job = dataclasses.replace(base, model=ModelSpec(id=f"python:pkg.mod:m{i}", name=f"model-{i:04d}"))
+            sink.add(make_row(job, make_result(), run_id="r"))
+    # `orchestrate report OUT | head -c 1`: the reader closes the pipe after one byte.
+    proc = subprocess.run(
+        f"{sys.executable} -m orchestrator report {tmp_path} | head -c 1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert (tmp_path / "report.md").exists()
