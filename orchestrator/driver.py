@@ -25,7 +25,7 @@ from orchestrator.matrix import expand, select
 from orchestrator.ordering import History, longest_first
 from orchestrator.progress import Progress
 from orchestrator.scheduler import Scheduler
-from orchestrator.sink import ResultSink, finished_job_ids
+from orchestrator.sink import ResultSink
 from orchestrator.spec import SweepSpec
 from workers.job import Job
 
@@ -164,7 +164,8 @@ def run_sweep(
 
     stream = stream or sys.stderr
     out = Path(opts.out_dir)
-    done_ids = finished_job_ids(out)
+    history = History.from_output(out)  # one read: job ids done, and durations for ordering
+    done_ids = history.job_ids
     if done_ids and not opts.resume:
         raise OutputExistsError(
             f"{out} already holds {len(done_ids)} result rows. Pass --resume to finish that sweep, "
@@ -211,7 +212,7 @@ def run_sweep(
             inventory=lambda: cluster_classes(opts.cpus_per_job),
             max_attempts=opts.max_attempts,
         )
-        scheduler.add(longest_first(todo, History.from_output(out)))
+        scheduler.add(longest_first(todo, history))
         t_dispatch = time.monotonic()
         try:
             scheduler.run(ray, started=progress.started_job, tick=sink.tick)

@@ -29,13 +29,17 @@ def heuristic_cost(job: Job) -> float:
 
 
 class History:
-    """Mean job subprocess time of earlier rows, by (hardware, model_id, config, batch) and by
-    (model_id, config)."""
+    """Earlier rows of an output directory: which jobs have one, and the mean job subprocess
+    time by (hardware, model_id, config, batch) and by (model_id, config)."""
 
     def __init__(self, rows: Iterable[dict]):
         exact: dict[tuple, list[float]] = defaultdict(list)
         loose: dict[tuple, list[float]] = defaultdict(list)
+        self.job_ids: set[str] = set()
+        """Every job that has a row, whatever its status."""
         for r in rows:
+            if r.get("job_id"):
+                self.job_ids.add(r["job_id"])
             if r.get("subprocess_s") is None:
                 continue
             exact[(r["hardware"], r["model_id"], r["config"], r["batch_size"])].append(r["subprocess_s"])
@@ -45,7 +49,7 @@ class History:
 
     @classmethod
     def from_output(cls, out_dir: str | Path) -> History:
-        columns = ["hardware", "model_id", "config", "batch_size", "subprocess_s"]
+        columns = ["job_id", "hardware", "model_id", "config", "batch_size", "subprocess_s"]
         return cls(read_results(out_dir, columns=columns).to_pylist())
 
     def expected_s(self, job: Job) -> float | None:

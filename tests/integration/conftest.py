@@ -30,6 +30,25 @@ def orchestrate(*args: str, timeout: float = 600, check: bool = True) -> subproc
     return proc
 
 
+def start_sweep(sweep: Path, out: Path, scratch: Path, **popen_kwargs) -> subprocess.Popen:
+    """`orchestrate sweep SWEEP --out OUT --scratch SCRATCH` as a background process."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "sweep",
+            str(sweep),
+            "--out",
+            str(out),
+            "--scratch",
+            str(scratch),
+        ],
+        cwd=ROOT,
+        **popen_kwargs,
+    )
+
+
 def planned_count(sweep: Path, *extra: str) -> int:
     out = orchestrate("plan", str(sweep), *extra).stdout.strip().splitlines()
     return int(out[-1].split()[0])

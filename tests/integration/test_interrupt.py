@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from orchestrator.schema import read_results
-from tests.integration.conftest import ROOT, bench_processes, orchestrate
+from tests.integration.conftest import bench_processes, orchestrate, start_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -31,23 +30,7 @@ def test_ctrl_c_cancels_running_jobs_keeps_rows_and_says_how_to_resume(sweep_fil
     sweep = sweep_file(SWEEP)
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     scratch.mkdir()
-    driver = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "sweep",
-            str(sweep),
-            "--out",
-            str(out),
-            "--scratch",
-            str(scratch),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = start_sweep(sweep, out, scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Longest-expected-first puts both jobs level; wait until the MLP's row is on disk and the
     # hanging job is running, then press Ctrl-C.
     deadline = time.monotonic() + 240

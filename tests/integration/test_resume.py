@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from orchestrator.schema import read_results
-from tests.integration.conftest import ROOT, bench_processes, orchestrate, planned_count
+from tests.integration.conftest import bench_processes, orchestrate, planned_count, start_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -35,22 +34,7 @@ def test_sigkill_then_resume_gives_exactly_the_planned_rows(sweep_file, tmp_path
     planned = planned_count(sweep)
     assert planned == 10
 
-    driver = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "sweep",
-            str(sweep),
-            "--out",
-            str(out),
-            "--scratch",
-            str(scratch),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    driver = start_sweep(sweep, out, scratch, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and driver.poll() is None:
         if read_results(out, columns=["job_id"]).num_rows >= 2:
