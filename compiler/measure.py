@@ -62,6 +62,28 @@ def time_calls(fn: Callable[[], Any], iterations: int, device: str) -> list[floa
     return samples
 
 
+def back_to_back_ms(call: Callable[[int], Any], iterations: int, device: str) -> float:
+    """Mean ms per call over `iterations` calls issued back to back with one synchronize at the end.
+
+    Per-call samples (`time_calls`) wait for each call to finish before the next is issued, so they
+    include the launch latency the GPU sits idle for; this figure lets the host run ahead, as a
+    serving loop does, and so measures throughput. The gap between the two is host overhead.
+    """
+    synchronize(device)
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(iterations):
+            call(i)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / iterations
+    t0 = time.perf_counter()
+    for i in range(iterations):
+        call(i)
+    return (time.perf_counter() - t0) * 1e3 / iterations
+
+
 def synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()

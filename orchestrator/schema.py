@@ -61,6 +61,8 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("speedup", pa.float64(), "eager_ms / compiled_ms"),
     ("speedup_ci_low", pa.float64(), "bootstrap 95% CI of the speedup, low end"),
     ("speedup_ci_high", pa.float64(), "bootstrap 95% CI of the speedup, high end"),
+    ("eager_b2b_ms", pa.float64(), "eager ms per call over a back-to-back block with one sync (throughput)"),
+    ("compiled_b2b_ms", pa.float64(), "compiled ms per call over a back-to-back block with one sync"),
     ("eager_samples_ms", pa.list_(pa.float64()), "every timed eager call, ms, in order"),
     ("compiled_samples_ms", pa.list_(pa.float64()), "every timed compiled call, ms, in order"),
     ("eager_warmup_calls", pa.int32(), "eager warm-up calls until latency was stable"),

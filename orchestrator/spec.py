@@ -128,7 +128,7 @@ def _duplicates(src: LocatedYaml, values: list[tuple[int, Any]], key: str) -> No
 
 
 def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
-    from workers import zoo
+    from workers import external, zoo
 
     tasks = get_args(zoo.Task)
     models: list[ModelSpec] = []
@@ -155,11 +155,15 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
                 src.error(
                     path + ("id",), f"module {model_id.split(':')[1]!r} of {model_id!r} is not importable"
                 )
+        elif external.is_external_id(model_id):
+            problem = external.check_id(model_id)
+            if problem:
+                src.error(path + ("id",), problem)
         elif not zoo.is_known(model_id):
             src.error(
                 path + ("id",),
                 f"unknown model id {model_id!r}; known ids: {', '.join(zoo.known_model_ids())} "
-                "(or python:package.module:factory for your own model)",
+                "(or timm:<name>, torchvision:<name>, or python:package.module:factory for your own model)",
             )
         name = item.get("name", _default_name(model_id))
         if not isinstance(name, str) or not NAME_RE.match(name):
@@ -191,6 +195,8 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
 
 
 def _default_name(model_id: str) -> str:
+    if model_id.startswith(("timm:", "torchvision:")):  # timm:resnet50 and torchvision:resnet50 differ
+        return re.sub(r"[^A-Za-z0-9_.+-]", "-", model_id.replace(":", "-", 1))
     tail = model_id.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
     return re.sub(r"[^A-Za-z0-9_.+-]", "-", tail) or "model"
 

@@ -80,6 +80,6 @@ def oom(batch_size, input_size=None, overrides=None):
     """The forward asks the allocator for 1 PiB: a real allocation failure."""
 
     def alloc(x):
-        return x + torch.empty(2**50, dtype=torch.uint8).sum()
+        return x + torch.empty(2**50, dtype=torch.uint8, device=x.device).sum()
 
     return _Fn(alloc), _inputs(batch_size)

@@ -12,6 +12,7 @@ import torch
 
 from compiler.measure import (
     TOLERANCE,
+    back_to_back_ms,
     compare_outputs,
     peak_memory_bytes,
     percentile,
@@ -162,6 +163,18 @@ def test_time_calls_on_cpu():
 def test_time_calls_measures_milliseconds():
     samples = time_calls(lambda: time.sleep(0.02), 3, "cpu")
     assert all(15.0 <= s < 2000.0 for s in samples), samples
+
+
+def test_back_to_back_passes_indices_and_averages_ms():
+    seen = []
+
+    def call(i):
+        seen.append(i)
+        time.sleep(0.01)
+
+    ms = back_to_back_ms(call, 5, "cpu")
+    assert seen == [0, 1, 2, 3, 4]
+    assert 8.0 <= ms < 500.0, ms
 
 
 def test_peak_memory_on_cpu_grows_after_allocating():

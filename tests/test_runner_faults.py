@@ -60,7 +60,16 @@ def test_ok_job_measures_everything():
     job = dataclasses.replace(_job("raising"), model=ModelSpec(id="python:workers.toy:mlp", name="mlp"))
     result = run_job(job, threads=1)
     assert result["status"] == "ok", result.get("error")
-    for key in ("eager_ms", "compiled_ms", "compile_s", "speedup", "peak_mem_bytes", "subprocess_s"):
+    for key in (
+        "eager_ms",
+        "compiled_ms",
+        "eager_b2b_ms",
+        "compiled_b2b_ms",
+        "compile_s",
+        "speedup",
+        "peak_mem_bytes",
+        "subprocess_s",
+    ):
         assert result[key] > 0, key
     assert result["graph_count"] == 1 and result["graph_breaks"] == 0
 

@@ -162,7 +162,7 @@ class JobRun:
         import torch
 
         from compiler.precision import apply_precision
-        from workers import zoo
+        from workers import external, zoo
 
         job = self.job
         self.enter("build")
@@ -174,6 +174,15 @@ class JobRun:
             model, inputs = factory(job.batch_size, job.model.input_size, dict(job.model.overrides))
             input_sets = [inputs]
             task = job.model.task or "other"
+        elif external.is_external_id(job.model.id):
+            built = external.build(job.model.id, dict(job.model.overrides))
+            model = built.module
+            size = job.model.input_size or built.image_size
+            input_sets = [
+                external.make_inputs(job.batch_size, size, torch.Generator().manual_seed(seed))
+                for seed in range(INPUT_SETS)
+            ]
+            task = job.model.task or built.task
         else:
             entry = zoo.get_entry(job.model.id)
             model = entry.build(dict(job.model.overrides))
@@ -272,6 +281,11 @@ class JobRun:
                 job.measure.iterations,
                 job.measure.rounds,
             )
+            n = max(1, job.measure.iterations // 2)
+            eager_b2b = measure.back_to_back_ms(self._rotating(model, input_sets), n, dev)
+            compiled_b2b = measure.back_to_back_ms(
+                self._rotating(compiled, input_sets, mark_step=True), n, dev
+            )
         e, c = measure.summarize(eager_ms), measure.summarize(compiled_ms)
         lo, hi = measure.bootstrap_ratio_ci(eager_ms, compiled_ms)
         self.result.update(
@@ -286,6 +300,8 @@ class JobRun:
             speedup=e.median_ms / c.median_ms if c.median_ms > 0 else None,
             speedup_ci_low=lo,
             speedup_ci_high=hi,
+            eager_b2b_ms=eager_b2b,
+            compiled_b2b_ms=compiled_b2b,
         )
 
     def count_flops(self, model, inputs):

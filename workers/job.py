@@ -40,7 +40,8 @@ class ModelSpec:
     """A model entry of a sweep file."""
 
     id: str
-    """`hf:<org>/<name>` from the model zoo, or `python:<package.module>:<factory>` for user code."""
+    """`hf:<org>/<name>` from the model zoo, `timm:<name>` / `torchvision:<name>`, or
+    `python:<package.module>:<factory>` for user code."""
     name: str
     """Short name used in job names and tables; defaults to the last part of the id."""
     task: str | None = None

@@ -1,11 +1,12 @@
 """The model zoo: which models a job may name, and how to build them and their inputs.
 
-Two kinds of model id:
+Three kinds of model id:
 
 - ``"hf:<hub repo id>"``: a registered Hugging Face checkpoint (the eleven models of the Hugging Face
   torch.compile vision benchmark). The architecture is rebuilt from a hard-coded, checkpoint-matching
   config with seeded random weights, so nothing is downloaded; see ``workers/hf_models.py``.
   ``load_pretrained`` loads the real weights instead when they exist locally.
+- ``"timm:<name>"`` / ``"torchvision:<name>"``: see ``workers/external.py``.
 - ``"python:<dotted.module>:<function>"``: a user factory, ``fn(batch_size, input_size, overrides) ->
   (module, inputs_dict)`` (see ``workers/toy.py``). Only its shape is checked here; it is imported by
   ``load_python_factory`` in the job's own process.

@@ -1,0 +1,106 @@
+"""Checks that need a CUDA device and the GPU image (timm, torchvision): ``pytest -m gpu tests/gpu``.
+
+Run on the device machine; the default tier deselects them (``-m 'not gpu'``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from compiler.config import CompileConfig
+from workers import external, zoo
+from workers.job import Job, MeasureSpec, ModelSpec
+from workers.runner import run_job
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+THREADS = 8
+
+
+def _job(model: ModelSpec, dtype: str = "fp32", mode: str | None = None, batch_size: int = 2) -> Job:
+    return Job(
+        sweep="gpu-tests",
+        hardware="gpu",
+        device="cuda",
+        model=model,
+        batch_size=batch_size,
+        dtype=dtype,
+        config=CompileConfig(name=mode or "default", mode=mode),
+        measure=MeasureSpec(warmup=5, iterations=40, rounds=4),
+        timeout_s=600.0,
+    )
+
+
+# --- timm: and torchvision: sources ---------------------------------------------------------------------
+
+
+def test_external_models_build_at_their_pretrained_resolution():
+    timm_model = external.build("timm:resnet18", {})
+    assert timm_model.task == "image-classification" and timm_model.image_size == 224
+    seg = external.build("torchvision:lraspp_mobilenet_v3_large", {"num_classes": 5})
+    assert seg.task == "image-segmentation" and seg.image_size == 520
+    x = external.make_inputs(1, 96, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert timm_model.module(**x).shape == (1, 1000)
+        out = zoo.output_tensors(seg.module(**x))
+    assert out[0].shape == (1, 5, 96, 96)
+
+
+def test_external_ids_that_cannot_be_fed_are_refused_with_a_reason():
+    assert external.check_id("timm:resnet18") is None
+    assert external.check_id("torchvision:resnet18") is None
+    assert "did you mean" in external.check_id("timm:resnet1")
+    problem = external.check_id("torchvision:fasterrcnn_resnet50_fpn")
+    assert "image lists" in problem
+
+
+@pytest.mark.parametrize("model_id", ["timm:resnet18", "torchvision:resnet18"])
+def test_external_model_job_measures_on_the_gpu(model_id):
+    result = run_job(_job(ModelSpec(id=model_id, name=model_id.replace(":", "-"))), threads=THREADS)
+    assert result["status"] == "ok", result.get("error")
+    assert result["task"] == "image-classification"
+    assert result["eager_ms"] > 0 and result["compiled_ms"] > 0 and result["compiled_b2b_ms"] > 0
+    assert "H100" in result["gpu_name"] or "H200" in result["gpu_name"]
+
+
+# --- precision policies and the CUDA OOM path --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "tf32", "bf16", "fp16"])
+def test_precision_policies_run_and_pass_accuracy(dtype):
+    model_id = "hf:microsoft/resnet-50"
+    model = ModelSpec(
+        id=model_id,
+        name="resnet-small",
+        input_size=64,
+        overrides=copy.deepcopy(zoo.SMALL_OVERRIDES[model_id]),
+    )
+    result = run_job(_job(model, dtype=dtype, batch_size=4), threads=THREADS)
+    assert result["status"] == "ok", (dtype, result.get("error"))
+    assert result["dtype"] == dtype
+    assert result["max_abs_err"] is not None
+
+
+def test_cuda_out_of_memory_becomes_an_oom_row():
+    result = run_job(_job(ModelSpec(id="python:tests.faulty:oom", name="oom")), threads=THREADS)
+    assert result["status"] == "oom", result.get("error")
+    assert "CUDA out of memory" in result["error"]
+
+
+def test_reduce_overhead_uses_cuda_graphs():
+    model_id = "hf:microsoft/resnet-50"
+    model = ModelSpec(
+        id=model_id,
+        name="resnet-small",
+        input_size=64,
+        overrides=copy.deepcopy(zoo.SMALL_OVERRIDES[model_id]),
+    )
+    result = run_job(_job(model, mode="reduce-overhead"), threads=THREADS)
+    assert result["status"] == "ok", result.get("error")
+    assert not result.get("cudagraph_skip_reasons"), result.get("cudagraph_skip_reasons")
