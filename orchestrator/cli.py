@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--scratch", metavar="DIR", help="where job processes keep caches and logs (default: temp dir)"
     )
     p.add_argument(
+        "--history",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an earlier output directory whose job times order this sweep longest-first (repeatable); "
+        "its rows are read for timing only and never count as done",
+    )
+    p.add_argument(
         "--allow-missing",
         action="store_true",
         help="when the sweep names hardware classes the cluster lacks, run the ones present instead of "
@@ -247,6 +255,12 @@ def cmd_sweep(args) -> int:
     if args.timeout_cap is not None and args.timeout_cap <= 0:
         print("error: --timeout-cap must be positive", file=sys.stderr)
         return EXIT_BAD_INPUT
+    for earlier in args.history:
+        if not (Path(earlier) / "results").is_dir():
+            print(
+                f"error: --history {earlier}: not an output directory (it has no results/)", file=sys.stderr
+            )
+            return EXIT_BAD_INPUT
     out = args.out or Path("runs") / spec.name
     opts = SweepOptions(
         out_dir=out,
@@ -258,6 +272,7 @@ def cmd_sweep(args) -> int:
         timeout_cap_s=args.timeout_cap,
         allow_missing=args.allow_missing,
         max_attempts=args.max_attempts,
+        history_dirs=list(args.history),
         argv=sys.argv,
     )
     try:

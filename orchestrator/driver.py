@@ -52,6 +52,9 @@ class SweepOptions:
     """Run the classes that are present when the sweep names some the cluster lacks."""
     max_attempts: int = 3
     """Tries per job when its worker or node dies (a job's own failure is never retried)."""
+    history_dirs: list[str] = field(default_factory=list)
+    """Earlier output directories whose job times order this sweep (longest first); their rows
+    never count as done."""
     scratch_root: str | None = None
     """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
     argv: list[str] = field(default_factory=list)
@@ -164,7 +167,7 @@ def run_sweep(
 
     stream = stream or sys.stderr
     out = Path(opts.out_dir)
-    history = History.from_output(out)  # one read: job ids done, and durations for ordering
+    history = History.from_output(out, opts.history_dirs)  # one read: job ids done, and durations
     done_ids = history.job_ids
     if done_ids and not opts.resume:
         raise OutputExistsError(
@@ -220,7 +223,9 @@ def run_sweep(
             cancelled = scheduler.cancel_all(ray)
             sink.close()
             progress.close()
-            runlog.finish_run(out, run_id, dict(progress.counts), interrupted=True)
+            runlog.finish_run(
+                out, run_id, dict(progress.counts), interrupted=True, dispatch_s=time.monotonic() - t_dispatch
+            )
             raise SweepInterrupted(
                 f"interrupted: {sink.rows_written} rows of this run are saved in {out}; "
                 f"{cancelled} running jobs were cancelled. Resume with:\n"
@@ -230,7 +235,7 @@ def run_sweep(
         progress.close()
         dispatch_s = time.monotonic() - t_dispatch
     counts = dict(progress.counts)
-    runlog.finish_run(out, run_id, counts)
+    runlog.finish_run(out, run_id, counts, dispatch_s=dispatch_s)
     return SweepSummary(
         run_id=run_id,
         out_dir=out,

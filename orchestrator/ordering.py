@@ -2,7 +2,7 @@
 
 Starting the longest jobs first shortens the makespan (a long job started last keeps one slot
 busy while the others idle). Expected cost comes from earlier runs in the same output
-directory, matched by hardware, model, config and batch size, then by model and config; with
+directory (and in any ``--history`` directories), matched by hardware, model, config and batch size, then by model and config; with
 no history, from a heuristic: compile mode (autotuning compiles for minutes), batch size, and
 whether the architecture is reduced by overrides.
 """
@@ -32,13 +32,13 @@ class History:
     """Earlier rows of an output directory: which jobs have one, and the mean job subprocess
     time by (hardware, model_id, config, batch) and by (model_id, config)."""
 
-    def __init__(self, rows: Iterable[dict]):
+    def __init__(self, rows: Iterable[dict], timing_only: Iterable[dict] = ()):
         exact: dict[tuple, list[float]] = defaultdict(list)
         loose: dict[tuple, list[float]] = defaultdict(list)
         self.job_ids: set[str] = set()
-        """Every job that has a row, whatever its status."""
-        for r in rows:
-            if r.get("job_id"):
+        """Every job that has a row in `rows`, whatever its status (`timing_only` rows excluded)."""
+        for own, r in [(True, r) for r in rows] + [(False, r) for r in timing_only]:
+            if own and r.get("job_id"):
                 self.job_ids.add(r["job_id"])
             if r.get("subprocess_s") is None:
                 continue
@@ -48,9 +48,15 @@ class History:
         self.loose = {k: sum(v) / len(v) for k, v in loose.items()}
 
     @classmethod
-    def from_output(cls, out_dir: str | Path) -> History:
+    def from_output(cls, out_dir: str | Path, history_dirs: Iterable[str | Path] = ()) -> History:
+        """Rows of `out_dir`, plus timings (only) from other output directories."""
         columns = ["job_id", "hardware", "model_id", "config", "batch_size", "subprocess_s"]
-        return cls(read_results(out_dir, columns=columns).to_pylist())
+        extra: list[dict] = []
+        for other in history_dirs:
+            if not Path(other).is_dir():
+                raise FileNotFoundError(f"--history {other}: no such output directory")
+            extra += read_results(other, columns=columns).to_pylist()
+        return cls(read_results(out_dir, columns=columns).to_pylist(), extra)
 
     def expected_s(self, job: Job) -> float | None:
         key = (job.hardware, job.model.id, job.config.name, job.batch_size)

@@ -75,11 +75,21 @@ def start_run(
     _write(out_dir, runs)
 
 
-def finish_run(out_dir: Path, run_id: str, counts: dict[str, int], interrupted: bool = False) -> None:
+def finish_run(
+    out_dir: Path,
+    run_id: str,
+    counts: dict[str, int],
+    interrupted: bool = False,
+    dispatch_s: float | None = None,
+) -> None:
+    """Mark a run finished. `dispatch_s`: first job dispatched to last row recorded (the makespan)."""
     runs = read_runs(out_dir)
     for run in runs:
         if run["run_id"] == run_id:
             run.update(
-                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), counts=counts, interrupted=interrupted
+                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                counts=counts,
+                interrupted=interrupted,
+                dispatch_s=dispatch_s,
             )
     _write(out_dir, runs)

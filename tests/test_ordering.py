@@ -92,3 +92,38 @@ def test_without_history_order_is_by_heuristic_and_keeps_every_job():
     ordered = longest_first(jobs, History([]))
     assert [j.config.name for j in ordered] == ["m", "r", "d"]
     assert sorted(j.job_id for j in ordered) == sorted(j.job_id for j in jobs)
+
+
+def test_timing_only_rows_order_jobs_but_do_not_count_as_done():
+    a, b = job(config="a"), job(config="b")
+    row = {"hardware": "A100", "model_id": a.model.id, "batch_size": 1}
+    history = History(
+        [{**row, "job_id": a.job_id, "config": "a", "subprocess_s": 5.0}],
+        timing_only=[{**row, "job_id": b.job_id, "config": "b", "subprocess_s": 60.0}],
+    )
+    assert history.job_ids == {a.job_id}
+    assert [j.config.name for j in longest_first([a, b], history)] == ["b", "a"]
+
+
+def test_history_from_output_reads_other_directories_for_timing(tmp_path):
+    from orchestrator.sink import ResultSink
+
+    earlier, out = tmp_path / "earlier", tmp_path / "out"
+    b = job(config="b")
+    sink = ResultSink(earlier)
+    sink.add(
+        {
+            "job_id": b.job_id,
+            "run_id": "r1",
+            "hardware": "A100",
+            "model_id": b.model.id,
+            "config": "b",
+            "batch_size": 1,
+            "status": "ok",
+            "subprocess_s": 42.0,
+        }
+    )
+    sink.close()
+    history = History.from_output(out, [earlier])
+    assert history.job_ids == set()
+    assert history.expected_s(b) == 42.0
