@@ -155,7 +155,11 @@ def build(model_id: str, overrides: dict) -> ExternalModel:
     import torchvision.models as tvm
 
     task = _torchvision_supported()[name]
-    module = tvm.get_model(name, weights=None, **overrides)
+    kwargs = dict(overrides)
+    if task == "image-segmentation":
+        # Their builders default to a pretrained backbone, which would be downloaded.
+        kwargs.setdefault("weights_backbone", None)
+    module = tvm.get_model(name, weights=None, **kwargs)
     return ExternalModel(module.eval(), task, _torchvision_image_size(name, task))
 
 
