@@ -1,7 +1,7 @@
 """Models from other libraries: ``timm:<name>`` and ``torchvision:<name>`` ids.
 
 Both build an architecture by name with random weights (``pretrained=False`` / ``weights=None``), so
-nothing is downloaded, and feed it one image batch ``x`` of shape ``(B, 3, H, W)`` at the resolution
+nothing is downloaded, and feed it one image batch of shape ``(B, 3, H, W)`` at the resolution
 the library's pretrained config for that name uses (timm's ``pretrained_cfg["input_size"]``;
 torchvision's weight transforms: ``crop_size`` for classification, ``resize_size`` for segmentation).
 
@@ -163,6 +163,7 @@ def build(model_id: str, overrides: dict) -> ExternalModel:
     return ExternalModel(module.eval(), task, _torchvision_image_size(name, task))
 
 
-def make_inputs(batch_size: int, image_size: int, generator: torch.Generator) -> dict:
-    """One normalised-looking image batch, float32, ``(B, 3, H, W)``."""
-    return {"x": torch.randn(batch_size, 3, image_size, image_size, generator=generator)}
+def make_inputs(batch_size: int, image_size: int, generator: torch.Generator) -> tuple[torch.Tensor]:
+    """One normalised-looking image batch, float32, ``(B, 3, H, W)``, as the one positional argument
+    (the parameter's name varies: ``x`` for most, ``input`` for torchvision's LRASPP)."""
+    return (torch.randn(batch_size, 3, image_size, image_size, generator=generator),)

@@ -47,8 +47,8 @@ def test_external_models_build_at_their_pretrained_resolution():
     assert seg.task == "image-segmentation" and seg.image_size == 520
     x = external.make_inputs(1, 96, torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert timm_model.module(**x).shape == (1, 1000)
-        out = zoo.output_tensors(seg.module(**x))
+        assert timm_model.module(*x).shape == (1, 1000)
+        out = zoo.output_tensors(seg.module(*x))
     assert out[0].shape == (1, 5, 96, 96)
 
 
