@@ -54,7 +54,7 @@ VERSION_COLUMNS = (
 )
 ERROR_CHARS = 80
 RESULT_HEADER = (
-    "model | config | status | eager ms | compiled ms | speedup [95% CI] | cold compile s | "
+    "model | config | status | eager ms | compiled ms | compiled ms back-to-back | speedup [95% CI] | cold compile s | "
     "warm compile s | peak mem MiB (eager -> compiled) | graph breaks | recompiles"
 )
 # <repo>/../shared/reference/
@@ -116,11 +116,12 @@ def _table(header: list[str], body: list[list[str]]) -> str:
 
 def _result_cells(row: dict) -> list[str]:
     if row["status"] != "ok":
-        return [f"**{row['status']}**: {_first_line(row.get('error'))}"] + [""] * 8
+        return [f"**{row['status']}**: {_first_line(row.get('error'))}"] + [""] * 9
     ci = [_num(row.get(k), ".2f") for k in ("speedup_ci_low", "speedup_ci_high")]
     speedup = _num(_speedup(row), ".2f") + "x" + (f" [{ci[0]}, {ci[1]}]" if "-" not in ci else "")
     mem = [_num(row.get(k) and row[k] / 2**20, ".0f") for k in ("eager_peak_mem_bytes", "peak_mem_bytes")]
-    cells = ["ok", _num(row.get("eager_ms"), ".2f"), _num(row.get("compiled_ms"), ".2f"), speedup]
+    cells = ["ok", _num(row.get("eager_ms"), ".2f"), _num(row.get("compiled_ms"), ".2f")]
+    cells += [_num(row.get("compiled_b2b_ms"), ".2f"), speedup]
     cells += [_num(row.get("compile_s"), ".1f"), _num(row.get("warm_compile_s"), ".1f"), " -> ".join(mem)]
     return cells + [_num(row.get("graph_breaks"), "d"), _num(row.get("recompiles"), "d")]
 
@@ -167,7 +168,8 @@ def _comparison_cells(ours: dict, ref: dict) -> list[tuple[str, int]]:
 
 def _comparison_section(rows: list[dict], reference: list[dict]) -> list[str]:
     ref = _reference_speedups(reference)
-    ours = {(r["model"], r["batch_size"], r["config"]): r for r in sorted(rows, key=_order)}
+    fp32 = [r for r in rows if r.get("dtype") in (None, "fp32")]  # the reference ran fp32
+    ours = {(r["model"], r["batch_size"], r["config"]): r for r in sorted(fp32, key=_order)}
     header = ["model", "batch", "ours default", "ours reduce-overhead"]
     header += [label for _, label, _ in REFERENCE_SOURCES]
     header += ["our eager ms", f"HF 2.0 {REFERENCE_GPU} eager ms"]

@@ -114,6 +114,17 @@ def test_results_table_speedups_ci_and_failures():
     assert order == sorted(order)
 
 
+def test_other_precisions_get_their_own_sections_and_stay_out_of_the_fp32_comparison():
+    tf32 = _row("vit", "default", 8.0, 2.0, dtype="tf32", compiled_b2b_ms=1.75, started=9)
+    tf32["job_id"] = "vit-1-default-tf32"
+    doc = _render(rows=[*ROWS, tf32])
+    assert "## Batch size 1, fp32" in doc and "## Batch size 1, tf32" in doc
+    tf32_section = doc[doc.index("## Batch size 1, tf32") :]
+    assert "| ok | 8.00 | 2.00 | 1.75 | 4.00x |" in _line(tf32_section, "vit", "default")
+    comparison = doc[doc.index("## Against the published") :]
+    assert _line(comparison, "vit", "1").startswith("| vit | 1 | 1.60x |")  # the fp32 row, not 4.00x
+
+
 def test_error_line_is_truncated():
     doc = _render(rows=[_row("vit", "default", status="crash", error="E" * 200)])
     cell = _line(doc, "vit", "default").split(" | ")[2]
@@ -187,8 +198,8 @@ def test_cli_merges_files_and_keeps_last_row_per_job(tmp_path):
     (tmp_path / "ref.csv").write_text("source,gpu,batch_size,task,model,eager_ms,compiled_ms\n")
     assert vision_doc.main(argv) == 0
     doc = out.read_text()
-    assert "| 9.00 | 3.00 | 3.00x |" in _line(doc, "vit", "default")
-    assert "| 30.00 | 12.00 | 2.50x" in _line(doc, "detr", "default")
+    assert "| 9.00 | 3.00 | - | 3.00x |" in _line(doc, "vit", "default")
+    assert "| 30.00 | 12.00 | - | 2.50x" in _line(doc, "detr", "default")
     assert "Statuses: 4 ok, 1 timeout" in doc  # 5 jobs, not 7 rows
     # versions: the rows' values win over run.json's, which fills what the rows lack
     assert "| torch | 2.13.0 |" in doc and "| triton | 3.5.0 |" in doc
@@ -208,4 +219,4 @@ def test_cli_reads_a_sweep_output_dir(tmp_path):
     (tmp_path / "ref.csv").write_text("source,gpu,batch_size,task,model,eager_ms,compiled_ms\n")
     out = tmp_path / "doc.md"
     vision_doc.main([str(tmp_path), "--gpu", "H200", "--command", "c", "--out", str(out), "--reference", str(tmp_path / "ref.csv")])  # fmt: skip
-    assert "| vit | default | ok | 8.00 | 5.00 | 1.60x" in out.read_text()
+    assert "| vit | default | ok | 8.00 | 5.00 | - | 1.60x" in out.read_text()
