@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator.schema import read_results
+from workers.job import PRECISIONS
 
 # Our model name (the `model` column, in the order of sweeps/vision.yaml) -> the reference's.
 REFERENCE_NAMES: dict[str, str] = {
@@ -128,7 +129,11 @@ def _result_cells(row: dict) -> list[str]:
 
 def _results_sections(rows: list[dict]) -> list[str]:
     header = RESULT_HEADER.split(" | ")
-    groups = sorted({(r["batch_size"], r.get("dtype")) for r in rows}, key=lambda g: (g[0], str(g[1])))
+    known = list(PRECISIONS)  # fp32 first, then the faster policies
+    groups = sorted(
+        {(r["batch_size"], r.get("dtype")) for r in rows},
+        key=lambda g: (g[0], known.index(g[1]) if g[1] in known else len(known), str(g[1])),
+    )
     parts = []
     for bs, dtype in groups:
         body = [r for r in sorted(rows, key=_order) if (r["batch_size"], r.get("dtype")) == (bs, dtype)]
