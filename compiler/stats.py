@@ -74,6 +74,20 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text and text.strip() else text
 
 
+def fxgraph_cache_counts() -> dict[str, int]:
+    """Inductor FX-graph cache lookups since the last `reset()`: hits, and misses plus bypasses
+    (a graph the cache refused to store or look up). A warm compile with misses compiled again."""
+    from torch._dynamo.utils import counters
+
+    inductor = counters.get("inductor", {})
+    return {
+        "fxgraph_cache_hits": int(inductor.get("fxgraph_cache_hit", 0)),
+        "fxgraph_cache_misses": int(
+            inductor.get("fxgraph_cache_miss", 0) + inductor.get("fxgraph_cache_bypass", 0)
+        ),
+    }
+
+
 def capture_stats() -> CaptureStats:
     from torch._dynamo.utils import counters, get_compilation_metrics
 

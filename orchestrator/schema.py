@@ -69,6 +69,12 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("compiled_warmup_calls", pa.int32(), "compiled warm-up calls until latency was stable"),
     ("compile_s", pa.float64(), "wall time of the first compiled call (cold compile + one run), s"),
     ("warm_compile_s", pa.float64(), "same, in a fresh process against the cache the cold compile filled, s"),
+    ("warm_cache_hits", pa.int32(), "Inductor FX-graph cache hits in the warm compile"),
+    (
+        "warm_cache_misses",
+        pa.int32(),
+        "FX-graph cache misses and bypasses in the warm compile (compiled again)",
+    ),
     ("dynamo_s", pa.float64(), "Dynamo's cumulative compile time (includes the backend), s"),
     ("inductor_s", pa.float64(), "Inductor's cumulative compile time, s"),
     ("autotune_s", pa.float64(), "autotuning time (compile-time choices + first-run Triton configs), s"),

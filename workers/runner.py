@@ -164,6 +164,8 @@ def run_job(
             warm = _run_bench(["--warm"], job_file, scratch / "warm.json", log_file, env, job.timeout_s)
             if warm.get("status") == "ok":
                 result["warm_compile_s"] = warm.get("compile_s")
+                result["warm_cache_hits"] = warm.get("fxgraph_cache_hits")
+                result["warm_cache_misses"] = warm.get("fxgraph_cache_misses")
             else:
                 note = f"warm compile {warm.get('status')}: {(warm.get('error') or '')[:300]}"
                 result["notes"] = "; ".join(filter(None, [result.get("notes"), note]))

@@ -126,6 +126,7 @@ def test_seed_models_sweep_rows(seed_sweep):
         assert r["speedup"] == pytest.approx(r["eager_ms"] / r["compiled_ms"])
         assert r["speedup_ci_low"] <= r["speedup"] <= r["speedup_ci_high"]
         assert 0 < r["warm_compile_s"] < r["compile_s"] < r["subprocess_s"]
+        assert r["warm_cache_misses"] == 0 and r["warm_cache_hits"] >= 1  # the warm compile hit the cache
         assert 0 < r["inductor_s"] <= r["dynamo_s"]
         assert r["graph_count"] >= 1 and r["kernel_count"] >= 1 and r["guard_count"] >= 1
         assert r["flops"] > 0 and r["compiled_tflops"] > 0 and r["memory_compression"] > 0
