@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -55,7 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a sweep and write its result tables")
     p.add_argument("sweep", type=Path, help="sweep YAML file")
-    p.add_argument("--out", type=Path, metavar="DIR", help="output directory (default: runs/<sweep name>)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output directory (default: runs/<sweep name>): a local path, or a URI every node can reach, "
+        "e.g. s3://BUCKET/PREFIX, gs://BUCKET/PREFIX (quote a URI with ?options in the shell)",
+    )
     p.add_argument(
         "--address",
         metavar="ADDR",
@@ -83,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DIR",
-        help="an earlier output directory whose job times order this sweep longest-first (repeatable); "
-        "its rows are read for timing only and never count as done",
+        help="an earlier output directory (path or URI) whose job times order this sweep longest-first "
+        "(repeatable); its rows are read for timing only and never count as done",
     )
     p.add_argument(
         "--allow-missing",
@@ -109,12 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_only(p)
 
     p = sub.add_parser("report", help="print the speedup table of a sweep output and write OUT/report.md")
-    p.add_argument("out", type=Path, help="sweep output directory")
+    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
 
     p = sub.add_parser(
         "presets", help="write OUT/presets.json: the fastest ok config per hardware/model/batch/dtype"
     )
-    p.add_argument("out", type=Path, help="sweep output directory")
+    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
 
     # --- Ray Jobs: submit a sweep to a running cluster, follow it ----------------------------
     jobs_epilog = (
@@ -145,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="output directory as the head node sees it (default: runs/<sweep name>). A relative path "
         "resolves inside the job's working directory on the head node, a temporary copy under Ray's "
         "session directory: pass an absolute path, on a filesystem your machines share, to keep and read "
-        "the results. URIs (s3://, gs://) are not supported yet",
+        "the results; or a URI (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX) that the head node can write with "
+        "its own credentials",
     )
     _add_only(p)
     p.add_argument("--resume", action="store_true", help="as for `sweep`: continue a sweep in --out")
@@ -242,6 +249,8 @@ def cmd_sweep(args) -> int:
     from orchestrator.driver import OutputExistsError, SweepInterrupted, SweepOptions, run_sweep
     from orchestrator.inventory import MissingHardwareError
     from orchestrator.progress import format_duration
+    from orchestrator.schema import results_path
+    from orchestrator.storage import StorageError, checked
 
     spec = _load(args.sweep)
     if spec is None:
@@ -255,13 +264,18 @@ def cmd_sweep(args) -> int:
     if args.timeout_cap is not None and args.timeout_cap <= 0:
         print("error: --timeout-cap must be positive", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for earlier in args.history:
-        if not (Path(earlier) / "results").is_dir():
+    try:
+        out = checked(args.out or str(Path("runs") / spec.name))
+        history = [checked(earlier) for earlier in args.history]
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for earlier in history:
+        if not results_path(earlier).is_dir():
             print(
                 f"error: --history {earlier}: not an output directory (it has no results/)", file=sys.stderr
             )
             return EXIT_BAD_INPUT
-    out = args.out or Path("runs") / spec.name
     opts = SweepOptions(
         out_dir=out,
         address=args.address,
@@ -272,12 +286,12 @@ def cmd_sweep(args) -> int:
         timeout_cap_s=args.timeout_cap,
         allow_missing=args.allow_missing,
         max_attempts=args.max_attempts,
-        history_dirs=list(args.history),
+        history_dirs=list(history),
         argv=sys.argv,
     )
     try:
         summary = run_sweep(spec, opts)
-    except (OutputExistsError, MissingHardwareError) as exc:
+    except (OutputExistsError, MissingHardwareError, StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except SweepInterrupted as exc:
@@ -286,22 +300,29 @@ def cmd_sweep(args) -> int:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.counts.items())) or "nothing to run"
     print(
         f"done in {format_duration(summary.wall_s)}: {counts}; {summary.skipped} skipped as already done.\n"
-        f"results: {out}/results  (next: orchestrate report {out}; orchestrate presets {out})"
+        f"results: {results_path(out)}  (next: orchestrate report {shlex.quote(str(out))}; "
+        f"orchestrate presets {shlex.quote(str(out))})"
     )
     return 0
 
 
 def cmd_report(args) -> int:
-    from orchestrator.schema import read_results
+    from orchestrator.schema import read_results, results_path
+    from orchestrator.storage import StorageError, checked
     from reports.speedup import render, write_report
 
-    table = read_results(args.out)
+    try:
+        out = checked(args.out)
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    table = read_results(out)
     if table.num_rows == 0:
         print(
-            f"error: no result rows under {args.out}/results; run `orchestrate sweep` first", file=sys.stderr
+            f"error: no result rows under {results_path(out)}; run `orchestrate sweep` first", file=sys.stderr
         )
         return EXIT_BAD_INPUT
-    path = write_report(args.out, table)  # before printing: a closed pipe must not cost the file
+    path = write_report(out, table)  # before printing: a closed pipe must not cost the file
     print(render(table, markdown=False))
     print(f"wrote {path}")
     return 0
@@ -309,10 +330,11 @@ def cmd_report(args) -> int:
 
 def cmd_presets(args) -> int:
     from orchestrator.presets import write_presets
+    from orchestrator.storage import StorageError, checked
 
     try:
-        path, data = write_presets(args.out)
-    except FileNotFoundError as exc:
+        path, data = write_presets(checked(args.out))
+    except (FileNotFoundError, StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for p in data["presets"]:
@@ -330,6 +352,7 @@ def cmd_presets(args) -> int:
 def cmd_submit(args) -> int:
     from orchestrator import submit as jobs
     from orchestrator.spec import SpecError
+    from orchestrator.storage import redact
 
     if args.cpus_per_job is not None and args.cpus_per_job < 1:
         print("error: --cpus-per-job must be at least 1", file=sys.stderr)
@@ -349,13 +372,14 @@ def cmd_submit(args) -> int:
     except (SpecError, jobs.SubmitError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    where = (
-        "relative: inside the job's working directory on the head node"
-        if sub.out_is_relative
-        else "on the head node"
-    )
+    if sub.out_is_uri:
+        where = "written by the driver on the head node, with the head node's credentials"
+    elif sub.out_is_relative:
+        where = "relative: inside the job's working directory on the head node"
+    else:
+        where = "on the head node"
     print(
-        f"submitted sweep {sub.spec.name!r} as job {job_id} to {address}; output {sub.out} ({where})\n"
+        f"submitted sweep {sub.spec.name!r} as job {job_id} to {address}; output {redact(sub.out)} ({where})\n"
         f"  status: orchestrate status {job_id} --address {address}\n"
         f"  logs:   orchestrate logs {job_id} --follow --address {address}\n"
         f"  stop:   ray job stop {job_id} --address {address}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -16,7 +17,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from orchestrator import runlog
@@ -27,6 +27,7 @@ from orchestrator.progress import Progress
 from orchestrator.scheduler import Scheduler
 from orchestrator.sink import ResultSink
 from orchestrator.spec import SweepSpec
+from orchestrator.storage import Location, Target, checked
 from workers.job import Job
 
 
@@ -40,7 +41,8 @@ class SweepInterrupted(RuntimeError):
 
 @dataclass
 class SweepOptions:
-    out_dir: Path
+    out_dir: Target
+    """A local path or a `pyarrow.fs` URI (s3://bucket/prefix, gs://..., file:///...)."""
     address: str | None = None
     """Ray cluster address; None starts a private local cluster for this sweep."""
     resume: bool = False
@@ -52,9 +54,9 @@ class SweepOptions:
     """Run the classes that are present when the sweep names some the cluster lacks."""
     max_attempts: int = 3
     """Tries per job when its worker or node dies (a job's own failure is never retried)."""
-    history_dirs: list[str] = field(default_factory=list)
-    """Earlier output directories whose job times order this sweep (longest first); their rows
-    never count as done."""
+    history_dirs: list[Target] = field(default_factory=list)
+    """Earlier output directories (paths or URIs) whose job times order this sweep (longest
+    first); their rows never count as done."""
     scratch_root: str | None = None
     """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
     argv: list[str] = field(default_factory=list)
@@ -63,7 +65,7 @@ class SweepOptions:
 @dataclass
 class SweepSummary:
     run_id: str
-    out_dir: Path
+    out_dir: Location
     planned: int
     skipped: int
     counts: dict[str, int]
@@ -162,12 +164,16 @@ def run_sweep(
     """Run every job of `spec` not yet in `opts.out_dir`; return what happened.
 
     `task_body` replaces the per-job task (`workers.task.execute_job`, same arguments and
-    result); the dispatch benchmark uses it to push synthetic jobs through the real driver."""
+    result); the dispatch benchmark uses it to push synthetic jobs through the real driver.
+
+    An output or history location that cannot be used raises `storage.StorageError` before
+    Ray starts."""
     import ray
 
     stream = stream or sys.stderr
-    out = Path(opts.out_dir)
-    history = History.from_output(out, opts.history_dirs)  # one read: job ids done, and durations
+    out = checked(opts.out_dir)
+    history_dirs = [checked(h) for h in opts.history_dirs]
+    history = History.from_output(out, history_dirs)  # one read: job ids done, and durations
     done_ids = history.job_ids
     if done_ids and not opts.resume:
         raise OutputExistsError(
@@ -229,7 +235,7 @@ def run_sweep(
             raise SweepInterrupted(
                 f"interrupted: {sink.rows_written} rows of this run are saved in {out}; "
                 f"{cancelled} running jobs were cancelled. Resume with:\n"
-                f"  orchestrate sweep {spec.source or 'SWEEP.yaml'} --out {out} --resume"
+                f"  orchestrate sweep {spec.source or 'SWEEP.yaml'} --out {shlex.quote(str(out))} --resume"
             ) from None
         sink.close()
         progress.close()

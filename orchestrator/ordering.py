@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from pathlib import Path
 
 from orchestrator.schema import read_results
+from orchestrator.storage import Target, resolve
 from workers.job import Job
 
 MODE_COST = {"max-autotune": 20.0, "max-autotune-no-cudagraphs": 15.0, "reduce-overhead": 1.1}
@@ -48,14 +48,15 @@ class History:
         self.loose = {k: sum(v) / len(v) for k, v in loose.items()}
 
     @classmethod
-    def from_output(cls, out_dir: str | Path, history_dirs: Iterable[str | Path] = ()) -> History:
-        """Rows of `out_dir`, plus timings (only) from other output directories."""
+    def from_output(cls, out_dir: Target, history_dirs: Iterable[Target] = ()) -> History:
+        """Rows of `out_dir`, plus timings (only) from other output directories (paths or URIs)."""
         columns = ["job_id", "hardware", "model_id", "config", "batch_size", "subprocess_s"]
         extra: list[dict] = []
         for other in history_dirs:
-            if not Path(other).is_dir():
-                raise FileNotFoundError(f"--history {other}: no such output directory")
-            extra += read_results(other, columns=columns).to_pylist()
+            loc = resolve(other)
+            if not loc.is_dir():
+                raise FileNotFoundError(f"--history {loc}: no such output directory")
+            extra += read_results(loc, columns=columns).to_pylist()
         return cls(read_results(out_dir, columns=columns).to_pylist(), extra)
 
     def expected_s(self, job: Job) -> float | None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from orchestrator.schema import read_results
+from orchestrator.schema import read_results, results_path
+from orchestrator.storage import Target, resolve
 
 PRESETS_FILE = "presets.json"
 PRESET_FORMAT = 1
@@ -72,14 +72,13 @@ def derive_presets(table: pa.Table) -> dict[str, Any]:
     return {"format": PRESET_FORMAT, "presets": presets, "no_preset": missing}
 
 
-def write_presets(out_dir: str | Path) -> tuple[Path, dict[str, Any]]:
-    out_dir = Path(out_dir)
-    table = read_results(out_dir)
+def write_presets(out_dir: Target) -> tuple[Path | str, dict[str, Any]]:
+    """Write `<out>/presets.json` (a path or a URI) whole; return where (a Path or the URI) and what."""
+    out = resolve(out_dir)
+    table = read_results(out)
     if table.num_rows == 0:
-        raise FileNotFoundError(f"no result rows under {out_dir}/results; run `orchestrate sweep` first")
+        raise FileNotFoundError(f"no result rows under {results_path(out)}; run `orchestrate sweep` first")
     data = derive_presets(table)
-    path = out_dir / PRESETS_FILE
-    tmp = out_dir / f".{PRESETS_FILE}.tmp"
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
-    return path, data
+    path = out.join(PRESETS_FILE)
+    path.write_text(json.dumps(data, indent=2, default=str))
+    return path.target, data

@@ -1,4 +1,7 @@
-"""`<out>/run.json`: one entry per `orchestrate sweep` invocation with spec, versions and host."""
+"""`<out>/run.json`: one entry per `orchestrate sweep` invocation with spec, versions and host.
+
+Read, changed and written whole: locally through a dot-file renamed into place, on an object
+store (s3://, gs://) as one PUT. `<out>` is a local path or a URI (`orchestrator.storage`)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ import socket
 import sys
 import time
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from orchestrator.spec import SweepSpec
+from orchestrator.storage import Target, redact, resolve
 from workers.job import software_stack
 
 RUN_FILE = "run.json"
@@ -28,22 +31,19 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def read_runs(out_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(out_dir) / RUN_FILE
+def read_runs(out_dir: Target) -> list[dict[str, Any]]:
+    path = resolve(out_dir).join(RUN_FILE)
     if not path.exists():
         return []
     return json.loads(path.read_text())["runs"]
 
 
-def _write(out_dir: Path, runs: list[dict[str, Any]]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{RUN_FILE}.tmp"
-    tmp.write_text(json.dumps({"runs": runs}, indent=2, default=str))
-    os.replace(tmp, out_dir / RUN_FILE)
+def _write(out_dir: Target, runs: list[dict[str, Any]]) -> None:
+    resolve(out_dir).join(RUN_FILE).write_text(json.dumps({"runs": runs}, indent=2, default=str))
 
 
 def start_run(
-    out_dir: Path,
+    out_dir: Target,
     run_id: str,
     spec: SweepSpec,
     argv: list[str],
@@ -57,7 +57,7 @@ def start_run(
             "run_id": run_id,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "finished_at": None,
-            "argv": argv,
+            "argv": [redact(a) for a in argv],  # a URI's user:secret@ must not land in the output
             "spec_file": spec.source,
             "spec": spec.raw,
             "versions": _versions(),
@@ -76,7 +76,7 @@ def start_run(
 
 
 def finish_run(
-    out_dir: Path,
+    out_dir: Target,
     run_id: str,
     counts: dict[str, int],
     interrupted: bool = False,

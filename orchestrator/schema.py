@@ -9,6 +9,8 @@ Layout of an output directory::
 name, not in the files. Read it with :func:`read_results` (or
 ``pyarrow.dataset.dataset(path, partitioning="hive")``). Files are only ever created complete:
 the sink writes a dot-file, fsyncs it and renames it into place, and hive readers skip dot-files.
+``<out>`` is a local path or a ``pyarrow.fs`` URI (``s3://bucket/prefix``; see
+:mod:`orchestrator.storage`); on an object store each file is one PUT under its final name.
 
 Failures are rows: every planned job ends as exactly one row whose ``status`` says how it ended.
 """
@@ -16,10 +18,11 @@ Failures are rows: every planned job ends as exactly one row whose ``status`` sa
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 import pyarrow as pa
+
+from orchestrator.storage import Location, Target, resolve
 
 Status = Literal[
     "ok", "compile_error", "runtime_error", "accuracy_fail", "oom", "timeout", "crash", "hardware_lost"
@@ -154,12 +157,13 @@ def rows_to_table(rows: list[dict[str, Any]], *, with_partitions: bool = True) -
     return pa.Table.from_pylist([{k: r[k] for k in schema.names} for r in checked], schema=schema)
 
 
-def results_path(out_dir: str | Path) -> Path:
-    return Path(out_dir) / RESULTS_DIR
+def results_path(out_dir: Target) -> Location:
+    return resolve(out_dir).join(RESULTS_DIR)
 
 
-def read_results(out_dir: str | Path, columns: list[str] | None = None) -> pa.Table:
-    """All result rows of an output directory, in the canonical schema (empty table if none)."""
+def read_results(out_dir: Target, columns: list[str] | None = None) -> pa.Table:
+    """All result rows of an output directory (a local path or a URI), in the canonical schema
+    (empty table if none). Dot-files (a local write in progress) are skipped."""
     import pyarrow.dataset as ds
 
     path = results_path(out_dir)
@@ -169,7 +173,14 @@ def read_results(out_dir: str | Path, columns: list[str] | None = None) -> pa.Ta
     partitioning = ds.partitioning(
         pa.schema([RESULTS_SCHEMA.field(c) for c in PARTITION_COLUMNS]), flavor="hive"
     )
-    dataset = ds.dataset(path, format="parquet", partitioning=partitioning, schema=RESULTS_SCHEMA)
+    dataset = ds.dataset(
+        path.path,
+        filesystem=path.fs,
+        format="parquet",
+        partitioning=partitioning,
+        schema=RESULTS_SCHEMA,
+        ignore_prefixes=[".", "_"],
+    )
     return dataset.to_table(columns=columns)
 
 

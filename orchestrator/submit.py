@@ -35,6 +35,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from orchestrator.spec import SweepSpec, load_spec
+from orchestrator.storage import StorageError, check_uri, is_uri, redact
 
 EXCLUDES = [
     ".git",
@@ -78,8 +79,12 @@ class Submission:
     runtime_env: dict[str, Any]
 
     @property
+    def out_is_uri(self) -> bool:
+        return is_uri(self.out)
+
+    @property
     def out_is_relative(self) -> bool:
-        return not Path(self.out).is_absolute()
+        return not self.out_is_uri and not Path(self.out).is_absolute()
 
 
 def project_root() -> Path:
@@ -161,17 +166,18 @@ def prepare(
     """Check everything that can be checked locally and build the submission.
 
     Raises `SpecError` for a bad sweep file and `SubmitError` for a sweep file the job would not
-    see or an output it cannot write; nothing is contacted."""
+    see or an output URI no filesystem serves; nothing is contacted. A URI output (s3://, gs://)
+    passes through to the sweep, which checks its bucket on the head node before it starts."""
     spec = load_spec(sweep_path)  # SpecError first: nothing is sent for a bad file
     root = Path(root).resolve() if root is not None else project_root()
     sweep = _relative_sweep(Path(sweep_path), root)
     out = str(out) if out is not None else f"runs/{spec.name}"
-    if "://" in out:
-        raise SubmitError(
-            f"--out {out}: URI outputs (s3://, gs://, ...) are not supported yet, the sweep writes its "
-            "tables with local file paths; pass an absolute path on the head node, ideally on a "
-            "filesystem your machines share (NFS and the like)"
-        )
+    if is_uri(out):
+        # Only the form is checked here: the bucket is the head node's to reach, with its credentials.
+        try:
+            check_uri(out)
+        except StorageError as exc:
+            raise SubmitError(f"--out {exc}") from None
     entrypoint, runtime_env = build_submission(sweep, out, extra_args, root, runtime_env_extra)
     return Submission(spec, sweep, out, entrypoint, runtime_env)
 
@@ -319,7 +325,7 @@ def submit_prepared(sub: Submission, address: str | None) -> str:
         return jobs.submit_job(
             entrypoint=sub.entrypoint,
             runtime_env=sub.runtime_env,
-            metadata={"orchestrator.sweep": sub.spec.name, "orchestrator.out": sub.out},
+            metadata={"orchestrator.sweep": sub.spec.name, "orchestrator.out": redact(sub.out)},
         )
 
 

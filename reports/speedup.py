@@ -8,6 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from orchestrator.storage import Target, resolve
+
 REPORT_FILE = "report.md"
 
 
@@ -75,7 +77,8 @@ def render(table: pa.Table, markdown: bool = True) -> str:
     return "\n".join(parts)
 
 
-def write_report(out_dir: str | Path, table: pa.Table) -> Path:
-    path = Path(out_dir) / REPORT_FILE
+def write_report(out_dir: Target, table: pa.Table) -> Path | str:
+    """Write `<out>/report.md` (a path or a URI) whole; return where (a Path or the URI)."""
+    path = resolve(out_dir).join(REPORT_FILE)
     path.write_text(render(table, markdown=True))
-    return path
+    return path.target

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator.schema import read_results
+from orchestrator.storage import Location, Target, resolve
 from workers.job import PRECISIONS
 
 # Our model name (the `model` column, in the order of sweeps/vision.yaml) -> the reference's.
@@ -274,30 +275,36 @@ def render(
 # --- the command line -----------------------------------------------------------------------------
 
 
-def _read_parquet(path: Path) -> pa.Table:
-    table = pq.read_table(path)
+def _read_parquet(path: Location) -> pa.Table:
+    table = pq.read_table(path.path, filesystem=path.fs)
     if "hardware" not in table.column_names:  # a file of a hive partition: hardware=<class>/part-*.parquet
-        hw = next((p.split("=", 1)[1] for p in path.parts if p.startswith("hardware=")), None)
+        hw = next((p.split("=", 1)[1] for p in Path(path.path).parts if p.startswith("hardware=")), None)
         table = table.append_column("hardware", pa.array([hw] * table.num_rows, pa.string()))
     return table
 
 
-def _run_json(path: Path) -> Path | None:
-    for folder in [path, *path.parents][:4]:
-        if (folder / "run.json").is_file():
-            return folder / "run.json"
+def _run_json(folder: Location) -> Location | None:
+    for candidate in [folder, *folder.parents()][:4]:
+        run_file = candidate.join("run.json")
+        if run_file.is_file():
+            return run_file
     return None
 
 
-def load_results(paths: list[str | Path]) -> tuple[pa.Table, list[dict]]:
-    """Merge sweep output dirs and .parquet files, one row per job_id (the last started);
-    also return the run.json entries found beside them."""
+def _identity(loc: Location) -> str:
+    return str(loc.local_path.resolve()) if loc.is_local else loc.path
+
+
+def load_results(paths: list[Target]) -> tuple[pa.Table, list[dict]]:
+    """Merge sweep output dirs and .parquet files (local paths or URIs), one row per job_id (the
+    last started); also return the run.json entries found beside them."""
     tables, runs, seen = [], [], set()
-    for path in map(Path, paths):
-        tables.append(read_results(path) if path.is_dir() else _read_parquet(path))
-        run_file = _run_json(path if path.is_dir() else path.parent)
-        if run_file and run_file.resolve() not in seen:
-            seen.add(run_file.resolve())
+    for loc in map(resolve, paths):
+        is_dir = loc.is_dir()
+        tables.append(read_results(loc) if is_dir else _read_parquet(loc))
+        run_file = _run_json(loc if is_dir else loc.parents()[0])
+        if run_file and _identity(run_file) not in seen:
+            seen.add(_identity(run_file))
             runs += json.loads(run_file.read_text()).get("runs", [])
     merged = pa.concat_tables(tables, promote_options="permissive")
     latest: dict[str, tuple[tuple, dict]] = {}
@@ -325,7 +332,9 @@ def collect_versions(table: pa.Table, runs: list[dict]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reports.vision_doc", description=__doc__.split("\n")[0])
-    parser.add_argument("results", nargs="+", help="sweep output dirs and/or .parquet files (merged)")
+    parser.add_argument(
+        "results", nargs="+", help="sweep output dirs and/or .parquet files, paths or URIs (merged)"
+    )
     parser.add_argument("--gpu", required=True, help="GPU name for the title, e.g. H200")
     parser.add_argument("--command", required=True, help="the exact command that ran the sweep")
     parser.add_argument("--out", required=True, help="where to write the Markdown")

@@ -1,8 +1,11 @@
-"""Shared fixtures of the fast tier: real `Job`s of a small sweep and hand-made task results."""
+"""Shared fixtures: real `Job`s of a small sweep, hand-made task results, an S3 server (moto)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -75,3 +78,83 @@ def _result(
 def make_result() -> Callable[..., dict]:
     """make_result(status="ok", eager_ms=10.0, compiled_ms=5.0, **extra): a task's result dict."""
     return _result
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail the test if anything starts or connects to Ray."""
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("ray.init was called")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    yield
+    assert not ray.is_initialized()
+
+
+# --- S3 over HTTP: moto's server, reached through pyarrow's S3 filesystem like real S3 -----------
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    endpoint: str
+    """host:port of the S3 server."""
+    name: str
+
+    def uri(self, prefix: str = "") -> str:
+        """s3://BUCKET/PREFIX with the endpoint in the query, as a user of a non-AWS store writes it."""
+        return f"s3://{self.name}/{prefix}?endpoint_override={self.endpoint}&scheme=http"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for a process that reaches the server with plain s3:// URIs."""
+        return {**S3_ENV, "AWS_ENDPOINT_URL": f"http://{self.endpoint}"}
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """host:port of a moto S3 server on loopback, for the session.
+
+    moto >= 5.2.2: 5.2.1 answers CompleteMultipartUpload with a root element pyarrow rejects."""
+    pytest.importorskip("moto", minversion="5.2.2", reason="needs moto[server] >= 5.2.2 (the `test` extra)")
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request would bury failures
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, monkeypatch) -> S3Bucket:
+    """A new empty bucket; this process's AWS settings point at the fake server's credentials."""
+    import pyarrow.fs as pafs
+
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in S3_ENV.items():
+        monkeypatch.setenv(var, value)
+    bucket = S3Bucket(s3_endpoint, f"sweeps-{uuid.uuid4().hex[:12]}")
+    admin = pafs.S3FileSystem(
+        access_key="testing",
+        secret_key="testing",
+        region="us-east-1",
+        endpoint_override=s3_endpoint,
+        scheme="http",
+        allow_bucket_creation=True,
+    )
+    admin.create_dir(bucket.name)
+    return bucket

@@ -36,19 +36,6 @@ def bad_file(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    """Fail the test if anything starts or connects to Ray."""
-    import ray
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("ray.init was called")
-
-    monkeypatch.setattr(ray, "init", refuse)
-    yield
-    assert not ray.is_initialized()
-
-
 def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 

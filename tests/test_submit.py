@@ -117,12 +117,34 @@ def test_sweep_outside_the_project_is_refused(tmp_path, no_client, capsys):
     assert str(outside) in line and "sweeps" in line
 
 
-@pytest.mark.parametrize("out", ["s3://bucket/runs/smoke", "gs://bucket/x"])
-def test_uri_output_is_refused(out, no_client, capsys):
-    with pytest.raises(jobs.SubmitError, match="not supported yet"):
+@pytest.mark.parametrize(
+    "out",
+    ["s3://bucket/runs/smoke", "gs://bucket/x", "s3://bucket/run?endpoint_override=minio:9000&scheme=http"],
+)
+def test_uri_output_passes_through_to_the_sweep(out):
+    sub = jobs.prepare(SMOKE, out)
+    assert sub.out == out and sub.out_is_uri and not sub.out_is_relative
+    argv = shlex.split(sub.entrypoint)
+    assert argv[argv.index("--out") + 1] == out  # quoted for the shell, '?' and '&' included
+
+
+def test_uri_output_credentials_stay_out_of_the_job_metadata(fake):
+    out = "s3://KEY:SECRET@bucket/run"
+    assert main(["submit", str(SMOKE), "--out", out, "--address", "http://head:8265", "--no-wait"]) == 0
+    (call,) = fake.submitted
+    assert call["metadata"]["orchestrator.out"] == "s3://KEY:***@bucket/run"
+
+
+@pytest.mark.parametrize(
+    ("out", "says"),
+    [("foo://bucket/x", "unknown filesystem scheme"), ("s3:///x", "no bucket"), ("gs://", "no bucket")],
+)
+def test_unusable_uri_output_is_refused_before_any_client(out, says, no_client, capsys):
+    with pytest.raises(jobs.SubmitError, match=says):
         jobs.submit(SMOKE, UNREACHABLE, out=out)
     assert main(["submit", str(SMOKE), "--out", out, "--address", UNREACHABLE]) == 2
-    assert "URI outputs" in _one_line_error(capsys.readouterr().err)
+    line = _one_line_error(capsys.readouterr().err)
+    assert out in line and says in line
 
 
 def test_sweep_in_a_part_that_is_not_uploaded_is_refused(tmp_path):

@@ -1,0 +1,269 @@
+"""Where a sweep's output lives: a local path or a `pyarrow.fs` URI (s3://, gs://, file://).
+
+Every reader and writer of an output directory goes through a :class:`Location`, a filesystem
+and a path inside it, so the rest of the code does not care which one it has::
+
+    out = checked("s3://bucket/runs/smoke?region=eu-west-1")   # or "runs/smoke", Path(...)
+    out.join("run.json").write_text(...)
+
+A string containing ``://`` is a URI and goes to ``pyarrow.fs.FileSystem.from_uri``, which reads
+options from its query (``?region=``, ``?endpoint_override=HOST:PORT&scheme=http`` for an
+S3-compatible store) and credentials from the environment (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``,
+``AWS_ENDPOINT_URL``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...); anything else is a local path.
+Joined paths keep the URI's query, so ``s3://b/p?region=x`` + ``results`` is
+``s3://b/p/results?region=x`` on the same filesystem.
+
+Writes are whole files that appear complete or not at all: locally a dot-file renamed into
+place; on an object store one PUT (there is no rename, and an object is never visible half
+written).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Union
+from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+SCHEMES = ("file", "s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs")
+"""URI schemes accepted for outputs: the `pyarrow.fs` filesystems that every node can reach."""
+BUCKET_SCHEMES = ("s3", "gs", "gcs")
+PROBE_RETRY_LIMIT_S = 5.0
+"""How long the up-front check of a gs:// location retries before it reports the failure."""
+MAX_REASON_CHARS = 600
+
+_EXAMPLES = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///ABSOLUTE/PATH"
+_HINTS = {
+    "s3": "check the bucket name and the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+    "AWS_PROFILE, ~/.aws/credentials or an instance role); add ?region=REGION to skip the region "
+    "lookup; for an S3-compatible store give its endpoint, in the URI "
+    "(?endpoint_override=HOST:PORT&scheme=http) or as AWS_ENDPOINT_URL=http://HOST:PORT",
+    "gs": "check the bucket name and the credentials (GOOGLE_APPLICATION_CREDENTIALS, or "
+    "`gcloud auth application-default login`)",
+}
+_HINTS["gcs"] = _HINTS["gs"]
+_MANGLED = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/[^/]")
+
+
+class StorageError(ValueError):
+    """An output location that cannot be used; the message names it and says what to do."""
+
+
+def is_uri(target: object) -> bool:
+    return isinstance(target, str) and "://" in target
+
+
+def redact(text: str) -> str:
+    """`text` with the secret of a URI's `user:secret@` part replaced by `***`."""
+    if not is_uri(text):
+        return text
+    parts = urlsplit(text)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return text
+    netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+@dataclass(frozen=True)
+class Location:
+    """A file or directory on a `pyarrow.fs` filesystem."""
+
+    fs: pafs.FileSystem
+    path: str
+    """The path inside `fs`: a local path as given, or `bucket/prefix` (no scheme, no query)."""
+    uri: str | None = None
+    """The URI this came from (joined down to `path`, query kept); None for a local path."""
+
+    @property
+    def is_local(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    @property
+    def local_path(self) -> Path:
+        if not self.is_local:
+            raise ValueError(f"{self} is not on the local filesystem")
+        return Path(self.path)
+
+    @property
+    def target(self) -> Path | str:
+        """What to hand back to a user: a `Path` for a local path, else the URI."""
+        return Path(self.path) if self.uri is None else self.uri
+
+    def __str__(self) -> str:
+        return self.path if self.uri is None else redact(self.uri)
+
+    def join(self, *parts: str) -> Location:
+        if self.uri is None:
+            return Location(self.fs, str(Path(self.path, *parts)))
+        split = urlsplit(self.uri)
+        uri = urlunsplit(split._replace(path=posixpath.join(split.path or "/", *parts)))
+        return Location(self.fs, posixpath.join(self.path, *parts), uri)
+
+    def parents(self) -> list[Location]:
+        """Enclosing directories, nearest first (as `pathlib.PurePath.parents`)."""
+        if self.uri is None:
+            return [Location(self.fs, str(p)) for p in Path(self.path).parents]
+        found, loc = [], self
+        while "/" in loc.path.strip("/"):
+            split = urlsplit(loc.uri or "")
+            parent = Location(
+                self.fs,
+                posixpath.dirname(loc.path.rstrip("/")),
+                urlunsplit(split._replace(path=posixpath.dirname(split.path.rstrip("/")))),
+            )
+            found.append(parent)
+            loc = parent
+        return found
+
+    def exists(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
+
+    def is_dir(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(self.path).type == pafs.FileType.Directory
+
+    def is_file(self) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(self.path).type == pafs.FileType.File
+
+    def read_bytes(self) -> bytes:
+        if self.is_local:
+            return self.local_path.read_bytes()
+        with self.fs.open_input_stream(self.path) as f:
+            return f.read()
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode()
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write the whole file so that readers see the old one or the new one, never a part.
+
+        Locally: `.<name>.tmp` beside it, renamed into place (parents created). Elsewhere one
+        PUT, which an object store applies whole."""
+        if self.is_local:
+            path = self.local_path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            return
+        with self.fs.open_output_stream(self.path) as f:
+            f.write(data)
+
+    def write_text(self, text: str) -> None:
+        self.write_bytes(text.encode())
+
+
+Target = Union[str, "os.PathLike[str]", Location]
+"""An output location as callers give it: a path, a URI string, or a resolved `Location`."""
+
+
+def check_uri(uri: str) -> None:
+    """Refuse a URI that no filesystem could serve (unknown scheme, no bucket, relative file://),
+    without contacting anything; `StorageError` says what to write instead."""
+    shown = redact(uri)
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme not in SCHEMES:
+        raise StorageError(
+            f"{shown}: unknown filesystem scheme {scheme + '://'!r}; write results to a local path or "
+            f"a URI such as {_EXAMPLES} (schemes: {', '.join(s + '://' for s in SCHEMES)})"
+        )
+    netloc = urlsplit(uri).netloc
+    if scheme in BUCKET_SCHEMES and not netloc.rpartition("@")[2]:
+        raise StorageError(f"{shown}: no bucket in the URI; write {scheme}://BUCKET/PREFIX")
+    if scheme == "file" and netloc:
+        raise StorageError(
+            f"{shown}: a file:// URI takes an absolute path and no host: file:///ABSOLUTE/PATH "
+            "(three slashes), or pass the path itself"
+        )
+
+
+def resolve(target: Target) -> Location:
+    """The `Location` of a local path or URI. Nothing is read or written; for s3:// without
+    ?region= or an endpoint, `pyarrow` asks AWS for the bucket's region.
+
+    Raises `StorageError` for a URI that cannot be used, naming it and the fix."""
+    if isinstance(target, Location):
+        return target
+    import pyarrow.fs as pafs
+
+    if not is_uri(target):
+        text = os.fspath(target)
+        if isinstance(target, os.PathLike) and _MANGLED.match(text):
+            raise StorageError(
+                f"{text}: looks like a URI that went through pathlib.Path, which turns '//' into '/'; "
+                "pass the URI as a string"
+            )
+        return Location(pafs.LocalFileSystem(), text)
+    uri = str(target)
+    check_uri(uri)
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (OSError, ValueError) as exc:
+        raise StorageError(_cannot_use(uri, "cannot open it", exc)) from None
+    return Location(fs, path.rstrip("/") or path, uri)
+
+
+def check_access(loc: Location) -> None:
+    """Fail now, with the fix, if the bucket of `loc` is missing or cannot be reached."""
+    if loc.is_local:
+        return
+    import pyarrow.fs as pafs
+
+    uri = loc.uri or ""
+    scheme = urlsplit(uri).scheme.lower()
+    bucket = loc.path.split("/", 1)[0]
+    try:
+        fs = _probing_fs(uri) or loc.fs
+        if scheme in BUCKET_SCHEMES and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise StorageError(
+                f"{loc}: bucket {bucket!r} does not exist, or these credentials cannot see it; create "
+                f"it first (e.g. `aws s3 mb s3://{bucket}` or `gcloud storage buckets create gs://{bucket}`)"
+                " or fix the name"
+            )
+        fs.get_file_info(loc.path)
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, StorageError):
+            raise
+        raise StorageError(_cannot_use(uri, "cannot reach it", exc)) from None
+
+
+def checked(target: Target) -> Location:
+    """`resolve(target)`, then `check_access`: a location that can be read and written now."""
+    loc = resolve(target)
+    check_access(loc)
+    return loc
+
+
+def _probing_fs(uri: str) -> pafs.FileSystem | None:
+    """For gs://: the filesystem with a short retry limit, so that missing credentials fail the
+    check in seconds (Google's client otherwise retries for minutes); None: use the location's."""
+    split = urlsplit(uri)
+    if split.scheme.lower() not in ("gs", "gcs") or "retry_limit_seconds=" in split.query:
+        return None
+    import pyarrow.fs as pafs
+
+    query = "&".join(q for q in (split.query, f"retry_limit_seconds={PROBE_RETRY_LIMIT_S:g}") if q)
+    return pafs.FileSystem.from_uri(urlunsplit(split._replace(query=query)))[0]
+
+
+def _cannot_use(uri: str, what: str, exc: BaseException) -> str:
+    scheme = uri.split("://", 1)[0].lower()
+    reason = " ".join(str(exc).split())
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[:MAX_REASON_CHARS] + " ..."
+    hint = _HINTS.get(scheme, "check the URI and the credentials of that filesystem")
+    return f"{redact(uri)}: {what} ({reason}); {hint}"
