@@ -139,13 +139,14 @@ class Scheduler:
         last_check = time.monotonic()
         while self.busy():
             self.fill(started)
+            stalled = not self.running  # nothing could be dispatched: every window is zero for now
             failed = self.step(ray)
             if failed or time.monotonic() - last_check > self.recheck_s:
                 self.check_classes(ray)
                 last_check = time.monotonic()
             tick()
-            if not self.running and any(self.queues[n] for n in self.queues if n not in self.lost):
-                time.sleep(WAIT_S)  # a class's window is zero for now (its nodes are busy or gone)
+            if stalled and any(self.queues[n] for n in self.queues if n not in self.lost):
+                time.sleep(WAIT_S)  # the class's nodes are busy or gone; check again shortly
 
     def cancel_all(self, ray) -> int:
         for ref in self.running:
