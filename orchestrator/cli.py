@@ -250,7 +250,7 @@ def cmd_sweep(args) -> int:
     from orchestrator.inventory import MissingHardwareError
     from orchestrator.progress import format_duration
     from orchestrator.schema import results_path
-    from orchestrator.storage import StorageError, checked
+    from orchestrator.storage import StorageError, check_writable, checked
 
     spec = _load(args.sweep)
     if spec is None:
@@ -266,6 +266,7 @@ def cmd_sweep(args) -> int:
         return EXIT_BAD_INPUT
     try:
         out = checked(args.out or str(Path("runs") / spec.name))
+        check_writable(out)
         history = [checked(earlier) for earlier in args.history]
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -241,6 +241,30 @@ def check_access(loc: Location) -> None:
         raise StorageError(_cannot_use(uri, "cannot reach it", exc)) from None
 
 
+def check_writable(loc: Location) -> None:
+    """Fail now, with the fix, if nothing can be written under `loc` (a read-only directory or
+    bucket, credentials that may read but not write): a probe file is written and removed."""
+    import uuid
+
+    name = f".write-probe-{uuid.uuid4().hex[:12]}"
+    try:
+        if loc.is_local:  # probe the nearest existing directory: create nothing
+            existing = next(p for p in [loc.local_path, *loc.local_path.parents] if p.exists())
+            if not existing.is_dir():
+                raise NotADirectoryError(f"{existing} is a file")
+            (existing / name).write_bytes(b"")
+            (existing / name).unlink()
+        else:
+            probe = loc.join(name)
+            probe.write_bytes(b"")
+            probe.fs.delete_file(probe.path)
+    except (OSError, ValueError) as exc:
+        scheme = (loc.uri or "").split("://", 1)[0].lower()
+        hint = _HINTS.get(scheme, "pick a directory you can write to, or fix its permissions")
+        reason = " ".join(str(exc).split())[:MAX_REASON_CHARS]
+        raise StorageError(f"{loc}: cannot write there ({reason}); {hint}") from None
+
+
 def checked(target: Target) -> Location:
     """`resolve(target)`, then `check_access`: a location that can be read and written now."""
     loc = resolve(target)

@@ -89,3 +89,11 @@ def test_hang_is_killed_at_timeout_with_its_whole_process_tree():
     time.sleep(0.5)
     survivors = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert not survivors, f"grandchild survived the timeout: {survivors}"
+
+
+def test_a_missing_scratch_root_is_created_on_the_node(tmp_path):
+    job = dataclasses.replace(_job("raising"), model=ModelSpec(id="python:workers.toy:mlp", name="mlp"))
+    scratch_root = tmp_path / "not" / "yet"
+    result = run_job(job, threads=1, scratch_root=str(scratch_root), keep_scratch=True)
+    assert result["status"] == "ok", result.get("error")
+    assert [p.name.startswith("job-") for p in scratch_root.iterdir()] == [True]

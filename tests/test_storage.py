@@ -16,7 +16,7 @@ from orchestrator.ordering import History
 from orchestrator.rows import make_row
 from orchestrator.schema import RESULT_COLUMNS, read_results
 from orchestrator.sink import ResultSink, finished_job_ids
-from orchestrator.storage import StorageError, check_uri, redact, resolve
+from orchestrator.storage import StorageError, check_uri, check_writable, redact, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "sweeps" / "smoke.yaml"
@@ -225,4 +225,21 @@ def test_missing_bucket_is_refused_before_any_work(capsys, s3_bucket, tmp_path, 
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith(f"error: {uri}"), err
         assert "bucket 'no-such-bucket' does not exist" in err and "aws s3 mb" in err
+    assert files_under(s3_bucket.uri()) == []
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(capsys, tmp_path, no_ray):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    out = blocker / "run"
+    assert main(["sweep", str(SMOKE), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {out}: cannot write there" in err
+    assert blocker.read_text() == "not a directory"
+
+
+def test_write_probe_leaves_nothing_behind(tmp_path, s3_bucket):
+    check_writable(resolve(str(tmp_path / "new" / "run")))
+    assert list(tmp_path.iterdir()) == []  # the probe created no directory
+    check_writable(resolve(s3_bucket.uri("run")))
     assert files_under(s3_bucket.uri()) == []

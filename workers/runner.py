@@ -154,6 +154,8 @@ def run_job(
     """Run `job` in a subprocess; return its result fields (see workers.bench) plus
     `status`, `error` and `subprocess_s`. With `measure.warm_compile`, a second process then
     compiles again against the cache the first one filled (`warm_compile_s`)."""
+    if scratch_root:  # a path on this node, which may not have it yet
+        Path(scratch_root).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id[:12]}-", dir=scratch_root))
     job_file, log_file = scratch / "job.json", scratch / "log.txt"
     job_file.write_text(json.dumps(job.to_dict()))
