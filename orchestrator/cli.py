@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         "of the node, one job at a time, so jobs do not disturb each other's timings)",
     )
     p.add_argument(
-        "--scratch", metavar="DIR", help="where job processes keep caches and logs (default: temp dir)"
+        "--scratch",
+        metavar="DIR",
+        help="where job processes keep caches and logs, on each node (created if missing; default: temp dir)",
     )
     p.add_argument(
         "--history",
