@@ -30,6 +30,7 @@ from compiler.measure import (
 from compiler.precision import apply_precision
 from orchestrator.rows import make_row
 from orchestrator.schema import rows_to_table
+from tests.columns import MEASUREMENT_COLUMNS
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import run_job
 
@@ -612,50 +613,6 @@ def test_real_job_measures_everything(mlp_result):
     assert r["task"] == "other"
     assert r["device_name"] and r["torch_version"] == torch.__version__
     assert r["max_rel_err"] < 1e-3
-
-
-# Every measurement field the job reports that its results row must carry, non-null for this job.
-MEASUREMENT_COLUMNS = (
-    "eager_ms",
-    "eager_p10_ms",
-    "eager_p90_ms",
-    "compiled_ms",
-    "compiled_p10_ms",
-    "compiled_p90_ms",
-    "speedup",
-    "speedup_ci_low",
-    "speedup_ci_high",
-    "eager_samples_ms",
-    "compiled_samples_ms",
-    "eager_warmup_calls",
-    "compiled_warmup_calls",
-    "compile_s",
-    "warm_compile_s",
-    "dynamo_s",
-    "inductor_s",
-    "eager_peak_mem_bytes",
-    "peak_mem_bytes",
-    "memory_compression",
-    "graph_count",
-    "graph_breaks",
-    "break_reasons",
-    "recompiles",
-    "recompile_reasons",
-    "guard_count",
-    "kernel_count",
-    "flops",
-    "eager_tflops",
-    "compiled_tflops",
-    "max_abs_err",
-    "max_rel_err",
-    "rmse_eager",
-    "rmse_compiled",
-    "device_name",
-    "torch_version",
-    "python_version",
-    "started_at",
-    "subprocess_s",
-)
 
 
 def test_real_job_becomes_a_results_row(mlp_job, mlp_result):

@@ -78,11 +78,17 @@ def check_id(model_id: str) -> str | None:
     the library knows the name (closest names otherwise).
     """
     try:
-        library, name = parse_id(model_id)
+        _resolve(model_id)
     except ValueError as error:
         return str(error)
+    return None
+
+
+def _resolve(model_id: str) -> tuple[str, str, str]:
+    """``(library, name, task)`` of a buildable id; ValueError with the reason otherwise."""
+    library, name = parse_id(model_id)
     if not installed(library):
-        return (
+        raise ValueError(
             f"{model_id!r} needs the {library} package, which is not installed here; "
             f"install it with `pip install {library}` on the driver and every worker node"
         )
@@ -91,12 +97,12 @@ def check_id(model_id: str) -> str | None:
 
         known = timm.list_models()
         if name in known:
-            return None
+            return library, name, "image-classification"
         hint = ""
     else:
         supported = _torchvision_supported()
         if name in supported:
-            return None
+            return library, name, supported[name]
         import torchvision.models as tvm
 
         known = list(supported)
@@ -108,7 +114,7 @@ def check_id(model_id: str) -> str | None:
         )
     close = difflib.get_close_matches(name, known, n=3)
     did_you_mean = f"; did you mean {', '.join(close)}?" if close else ""
-    return f"{library} has no model {name!r}{hint}{did_you_mean}"
+    raise ValueError(f"{library} has no model {name!r}{hint}{did_you_mean}")
 
 
 def _timm_image_size(model: torch.nn.Module) -> int:
@@ -142,19 +148,15 @@ def build(model_id: str, overrides: dict) -> ExternalModel:
     ``overrides`` are keyword arguments of ``timm.create_model`` / ``torchvision.models.get_model``
     (``num_classes``, ``drop_rate``, ...).
     """
-    problem = check_id(model_id)
-    if problem:
-        raise ValueError(problem)
-    library, name = parse_id(model_id)
+    library, name, task = _resolve(model_id)
     torch.manual_seed(0)
     if library == "timm":
         import timm
 
         module = timm.create_model(name, pretrained=False, **overrides)
-        return ExternalModel(module.eval(), "image-classification", _timm_image_size(module))
+        return ExternalModel(module.eval(), task, _timm_image_size(module))
     import torchvision.models as tvm
 
-    task = _torchvision_supported()[name]
     kwargs = dict(overrides)
     if task == "image-segmentation":
         # Their builders default to a pretrained backbone, which would be downloaded.

@@ -37,6 +37,12 @@ def _job(model: ModelSpec, dtype: str = "fp32", mode: str | None = None, batch_s
     )
 
 
+def _small_resnet() -> ModelSpec:
+    model_id = "hf:microsoft/resnet-50"
+    overrides = copy.deepcopy(zoo.SMALL_OVERRIDES[model_id])
+    return ModelSpec(id=model_id, name="resnet-small", input_size=64, overrides=overrides)
+
+
 # --- timm: and torchvision: sources ---------------------------------------------------------------------
 
 
@@ -74,14 +80,7 @@ def test_external_model_job_measures_on_the_gpu(model_id):
 
 @pytest.mark.parametrize("dtype", ["fp32", "tf32", "bf16", "fp16"])
 def test_precision_policies_run_and_pass_accuracy(dtype):
-    model_id = "hf:microsoft/resnet-50"
-    model = ModelSpec(
-        id=model_id,
-        name="resnet-small",
-        input_size=64,
-        overrides=copy.deepcopy(zoo.SMALL_OVERRIDES[model_id]),
-    )
-    result = run_job(_job(model, dtype=dtype, batch_size=4), threads=THREADS)
+    result = run_job(_job(_small_resnet(), dtype=dtype, batch_size=4), threads=THREADS)
     assert result["status"] == "ok", (dtype, result.get("error"))
     assert result["max_abs_err"] is not None and result["compiled_ms"] > 0
 
@@ -93,13 +92,6 @@ def test_cuda_out_of_memory_becomes_an_oom_row():
 
 
 def test_reduce_overhead_uses_cuda_graphs():
-    model_id = "hf:microsoft/resnet-50"
-    model = ModelSpec(
-        id=model_id,
-        name="resnet-small",
-        input_size=64,
-        overrides=copy.deepcopy(zoo.SMALL_OVERRIDES[model_id]),
-    )
-    result = run_job(_job(model, mode="reduce-overhead"), threads=THREADS)
+    result = run_job(_job(_small_resnet(), mode="reduce-overhead"), threads=THREADS)
     assert result["status"] == "ok", result.get("error")
     assert not result.get("cudagraph_skip_reasons"), result.get("cudagraph_skip_reasons")

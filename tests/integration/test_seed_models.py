@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from orchestrator.schema import read_results
+from tests.columns import MEASUREMENT_COLUMNS
 from tests.integration.conftest import orchestrate
 from workers.zoo import SMALL_IMAGE_SIZE, SMALL_OVERRIDES
 
@@ -43,51 +44,8 @@ def sweep_text() -> str:
     )
 
 
-# Every measurement column of the row, each non-null for an ok job.
-NON_NULL = (
-    "job_id",
-    "run_id",
-    "hardware",
-    "node_id",
-    "device_name",
-    "torch_version",
-    "python_version",
-    "started_at",
-    "task",
-    "eager_ms",
-    "eager_p10_ms",
-    "eager_p90_ms",
-    "compiled_ms",
-    "compiled_p10_ms",
-    "compiled_p90_ms",
-    "speedup",
-    "speedup_ci_low",
-    "speedup_ci_high",
-    "eager_samples_ms",
-    "compiled_samples_ms",
-    "eager_warmup_calls",
-    "compiled_warmup_calls",
-    "compile_s",
-    "warm_compile_s",
-    "dynamo_s",
-    "inductor_s",
-    "peak_mem_bytes",
-    "eager_peak_mem_bytes",
-    "memory_compression",
-    "graph_count",
-    "graph_breaks",
-    "guard_count",
-    "kernel_count",
-    "flops",
-    "eager_tflops",
-    "compiled_tflops",
-    "max_abs_err",
-    "max_rel_err",
-    "rmse_eager",
-    "rmse_compiled",
-    "wall_s",
-    "subprocess_s",
-)
+# Every column of the row that is non-null for an ok job: the measurements, and where it ran.
+NON_NULL = ("job_id", "run_id", "hardware", "node_id", "task", "wall_s", *MEASUREMENT_COLUMNS)
 
 
 @pytest.fixture(scope="module")
