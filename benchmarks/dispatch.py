@@ -26,7 +26,7 @@ from orchestrator.schema import read_results  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
 
 
-def synthetic_job(job_dict, threads, scratch_root=None, extra_path=()):
+def synthetic_job(job_dict, threads, scratch_root=None, extra_path=(), lock_clocks=False):
     """Stands in for workers.task.execute_job: a result as a real job reports it, at once."""
     return {
         "status": "ok",

@@ -1,95 +1,222 @@
-"""Process-to-process noise of one cell: the same job in N fresh processes, one after another.
+"""Do a cell's figures hold from sweep to sweep? The same cell in several separate sweeps.
 
-Default cell: ResNet-50 (HF config, random weights), batch 1, fp32, reduce-overhead, on the GPU
-if there is one. Each process compiles cold in its own cache and measures eager and compiled
-interleaved. Prints each process's medians and the spread, (max - min) / median, of the
-compiled median and of the speedup. Target: compiled-median spread <= 3%.
+Two cells by default, as in the seed vision suite: a launch-bound one (ResNet-50, batch 1,
+tf32, default mode: the host issuing kernels is most of its time) and a GPU-bound one (ViT-base,
+batch 16, fp32, default). Each sweep runs the cell as `orchestrate sweep` would, through
+`workers.runner.run_job`: `--repeats` fresh processes (the first compiles cold in its own cache,
+the later ones warm against it), samples pooled, intervals from the hierarchical bootstrap of
+`compiler.statistics`. Sweeps share nothing but the machine.
 
-    python benchmarks/noise.py [--processes 5] [--model hf:microsoft/resnet-50] [--mode reduce-overhead]
+For each cell it prints every sweep's medians with their 95% intervals, clocks and compile
+times, then the spread (max / min - 1) of the eager median, the compiled median and the speedup
+across the sweeps, and whether each sweep's interval contains the median of all sweeps. Target
+(issue 8): speedup spread <= 5%, or every sweep's speedup interval contains that median.
+
+    python benchmarks/noise.py                        # both cells, 5 sweeps of 3 processes, GPU if any
+    python benchmarks/noise.py --cells resnet-50 --sweeps 5 --repeats 3 --save noise.json
+    python benchmarks/noise.py --small --device cpu --sweeps 3 --repeats 2   # reduced models, minutes on CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import os
 import statistics
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler.config import CompileConfig  # noqa: E402
+from compiler.statistics import spread  # noqa: E402
 from workers.job import Job, MeasureSpec, ModelSpec, software_stack  # noqa: E402
 from workers.runner import run_job  # noqa: E402
 
 
-def spread(values: list[float]) -> float:
-    return (max(values) - min(values)) / statistics.median(values)
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    kind: str
+    model_id: str
+    batch_size: int
+    dtype: str
+    mode: str | None
+
+
+CELLS = {
+    "resnet-50": Cell(
+        "resnet-50/bs1/tf32/default", "launch-bound", "hf:microsoft/resnet-50", 1, "tf32", None
+    ),
+    "vit": Cell("vit/bs16/fp32/default", "GPU-bound", "hf:google/vit-base-patch16-224", 16, "fp32", None),
+}
+
+SPREAD_TARGET = 0.05
+
+
+def make_job(cell: Cell, args: argparse.Namespace, device: str) -> Job:
+    overrides, input_size = {}, None
+    if args.small:  # the zoo's reduced architecture, for a try on a CPU machine
+        from workers import zoo
+
+        overrides = copy.deepcopy(zoo.SMALL_OVERRIDES[cell.model_id])
+        input_size = 64
+    return Job(
+        sweep="noise",
+        hardware=device,
+        device=device,
+        model=ModelSpec(
+            id=cell.model_id, name=cell.name.split("/")[0], input_size=input_size, overrides=overrides
+        ),
+        batch_size=cell.batch_size,
+        dtype=cell.dtype,
+        config=CompileConfig(name=cell.mode or "default", mode=cell.mode),
+        measure=MeasureSpec(
+            warmup=args.warmup,
+            iterations=args.iterations,
+            rounds=args.rounds,
+            repeats=args.repeats,
+            flops=False,
+        ),
+        timeout_s=args.timeout,
+        stack=software_stack(),
+    )
+
+
+def _ci(row: dict, side: str) -> str:
+    lo, hi = row.get(f"{side}_ci_low"), row.get(f"{side}_ci_high")
+    return f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "-"
+
+
+def _clock(row: dict) -> str:
+    if row.get("sm_clock_mean_mhz") is None:
+        return "-"
+    reasons = ",".join(row.get("throttle_reasons") or []) or "none"
+    return f"{row['sm_clock_mean_mhz']:.0f} / {row['sm_clock_min_mhz']} ({reasons})"
+
+
+def print_cell(cell: Cell, rows: list[dict]) -> bool:
+    print(f"\n### {cell.name} ({cell.kind})\n")
+    print(
+        "| sweep | status | eager ms [95% CI] | compiled ms [95% CI] | speedup [95% CI] | between-process share "
+        "| per-process eager / compiled ms | host probe us | timing cores | SM MHz mean / min (reasons) "
+        "| compile s cold / warm | wall s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rows, 1):
+        if r.get("status") != "ok":
+            print(f"| {i} | {r.get('status')} | {(r.get('error') or '')[:120]} |  |  |  |  |  |  |  |  |  |")
+            continue
+        per = " ".join(
+            f"{e:.2f}/{c:.2f}"
+            for e, c in zip(r.get("eager_repeat_ms") or [], r.get("compiled_repeat_ms") or [], strict=False)
+        )
+        probe = " ".join(f"{x:.0f}" for x in r.get("host_probe_us") or [])
+        warm = f"{r['warm_compile_s']:.1f}" if r.get("warm_compile_s") is not None else "-"
+        print(
+            f"| {i} | ok | {r['eager_ms']:.3f} {_ci(r, 'eager')} | {r['compiled_ms']:.3f} {_ci(r, 'compiled')} "
+            f"| {r['speedup']:.3f} {_ci(r, 'speedup')} | {r.get('speedup_ci_between_share', 0):.2f} | {per} "
+            f"| {probe} | {r.get('timing_cpus') or '-'} | {_clock(r)} | {r['compile_s']:.1f} / {warm} | {r['wall_s']:.0f} |"
+        )
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if len(ok) < 2:
+        print("\nfewer than two ok sweeps: no spread")
+        return False
+    print(
+        f"\n| across {len(ok)} sweeps | spread (max/min - 1) | median of the sweeps | sweeps whose CI contains it |"
+    )
+    print("|---|---|---|---|")
+    contained = {}
+    for label, key in (("eager median", "eager"), ("compiled median", "compiled"), ("speedup", "speedup")):
+        values = [r[key] if key == "speedup" else r[f"{key}_ms"] for r in ok]
+        center = statistics.median(values)
+        inside = sum(r[f"{key}_ci_low"] <= center <= r[f"{key}_ci_high"] for r in ok)
+        contained[key] = inside == len(ok)
+        print(f"| {label} | {spread(values):.2%} | {center:.3f} | {inside} of {len(ok)} |")
+    speedup_spread = spread([r["speedup"] for r in ok])
+    met = speedup_spread <= SPREAD_TARGET or contained["speedup"]
+    print(
+        f"\ntarget (speedup spread <= {SPREAD_TARGET:.0%}, or every sweep's interval contains the median): "
+        f"{'met' if met else 'MISSED'}"
+    )
+    return met
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--processes", type=int, default=5)
-    parser.add_argument("--model", default="hf:microsoft/resnet-50")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--dtype", default="fp32")
-    parser.add_argument("--mode", default="reduce-overhead")
-    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument(
+        "--cells",
+        default="resnet-50,vit",
+        help=f"comma-separated cells among {', '.join(CELLS)} (default: both)",
+    )
+    parser.add_argument("--sweeps", type=int, default=5, help="separate sweeps of each cell (default 5)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="measure.repeats: processes per sweep (default 3)"
+    )
+    parser.add_argument("--warmup", type=int, default=10, help="measure.warmup (default 10)")
+    parser.add_argument(
+        "--iterations", type=int, default=50, help="measure.iterations per process (default 50)"
+    )
+    parser.add_argument("--rounds", type=int, default=10, help="measure.rounds (default 10)")
+    parser.add_argument("--timeout", type=float, default=900, help="per-process time limit, s (default 900)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument(
-        "--threads", type=int, default=os.cpu_count() or 1, help="OMP/compile threads per process"
+        "--threads", type=int, default=os.cpu_count() or 1, help="cores (OMP/compile threads) per job process"
+    )
+    parser.add_argument("--small", action="store_true", help="reduced architectures (for a CPU machine)")
+    parser.add_argument(
+        "--pin-timing-thread",
+        action="store_true",
+        help="experiment: the thread that times the calls stays on one core during the timed rounds",
+    )
+    parser.add_argument(
+        "--save", metavar="FILE", help="write every sweep's row fields as JSON (after each sweep)"
     )
     args = parser.parse_args()
 
+    unknown = [c for c in args.cells.split(",") if c not in CELLS]
+    if unknown:
+        parser.error(f"unknown cell(s) {unknown}; choose among {', '.join(CELLS)}")
+    if args.pin_timing_thread:
+        from workers.bench import PIN_TIMING_THREAD_ENV
+
+        os.environ[PIN_TIMING_THREAD_ENV] = "1"  # inherited by the job processes
     device = args.device
     if device == "auto":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    job = Job(
-        sweep="noise",
-        hardware=device,
-        device=device,
-        model=ModelSpec(id=args.model, name=args.model.rsplit("/", 1)[-1]),
-        batch_size=args.batch_size,
-        dtype=args.dtype,
-        config=CompileConfig(name=args.mode, mode=args.mode),
-        measure=MeasureSpec(warmup=10, iterations=args.iterations, rounds=10, flops=False),
-        timeout_s=900,
-        stack=software_stack(),
-    )
-    print(f"{job.name} ({args.model}) in {args.processes} fresh processes on {device}\n")
-    print(
-        f"{'proc':>4} {'status':>8} {'eager ms':>10} {'compiled ms':>12} {'speedup':>8} {'95% CI':>15} {'compile s':>10}"
-    )
-    rows = []
-    for i in range(args.processes):
-        r = run_job(job, threads=args.threads)
-        rows.append(r)
-        if r.get("status") != "ok":
-            print(f"{i + 1:>4} {r.get('status'):>8} {r.get('error', '')[:200]}")
-            continue
-        ci = f"[{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]"
+    saved: dict[str, list[dict]] = {}
+    met_all = True
+    for key in args.cells.split(","):
+        cell = CELLS[key]
+        job = make_job(cell, args, device)
         print(
-            f"{i + 1:>4} {'ok':>8} {r['eager_ms']:>10.3f} {r['compiled_ms']:>12.3f} {r['speedup']:>8.2f} "
-            f"{ci:>15} {r['compile_s']:>10.1f}"
+            f"\n{cell.name}: {args.sweeps} sweeps x {args.repeats} processes on {device} "
+            f"({args.iterations} timed calls per side per process)",
+            flush=True,
         )
-    ok = [r for r in rows if r.get("status") == "ok"]
-    if len(ok) < 2:
-        print("fewer than two ok processes: no spread")
-        return 1
-    compiled = [r["compiled_ms"] for r in ok]
-    eager = [r["eager_ms"] for r in ok]
-    speedups = [r["speedup"] for r in ok]
-    print(f"\n{'spread (max - min) / median':<32} {'value':>8}")
-    print(f"{'compiled median':<32} {spread(compiled):>7.2%}")
-    print(f"{'eager median':<32} {spread(eager):>7.2%}")
-    print(f"{'speedup':<32} {spread(speedups):>7.2%}")
-    met = spread(compiled) <= 0.03
-    print(f"\ntarget compiled-median spread <= 3%: {'met' if met else 'MISSED'} ({len(ok)} processes)")
-    return 0 if met else 1
+        rows = []
+        for i in range(args.sweeps):
+            t0 = time.monotonic()
+            row = run_job(job, threads=args.threads)
+            row["wall_s"] = time.monotonic() - t0
+            rows.append(row)
+            print(
+                f"  sweep {i + 1}/{args.sweeps}: {row.get('status')} in {row['wall_s']:.0f} s"
+                + (f", speedup {row['speedup']:.3f}" if row.get("speedup") else ""),
+                flush=True,
+            )
+            saved[cell.name] = rows
+            if args.save:
+                Path(args.save).write_text(json.dumps({"args": vars(args), "device": device, "cells": saved}))
+        met_all &= print_cell(cell, rows)
+    return 0 if met_all else 1
 
 
 if __name__ == "__main__":

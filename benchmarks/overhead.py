@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compiler.measure import percentile  # noqa: E402
+from compiler.statistics import percentile  # noqa: E402
 from orchestrator.driver import SweepOptions, run_sweep  # noqa: E402
 from orchestrator.schema import read_results  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
 
@@ -67,3 +68,29 @@ def describe(device: str) -> dict[str, Any]:
     else:
         env["device_name"] = _cpu_name()
     return env
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """0,1,2,3,8 -> "0-3,8"."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_cpus(text: str) -> set[int]:
+    """ "0-3,8" -> {0, 1, 2, 3, 8}; raises ValueError on anything else."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU range {part!r}")
+        cpus.update(range(first, last + 1))
+    return cpus

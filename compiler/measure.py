@@ -1,5 +1,6 @@
-"""Measurement primitives: warm-up, interleaved latency samples, their summary and confidence
-interval, output comparison (against eager and against an fp64 reference), peak memory, FLOPs."""
+"""Measurement primitives: warm-up, interleaved latency samples, output comparison (against eager
+and against an fp64 reference), peak memory, FLOPs. Summaries and confidence intervals of the
+samples are `compiler.statistics`."""
 
 from __future__ import annotations
 
@@ -19,28 +20,6 @@ TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 5e-2, "fp16": 1e-2}
 # compiled RMSE against fp64 must be within a multiplier of eager's RMSE against fp64, + tol/10).
 # fp32 1e-3 is the harness's inference tolerance for Hugging Face models.
 RMSE_TOL = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 1e-2, "fp16": 1e-2}
-
-
-@dataclass(frozen=True)
-class LatencySummary:
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    samples_ms: tuple[float, ...]
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile of an already sorted list, q in [0, 100]."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def summarize(samples_ms: list[float]) -> LatencySummary:
-    s = sorted(samples_ms)
-    return LatencySummary(statistics.median(s), percentile(s, 10), percentile(s, 90), tuple(samples_ms))
 
 
 def time_calls(fn: Callable[[], Any], iterations: int, device: str) -> list[float]:
@@ -82,6 +61,40 @@ def back_to_back_ms(call: Callable[[int], Any], iterations: int, device: str) ->
     for i in range(iterations):
         call(i)
     return (time.perf_counter() - t0) * 1e3 / iterations
+
+
+def host_probe_us(ops: int = 200, repeats: int = 5) -> float:
+    """Host dispatch speed: median over `repeats` of the mean time of one tiny CPU tensor op, us.
+
+    A launch-bound cell (a small batch whose kernels finish before the host issues the next)
+    runs at the pace of PyTorch's dispatcher on the host, the code path this probe runs; a
+    neighbour on a shared host that slows it (CPU time, caches, memory bandwidth) slows the cell."""
+    x = torch.zeros(8)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            x.add_(1.0)
+        times.append((time.perf_counter() - t0) * 1e6 / ops)
+    return statistics.median(times)
+
+
+def cpu_steal_ticks() -> tuple[int, int] | None:
+    """(steal, total) clock ticks of all CPUs so far, from /proc/stat (Linux); None elsewhere.
+    Steal is time a hypervisor gave this VM's CPUs to someone else."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Share of the CPU time between two `cpu_steal_ticks` readings that the hypervisor stole."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def synchronize(device: str) -> None:
@@ -191,10 +204,11 @@ def interleaved_samples(
     device: str,
     iterations: int,
     rounds: int = 10,
+    after_round: Callable[[], Any] | None = None,
 ) -> tuple[list[float], list[float]]:
     """`iterations` timed calls of each, in `rounds` alternating blocks within one process, so
     slow drifts (clocks, thermals, other tenants) hit both sides alike. Each call gets its
-    index, so callers can rotate inputs."""
+    index, so callers can rotate inputs. `after_round` runs after each round, untimed."""
     rounds = max(1, min(rounds, iterations))
     eager_ms: list[float] = []
     compiled_ms: list[float] = []
@@ -204,30 +218,14 @@ def interleaved_samples(
         eager_ms += _indexed_times(eager, done, n, device)
         compiled_ms += _indexed_times(compiled, done, n, device)
         done += n
+        if after_round is not None:
+            after_round()
     return eager_ms, compiled_ms
 
 
 def _indexed_times(call: Callable[[int], Any], offset: int, n: int, device: str) -> list[float]:
     counter = iter(range(offset, offset + n))
     return time_calls(lambda: call(next(counter)), n, device)
-
-
-def bootstrap_ratio_ci(
-    numerator: list[float], denominator: list[float], n_boot: int = 2000, level: float = 0.95, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of median(numerator) / median(denominator),
-    resampling the two sample sets independently."""
-    import numpy as np
-
-    if not numerator or not denominator:
-        return (math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    a, b = np.asarray(numerator), np.asarray(denominator)
-    ra = np.median(a[rng.integers(0, len(a), (n_boot, len(a)))], axis=1)
-    rb = np.median(b[rng.integers(0, len(b), (n_boot, len(b)))], axis=1)
-    ratios = ra / rb
-    alpha = (1 - level) / 2
-    return float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))
 
 
 @dataclass(frozen=True)

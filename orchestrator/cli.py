@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where job processes keep caches and logs, on each node (created if missing; default: temp dir)",
     )
     p.add_argument(
+        "--lock-clocks",
+        action="store_true",
+        help="lock each GPU job's SM clock at the GPU's maximum through NVML while it runs (as tritonbench "
+        "does), then reset it; needs root on the GPU nodes and nvidia-ml-py. Where NVML refuses, the job "
+        "runs unlocked, its row has clocks_locked=false and a note with the reason, and the sweep prints it",
+    )
+    p.add_argument(
         "--history",
         action="append",
         default=[],
@@ -172,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="as for `sweep`: tries per job when its worker or node dies",
+    )
+    p.add_argument(
+        "--lock-clocks", action="store_true", help="as for `sweep`: lock GPU SM clocks during each job"
     )
     p.add_argument(
         "--no-wait",
@@ -290,6 +300,7 @@ def cmd_sweep(args) -> int:
         allow_missing=args.allow_missing,
         max_attempts=args.max_attempts,
         history_dirs=list(history),
+        lock_clocks=args.lock_clocks,
         argv=sys.argv,
     )
     try:
@@ -367,6 +378,7 @@ def cmd_submit(args) -> int:
     extra += ["--timeout-cap", f"{args.timeout_cap:g}"] if args.timeout_cap is not None else []
     extra += ["--cpus-per-job", str(args.cpus_per_job)] if args.cpus_per_job is not None else []
     extra += ["--allow-missing"] if args.allow_missing else []
+    extra += ["--lock-clocks"] if args.lock_clocks else []
     extra += ["--max-attempts", str(args.max_attempts)] if args.max_attempts is not None else []
     try:
         sub = jobs.prepare(args.sweep, args.out, extra)

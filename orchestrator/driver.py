@@ -59,6 +59,8 @@ class SweepOptions:
     first); their rows never count as done."""
     scratch_root: str | None = None
     """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
+    lock_clocks: bool = False
+    """Lock each GPU job's SM clock at its maximum through NVML (root only); rows say if it took."""
     argv: list[str] = field(default_factory=list)
 
 
@@ -197,6 +199,8 @@ def run_sweep(
             planned=len(jobs),
             skipped=skipped,
         )
+        if opts.lock_clocks and not any(classes[n].device == "cuda" for n in used):
+            print("note: --lock-clocks: this sweep runs on no GPU class; nothing to lock", file=stream)
         print(
             f"sweep {spec.name!r}: {len(jobs)} jobs planned, {skipped} already done, {len(todo)} to run "
             f"on {', '.join(f'{n} ({classes[n].slots} slots)' for n in sorted(used)) or 'nothing'}; "
@@ -207,15 +211,21 @@ def run_sweep(
         sink = ResultSink(out)
         progress = Progress(total=len(jobs), already_done=skipped, stream=stream)
 
+        unlocked: set[str] = set()
+
         def emit(row: dict[str, Any], job: Job, wall: float | None) -> None:
             sink.add(row)
             progress.finished_job(job.name, row["status"], wall)
+            if opts.lock_clocks and row.get("clocks_locked") is False and job.hardware not in unlocked:
+                unlocked.add(job.hardware)
+                why = next((n for n in (row.get("notes") or "").split("; ") if "--lock-clocks" in n), "")
+                progress.message(f"warning: {job.hardware}: clocks not locked, jobs run unlocked. {why}")
 
         gpu_classes = sorted(n for n, hw in classes.items() if hw.device == "cuda")
         scheduler = Scheduler(
             classes=classes,
             remotes={name: _remote_for(classes[name], gpu_classes, task_body) for name in used},
-            task_args=(opts.scratch_root, (os.getcwd(),)),
+            task_args=(opts.scratch_root, (os.getcwd(),), opts.lock_clocks),
             run_id=run_id,
             emit=emit,
             inventory=lambda: cluster_classes(opts.cpus_per_job),

@@ -68,6 +68,12 @@ class Progress:
             took = f" in {seconds:.1f}s" if seconds is not None else ""
             print(f"{status:>13} {name}{took}  {self.status_line()}", file=self.stream, flush=True)
 
+    def message(self, text: str) -> None:
+        """A line of its own above the live status line (a warning the user must see)."""
+        prefix = "\r\033[K" if self.live else ""
+        print(prefix + text, file=self.stream, flush=True)
+        self._draw(force=True)
+
     def _draw(self, force: bool = False) -> None:
         now = time.monotonic()
         if self.live and (force or now - self._last_draw >= 0.5):

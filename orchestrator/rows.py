@@ -52,6 +52,9 @@ def make_row(
     )
     if row["status"] == "ok":
         row["error"] = None
+    measured = [row.get("phase_compile_s"), row.get("phase_timing_s")]
+    if wall_s and all(v is not None for v in measured):
+        row["job_efficiency"] = sum(measured) / wall_s
     return check_row(row)
 
 

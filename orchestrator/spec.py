@@ -75,7 +75,7 @@ _TOP_KEYS = {
 }
 _MODEL_KEYS = {"id", "name", "task", "input_size", "overrides", "timeout_s"}
 _CONFIG_KEYS = {"mode", "fullgraph", "dynamic", "backend", "options", "timeout_s"}
-_MEASURE_KEYS = {"warmup", "iterations", "rounds", "flops", "warm_compile"}
+_MEASURE_KEYS = {"warmup", "iterations", "rounds", "flops", "warm_compile", "repeats"}
 
 
 def _check_keys(src: LocatedYaml, mapping: dict, allowed: set[str], path: PathKey, what: str) -> None:
@@ -264,7 +264,7 @@ def _measure(src: LocatedYaml, data: Any) -> MeasureSpec:
         return MeasureSpec()
     _check_keys(src, data, _MEASURE_KEYS, ("measure",), "measure")
     values: dict[str, Any] = {}
-    for key, low in (("warmup", 0), ("iterations", 1), ("rounds", 1)):
+    for key, low in (("warmup", 0), ("iterations", 1), ("rounds", 1), ("repeats", 1)):
         value = data.get(key, getattr(MeasureSpec, key))
         if not _is_int(value) or value < low:
             src.error(("measure", key), f"{key} must be an integer >= {low}, got {value!r}")

@@ -1,5 +1,7 @@
 """Columns that tests of a real ok job (with `warm_compile: true`) require to be non-null."""
 
+from workers.bench import PHASES
+
 # Every measurement field a job reports that its results row must carry.
 MEASUREMENT_COLUMNS = (
     "eager_ms",
@@ -11,6 +13,17 @@ MEASUREMENT_COLUMNS = (
     "speedup",
     "speedup_ci_low",
     "speedup_ci_high",
+    "ci_scope",
+    "speedup_ci_between_share",
+    "eager_ci_low",
+    "eager_ci_high",
+    "compiled_ci_low",
+    "compiled_ci_high",
+    "repeats",
+    "samples_per_repeat",
+    "eager_repeat_ms",
+    "compiled_repeat_ms",
+    "repeat_compile_s",
     "eager_samples_ms",
     "compiled_samples_ms",
     "eager_b2b_ms",
@@ -45,4 +58,10 @@ MEASUREMENT_COLUMNS = (
     "python_version",
     "started_at",
     "subprocess_s",
+    "host_probe_us",
+    "host_steal_share",
+    "job_processes",
+    "cpu_affinity",
+    "cpu_pinned",
+    *(f"phase_{p}_s" for p in PHASES),
 )

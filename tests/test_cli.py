@@ -192,7 +192,16 @@ def test_report_and_presets_on_results(capsys, tmp_path, table_jobs, make_result
 FLAGS = {
     "validate": ["sweep"],
     "plan": ["sweep", "--hardware", "--cpus-per-job", "--only"],
-    "sweep": ["sweep", "--out", "--address", "--resume", "--only", "--cpus-per-job", "--scratch"],
+    "sweep": [
+        "sweep",
+        "--out",
+        "--address",
+        "--resume",
+        "--only",
+        "--cpus-per-job",
+        "--scratch",
+        "--lock-clocks",
+    ],
     "report": ["out"],
     "presets": ["out"],
 }

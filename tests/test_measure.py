@@ -15,10 +15,9 @@ from compiler.measure import (
     back_to_back_ms,
     compare_outputs,
     peak_memory_bytes,
-    percentile,
-    summarize,
     time_calls,
 )
+from compiler.statistics import percentile, summarize
 from orchestrator.progress import Progress, format_duration
 
 # --- percentile and summarize ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The measurement method: warm-up until stable, interleaved rounds, bootstrap CI, the fp64
+"""The measurement method: warm-up until stable, interleaved rounds, the fp64
 accuracy rule, FLOPs, capture statistics, environment, precision, and one real job end to end.
 
 Most timing tests run on a fake clock (`compiler.measure.time` replaced by a clock that each call
@@ -6,7 +6,9 @@ advances by a chosen latency), so they are exact and cannot flake; a few use rea
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import statistics
 import time
 from collections import Counter
@@ -19,18 +21,18 @@ import torch
 from compiler import env, measure, stats
 from compiler.config import CompileConfig
 from compiler.measure import (
-    bootstrap_ratio_ci,
     check_against_fp64,
     compare_outputs,
     count_flops,
     interleaved_samples,
-    summarize,
     warmup_until_stable,
 )
 from compiler.precision import apply_precision
+from compiler.statistics import ratio_interval, split_groups, summarize
 from orchestrator.rows import make_row
 from orchestrator.schema import rows_to_table
 from tests.columns import MEASUREMENT_COLUMNS
+from workers.bench import PHASES
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import run_job
 
@@ -213,6 +215,20 @@ def test_interleaved_samples_alternate_in_blocks(clock, iterations, rounds):
         assert max(per_input.values()) - min(per_input.values()) <= 1
 
 
+def test_interleaved_samples_run_the_between_rounds_hook_untimed(clock):
+    marks = []
+    eager, compiled = interleaved_samples(
+        fake_call(clock, lambda n: 1.0),
+        fake_call(clock, lambda n: 2.0),
+        "cpu",
+        6,
+        3,
+        after_round=lambda: (marks.append(len(marks)), clock.advance_ms(1000.0)),
+    )
+    assert marks == [0, 1, 2]
+    assert eager == [pytest.approx(1.0)] * 6 and compiled == [pytest.approx(2.0)] * 6
+
+
 def test_interleaved_samples_with_real_calls():
     x = torch.randn(32, 32)
     eager_ms, compiled_ms = interleaved_samples(lambda i: x @ x, lambda i: x + x, "cpu", 7, 3)
@@ -241,57 +257,6 @@ def test_compare_outputs_accepts_nan_at_the_same_places():
     ref = torch.tensor([float("nan"), 1.0, 2.0])
     c = compare_outputs([ref], [torch.tensor([float("nan"), 1.0, 2.0 + 2**-20])], "fp32")
     assert c.ok and c.max_abs_err == 2**-20 and c.max_rel_err == 2**-21
-
-
-# --- bootstrap_ratio_ci ---------------------------------------------------------------------------
-
-
-def _normal(mean: float, sd: float, n: int, seed: int) -> list[float]:
-    g = torch.Generator().manual_seed(seed)
-    return (mean + sd * torch.randn(n, generator=g, dtype=torch.float64)).tolist()
-
-
-def test_bootstrap_ci_contains_the_true_ratio():
-    eager, compiled = _normal(10.0, 0.2, 40, 1), _normal(5.0, 0.1, 40, 2)
-    lo, hi = bootstrap_ratio_ci(eager, compiled)
-    point = statistics.median(eager) / statistics.median(compiled)
-    assert lo <= 2.0 <= hi
-    assert lo <= point <= hi
-    assert hi - lo < 0.2  # well-separated samples: a tight interval
-    assert lo > 1.0  # and clearly a speedup
-
-
-def test_bootstrap_ci_narrows_with_more_samples():
-    few = bootstrap_ratio_ci(_normal(10.0, 1.0, 8, 3), _normal(5.0, 0.5, 8, 4))
-    many = bootstrap_ratio_ci(_normal(10.0, 1.0, 400, 3), _normal(5.0, 0.5, 400, 4))
-    assert many[1] - many[0] < (few[1] - few[0]) / 2, (few, many)
-    assert many[0] <= 2.0 <= many[1]
-
-
-def test_bootstrap_ci_lower_level_is_narrower():
-    a, b = _normal(10.0, 1.0, 30, 5), _normal(5.0, 0.5, 30, 6)
-    lo95, hi95 = bootstrap_ratio_ci(a, b, level=0.95)
-    lo50, hi50 = bootstrap_ratio_ci(a, b, level=0.5)
-    assert lo95 <= lo50 < hi50 <= hi95
-    assert hi50 - lo50 < hi95 - lo95
-
-
-def test_bootstrap_ci_is_deterministic_for_a_seed():
-    a, b = _normal(10.0, 2.0, 15, 7), _normal(8.0, 2.0, 15, 8)
-    assert bootstrap_ratio_ci(a, b, seed=3) == bootstrap_ratio_ci(a, b, seed=3)
-    assert bootstrap_ratio_ci(a, b) == bootstrap_ratio_ci(a, b, seed=0)  # seeded by default
-    # Medians of resamples take few distinct values, so two seeds may agree; five do not all.
-    assert len({bootstrap_ratio_ci(a, b, seed=s) for s in range(5)}) > 1
-
-
-def test_bootstrap_ci_of_single_samples_is_their_ratio():
-    assert bootstrap_ratio_ci([6.0], [2.0]) == (pytest.approx(3.0), pytest.approx(3.0))
-
-
-@pytest.mark.parametrize(("num", "den"), [([], []), ([], [1.0, 2.0]), ([1.0, 2.0], [])])
-def test_bootstrap_ci_of_nothing_is_nan(num, den):
-    lo, hi = bootstrap_ratio_ci(num, den)
-    assert math.isnan(lo) and math.isnan(hi)
 
 
 # --- check_against_fp64 ---------------------------------------------------------------------------
@@ -630,3 +595,54 @@ def test_real_job_becomes_a_results_row(mlp_job, mlp_result):
             assert got[key] == pytest.approx(mlp_result[key]), key
     assert len(got["eager_samples_ms"]) == len(got["compiled_samples_ms"]) == 6
     assert got["started_at"].isoformat() == mlp_result["started_at"]
+
+
+def test_real_job_row_has_its_efficiency(mlp_job, mlp_result):
+    row = make_row(mlp_job, mlp_result, run_id="r1", wall_s=mlp_result["subprocess_s"] + 1.0)
+    measured = row["phase_compile_s"] + row["phase_timing_s"]
+    assert row["job_efficiency"] == pytest.approx(measured / row["wall_s"])
+    assert 0 < row["job_efficiency"] < 1
+
+
+def test_real_job_phases_account_for_its_processes(mlp_result):
+    r = mlp_result
+    phases = sum(r[f"phase_{p}_s"] for p in PHASES)
+    # cold process and warm-compile process; what is left is the exit and the runner's polling
+    assert r["job_processes"] == 2
+    assert 0.8 * r["subprocess_s"] < phases <= r["subprocess_s"]
+    assert r["phase_compile_s"] == pytest.approx(r["compile_s"] + r["warm_compile_s"], rel=0.2)
+    assert r["cpu_pinned"] is True and r["cpu_affinity"] in {str(c) for c in os.sched_getaffinity(0)}
+
+
+@pytest.fixture(scope="module")
+def mlp_repeats_result(mlp_job) -> dict:
+    job = dataclasses.replace(mlp_job, measure=MeasureSpec(warmup=2, iterations=6, rounds=3, repeats=3))
+    return run_job(job, threads=1)
+
+
+def test_real_job_with_repeats_times_in_three_fresh_processes(mlp_repeats_result):
+    r = mlp_repeats_result
+    assert r["status"] == "ok", r.get("error")
+    assert r["repeats"] == 3 and r["job_processes"] == 3 and r["ci_scope"] == "processes"
+    assert r["samples_per_repeat"] == [6, 6, 6]
+    assert len(r["eager_samples_ms"]) == len(r["compiled_samples_ms"]) == 18
+    groups = split_groups(r["compiled_samples_ms"], r["samples_per_repeat"])
+    assert r["compiled_repeat_ms"] == [pytest.approx(statistics.median(g)) for g in groups]
+    assert r["compiled_ms"] == pytest.approx(statistics.median(r["compiled_samples_ms"]))
+    iv = ratio_interval(split_groups(r["eager_samples_ms"], r["samples_per_repeat"]), groups, paired=True)
+    assert (r["speedup_ci_low"], r["speedup_ci_high"]) == (pytest.approx(iv.low), pytest.approx(iv.high))
+    # the later processes compiled against the first one's cache: warm, and a cache hit
+    cold, *warm = r["repeat_compile_s"]
+    assert len(warm) == 2 and all(w < cold for w in warm)
+    assert r["compile_s"] == cold and r["warm_compile_s"] == pytest.approx(statistics.median(warm))
+    assert r["warm_cache_hits"] >= 1 and r["warm_cache_misses"] == 0
+    assert r["rmse_compiled"] is not None and r["flops"] == MLP_FLOPS  # from the first process
+
+
+def test_real_job_with_repeats_becomes_a_results_row(mlp_job, mlp_repeats_result):
+    job = dataclasses.replace(mlp_job, measure=MeasureSpec(warmup=2, iterations=6, rounds=3, repeats=3))
+    got = rows_to_table([make_row(job, mlp_repeats_result, run_id="r1", wall_s=60.0)]).to_pylist()[0]
+    assert got["samples_per_repeat"] == [6, 6, 6] and len(got["repeat_compile_s"]) == 3
+    assert got["ci_scope"] == "processes" and got["repeats"] == 3
+    nulls = [c for c in MEASUREMENT_COLUMNS if got[c] is None]
+    assert not nulls, f"null measurement columns: {nulls}"

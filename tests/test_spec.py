@@ -279,6 +279,8 @@ def test_unknown_key_in_measure():
         ("{warmup: -1}", "warmup must be an integer >= 0"),
         ("{iterations: 0}", "iterations must be an integer >= 1"),
         ("{iterations: 2.5}", "iterations must be an integer >= 1"),
+        ("{repeats: 0}", "repeats must be an integer >= 1"),
+        ("{repeats: three}", "repeats must be an integer >= 1"),
         ("[1]", "measure must be a mapping"),
     ],
 )
@@ -514,3 +516,12 @@ def test_every_sweep_file_validates(path):
     assert spec.models and spec.batch_sizes and spec.configs and spec.dtypes
     jobs = expand(spec, {"cpu": "cpu"}, stack={})
     assert len(jobs) == len(spec.models) * len(spec.batch_sizes) * len(spec.dtypes) * len(spec.configs)
+
+
+def test_measure_repeats():
+    assert parse_spec(VALID + "measure: {repeats: 3}\n").measure.repeats == 3
+    assert parse_spec(VALID).measure.repeats == 1  # quick sweeps: one process per cell
+
+
+def test_seed_vision_sweep_times_each_cell_in_three_processes():
+    assert load_spec(Path(__file__).parents[1] / "sweeps" / "vision.yaml").measure.repeats == 3

@@ -280,7 +280,7 @@ def test_address_flag_wins_over_the_environment(monkeypatch):
 
 def test_submit_no_wait_prints_the_id_and_next_commands(fake, capsys):
     argv = ["submit", str(SMOKE), "--address", "http://head:8265", "--out", "/shared/o", "--no-wait"]
-    argv += ["--only", "mlp", "--resume", "--timeout-cap", "30", "--cpus-per-job", "1"]
+    argv += ["--only", "mlp", "--resume", "--timeout-cap", "30", "--cpus-per-job", "1", "--lock-clocks"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "job raysubmit_fake123" in out
@@ -289,7 +289,7 @@ def test_submit_no_wait_prints_the_id_and_next_commands(fake, capsys):
     (sent,) = fake.submitted
     assert sent["entrypoint"] == (
         "python -m orchestrator sweep sweeps/smoke.yaml --address auto --out /shared/o "
-        "--only mlp --resume --timeout-cap 30 --cpus-per-job 1"
+        "--only mlp --resume --timeout-cap 30 --cpus-per-job 1 --lock-clocks"
     )
     assert sent["runtime_env"]["working_dir"] == str(REPO)
     assert sent["metadata"] == {"orchestrator.sweep": "smoke", "orchestrator.out": "/shared/o"}

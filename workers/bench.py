@@ -12,10 +12,18 @@ Runs one job in a fresh process (see README "How a job runs and is measured"):
 5. FLOPs of one call; accuracy of the compiled output against an fp64 reference with the rule of
    PyTorch's benchmark harness.
 
-`--warm` only builds and compiles (against the cache the first run filled) and reports that
-compile time. Exceptions become a status in RESULT.json; the file is rewritten at every phase,
-so a crash or a timeout still leaves what was measured before it. Only a crash of the process
-itself (a segfault, a kill) leaves RESULT.json without "final".
+`--repeat K` (K >= 2, for `measure.repeats`) is a later process of the same job: it builds,
+warms eager up, compiles against the cache the first process filled (its `compile_s` is a warm
+compile), warms up and times again, and checks its compiled output against its own eager one;
+FLOPs and the fp64 reference are the first process's. `--warm` only builds and compiles against
+that cache and reports the compile time.
+
+The process pins itself to the cores the runner reserved (`CO_CPU_AFFINITY`) before it imports
+anything heavy, records the wall time of every phase (`phase_<name>_s`, from its spawn by the
+runner to its last phase), and on a GPU samples the clocks through NVML during the timed rounds.
+Exceptions become a status in RESULT.json; the file is rewritten at every phase, so a crash or a
+timeout still leaves what was measured before it. Only a crash of the process itself (a
+segfault, a kill) leaves RESULT.json without "final".
 """
 
 from __future__ import annotations
@@ -29,11 +37,18 @@ import signal
 import sys
 import time
 import traceback
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from workers.affinity import pin_from_environment
+
 PARENT_PID_ENV = "CO_PARENT_PID"
+SPAWNED_AT_ENV = "CO_SPAWNED_AT"
+PIN_TIMING_THREAD_ENV = "CO_PIN_TIMING_THREAD"
+PHASES = ("start", "imports", "build", "eager", "compile", "compiled_warmup", "timing", "flops", "accuracy")
+"""Phases of a job process, in order; each has a `phase_<name>_s` column (summed over processes)."""
 ERROR_CHARS = 4000
 INPUT_SETS = 3
 
@@ -89,6 +104,21 @@ def _cast_inputs(inputs, device, dtype):
     return {k: place(v) for k, v in inputs.items()} if isinstance(inputs, dict) else tuple(map(place, inputs))
 
 
+@contextmanager
+def _timing_thread_pinned():
+    """With CO_PIN_TIMING_THREAD=1 (an experiment of benchmarks/noise.py), the thread that times
+    the calls runs on one core of the job's set, so it cannot migrate while it times."""
+    if os.environ.get(PIN_TIMING_THREAD_ENV) != "1":
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})  # pid 0: the calling thread only
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 class JobRun:
     """The phases of one job; `result` holds every field measured so far."""
 
@@ -103,6 +133,11 @@ class JobRun:
             "python_version": platform.python_version(),
             "phase": "start",
         }
+        self._phase_t0 = time.perf_counter()
+        spawned = os.environ.get(SPAWNED_AT_ENV)
+        if spawned:  # interpreter start and this module's imports, from the runner's clock
+            with suppress(ValueError):
+                self.result["phase_start_s"] = max(0.0, time.time() - float(spawned))
 
     def save(self, final: bool = False) -> None:
         self.result["final"] = final
@@ -111,9 +146,19 @@ class JobRun:
         _atomic_write_json(self.result_path, self.result)
 
     def enter(self, phase: str) -> None:
-        """Record the phase before starting it, so a crash or timeout says where it happened."""
+        """Record the phase before starting it, so a crash or timeout says where it happened; the
+        phase it ends gets its wall time (`phase_<name>_s`)."""
+        self.close_phase()
         self.result["phase"] = phase
         self.save()
+
+    def close_phase(self) -> None:
+        now = time.perf_counter()
+        previous = self.result.get("phase")
+        if previous in PHASES and previous != "start":
+            key = f"phase_{previous}_s"
+            self.result[key] = self.result.get(key, 0.0) + now - self._phase_t0
+        self._phase_t0 = now
 
     def fail(self, status: str, exc: BaseException | str) -> None:
         self.result["status"] = "oom" if isinstance(exc, BaseException) and _is_oom(exc) else status
@@ -123,10 +168,24 @@ class JobRun:
 
     # --- the two entry points -------------------------------------------------------------------
 
-    def run(self) -> None:
+    def imports(self) -> None:
+        """torch, the model sources (transformers) and the compile stack: Dynamo and Inductor load
+        lazily at the first `torch.compile`, about 3 s on a 2-core machine that would otherwise
+        count as compile time although no process that compiles can avoid it."""
+        self.enter("imports")
+        import torch  # noqa: F401
+        import torch._dynamo  # noqa: F401
+
+        with suppress(ImportError):  # another torch layout: it loads at the first compile instead
+            import torch._inductor.compile_fx  # noqa: F401
+
         from compiler import env
+        from workers import external, zoo  # noqa: F401  (transformers, timm, torchvision)
 
         self.result.update(env.describe(self.job.device))
+
+    def run(self) -> None:
+        self.imports()
         try:
             model, input_sets, fp32_copy = self.build()
         except Exception as exc:
@@ -149,6 +208,7 @@ class JobRun:
 
     def run_warm(self) -> None:
         """A second compile of the same job against the cache the first run filled."""
+        self.imports()
         import torch
 
         try:
@@ -165,6 +225,36 @@ class JobRun:
             self.result["status"] = "ok"
         except Exception as exc:
             self.fail("compile_error", exc)
+
+    def run_repeat(self, k: int) -> None:
+        """Process k of `measure.repeats`: time again, compiling against the first one's cache."""
+        from compiler import measure
+        from compiler.stats import fxgraph_cache_counts
+
+        self.result["repeat"] = k
+        self.imports()
+        try:
+            model, input_sets, _ = self.build(keep_fp32_copy=False)
+            reference = self.eager_phase(model, input_sets)
+        except Exception as exc:
+            return self.fail("runtime_error", exc)
+        try:
+            compiled, first_out = self.compile_phase(model, input_sets[0])
+            self.result.update(fxgraph_cache_counts())
+        except Exception as exc:
+            return self.fail("compile_error", exc)
+        try:
+            self.compiled_warmup(compiled, input_sets)
+            self.timed_rounds(model, compiled, input_sets)
+        except Exception as exc:
+            return self.fail("runtime_error", exc)
+        self.enter("accuracy")
+        cmp = measure.compare_outputs(reference, first_out, self.job.dtype)
+        self.result.update(max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
+        if cmp.ok:
+            self.result["status"] = "ok"
+        else:
+            self.fail("accuracy_fail", f"compiled against the first process's cache: {cmp.detail}")
 
     # --- phases ---------------------------------------------------------------------------------
 
@@ -262,7 +352,7 @@ class JobRun:
         from compiler import measure
 
         dev = self.job.device
-        self.enter("compiled")
+        self.enter("compiled_warmup")
         measure.reset_peak_memory(dev)
         with torch.no_grad():
             calls = measure.warmup_until_stable(
@@ -280,39 +370,38 @@ class JobRun:
         import torch
 
         from compiler import measure
+        from compiler.clocks import ClockSampler
+        from workers.repeats import latency_fields
 
         job, dev = self.job, self.job.device
         self.enter("timing")
-        with torch.no_grad():
+        probes: list[float] = []
+        steal_before = measure.cpu_steal_ticks()
+        sampler = ClockSampler() if dev == "cuda" else nullcontext()
+        with torch.no_grad(), sampler, _timing_thread_pinned():
             eager_ms, compiled_ms = measure.interleaved_samples(
                 self._rotating(model, input_sets),
                 self._rotating(compiled, input_sets, mark_step=True),
                 dev,
                 job.measure.iterations,
                 job.measure.rounds,
+                after_round=lambda: probes.append(measure.host_probe_us()),
             )
             n = max(1, job.measure.iterations // 2)
             eager_b2b = measure.back_to_back_ms(self._rotating(model, input_sets), n, dev)
             compiled_b2b = measure.back_to_back_ms(
                 self._rotating(compiled, input_sets, mark_step=True), n, dev
             )
-        e, c = measure.summarize(eager_ms), measure.summarize(compiled_ms)
-        lo, hi = measure.bootstrap_ratio_ci(eager_ms, compiled_ms)
-        self.result.update(
-            eager_ms=e.median_ms,
-            eager_p10_ms=e.p10_ms,
-            eager_p90_ms=e.p90_ms,
-            compiled_ms=c.median_ms,
-            compiled_p10_ms=c.p10_ms,
-            compiled_p90_ms=c.p90_ms,
-            eager_samples_ms=eager_ms,
-            compiled_samples_ms=compiled_ms,
-            speedup=e.median_ms / c.median_ms if c.median_ms > 0 else None,
-            speedup_ci_low=lo,
-            speedup_ci_high=hi,
-            eager_b2b_ms=eager_b2b,
-            compiled_b2b_ms=compiled_b2b,
-        )
+        self.result.update(latency_fields([eager_ms], [compiled_ms]))
+        self.result.update(eager_b2b_ms=eager_b2b, compiled_b2b_ms=compiled_b2b, host_probe_us=probes)
+        steal = measure.steal_share(steal_before, measure.cpu_steal_ticks())
+        if steal is not None:
+            self.result["host_steal_share"] = steal
+        if isinstance(sampler, ClockSampler):
+            if sampler.unavailable:
+                self.notes.append(f"clocks not sampled during timing: {sampler.unavailable}")
+            else:
+                self.result.update(sampler.summary())
 
     def count_flops(self, model, inputs):
         import torch
@@ -321,6 +410,7 @@ class JobRun:
 
         if not self.job.measure.flops:
             return
+        self.enter("flops")
         with torch.no_grad():
             flops = measure.count_flops(lambda: _call(model, inputs))
         if flops:
@@ -368,21 +458,40 @@ class JobRun:
             self.fail("accuracy_fail", check.detail)
 
 
+USAGE = "usage: python -m workers.bench [--warm | --repeat K] JOB.json RESULT.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warm = bool(argv) and argv[0] == "--warm"
+    repeat = 1
     if warm:
         argv = argv[1:]
+    elif len(argv) >= 2 and argv[0] == "--repeat":
+        if not argv[1].isdigit() or int(argv[1]) < 2:
+            print(f"--repeat takes a process number >= 2, got {argv[1]!r}\n{USAGE}", file=sys.stderr)
+            return 2
+        repeat, argv = int(argv[1]), argv[2:]
     if len(argv) != 2:
-        print("usage: python -m workers.bench [--warm] JOB.json RESULT.json", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     _die_with_parent()
+    affinity, pinned, pin_note = pin_from_environment()
     run = JobRun(Path(argv[0]), Path(argv[1]))
+    run.result.update(cpu_affinity=affinity, cpu_pinned=pinned)
+    if pin_note:
+        run.notes.append(pin_note)
     run.save()
     try:
-        run.run_warm() if warm else run.run()
+        if warm:
+            run.run_warm()
+        elif repeat > 1:
+            run.run_repeat(repeat)
+        else:
+            run.run()
     except BaseException as exc:  # a bug in this file must still become a row
         run.fail("runtime_error", exc)
+    run.close_phase()
     run.result["phase"] = "done"
     run.save(final=True)
     # The result is on disk: skip the interpreter's teardown (Inductor's compile-worker pool

@@ -68,7 +68,12 @@ class MeasureSpec:
     flops: bool = True
     """Count the FLOPs of one call (torch.utils.flop_counter) and report achieved TFLOP/s."""
     warm_compile: bool = False
-    """Also time a second compile in a fresh process against the cache the first filled."""
+    """Also time a second compile in a fresh process against the cache the first filled
+    (implied by `repeats` > 1, whose later processes compile warm)."""
+    repeats: int = 1
+    """Processes that time the cell, one after another: the first compiles cold, the later ones
+    against its cache. Every process's samples are kept, and the intervals cover the spread
+    between processes (one process: they cover the noise within it only)."""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,11 @@ from typing import Any
 
 import psutil
 
-from workers.bench import PARENT_PID_ENV
+from compiler import clocks
+from workers import affinity
+from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV
 from workers.job import Job
+from workers.repeats import merge
 
 POLL_S = 0.1
 KILL_GRACE_S = 3.0
@@ -106,6 +109,7 @@ def _run_bench(
     """One `python -m workers.bench` process under a wall-time limit; its result, classified."""
     started = time.monotonic()
     timed_out = False
+    env = {**env, SPAWNED_AT_ENV: repr(time.time())}
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "workers.bench", *flags, str(job_file), str(result_file)],
@@ -150,28 +154,58 @@ def run_job(
     scratch_root: str | None = None,
     keep_scratch: bool = False,
     extra_path: tuple[str, ...] = (),
+    lock_clocks: bool = False,
 ) -> dict[str, Any]:
-    """Run `job` in a subprocess; return its result fields (see workers.bench) plus
-    `status`, `error` and `subprocess_s`. With `measure.warm_compile`, a second process then
-    compiles again against the cache the first one filled (`warm_compile_s`)."""
+    """Run `job` in fresh subprocesses; return its row's fields (see workers.bench and
+    workers.repeats) plus `status`, `error` and `subprocess_s`.
+
+    The first process compiles cold and measures everything. With `measure.repeats: N`, N - 1
+    more processes (one after another, on the same device and cores) compile against the cache
+    the first filled and time again; their compile times are the warm compile. With one repeat
+    and `measure.warm_compile`, a second process only compiles warm. The processes are pinned to
+    `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
+    clock is locked for the job where NVML allows it."""
     if scratch_root:  # a path on this node, which may not have it yet
         Path(scratch_root).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id[:12]}-", dir=scratch_root))
     job_file, log_file = scratch / "job.json", scratch / "log.txt"
     job_file.write_text(json.dumps(job.to_dict()))
     env = job_environment(scratch, threads, extra_path=extra_path)
+    gpu = job.device == "cuda"
+    prefer = clocks.gpu_local_cpus() if gpu else set()
+    lock = clocks.locked_clocks() if gpu and lock_clocks else contextlib.nullcontext()
     try:
-        result = _run_bench([], job_file, scratch / "result.json", log_file, env, job.timeout_s)
-        if job.measure.warm_compile and result.get("status") == "ok":
-            warm = _run_bench(["--warm"], job_file, scratch / "warm.json", log_file, env, job.timeout_s)
-            if warm.get("status") == "ok":
-                result["warm_compile_s"] = warm.get("compile_s")
-                result["warm_cache_hits"] = warm.get("fxgraph_cache_hits")
-                result["warm_cache_misses"] = warm.get("fxgraph_cache_misses")
-            else:
-                note = f"warm compile {warm.get('status')}: {(warm.get('error') or '')[:300]}"
-                result["notes"] = "; ".join(filter(None, [result.get("notes"), note]))
-            result["subprocess_s"] += warm["subprocess_s"]
+        with affinity.core_lease(threads, prefer) as cores, lock as clock_lock:
+            if cores.pinned:
+                env[affinity.AFFINITY_ENV] = affinity.format_cpus(cores.cpus)
+            first = _run_bench([], job_file, scratch / "result.json", log_file, env, job.timeout_s)
+            later: list[dict[str, Any]] = []
+            warm = None
+            if first.get("status") == "ok":
+                for k in range(2, job.measure.repeats + 1):
+                    result = _run_bench(
+                        ["--repeat", str(k)],
+                        job_file,
+                        scratch / f"repeat{k}.json",
+                        log_file,
+                        env,
+                        job.timeout_s,
+                    )
+                    later.append(result)
+                    if result.get("status") != "ok":
+                        break
+                if job.measure.warm_compile and job.measure.repeats == 1:
+                    warm = _run_bench(
+                        ["--warm"], job_file, scratch / "warm.json", log_file, env, job.timeout_s
+                    )
+        result = merge(first, later, warm)
+        notes = [] if cores.pinned else [f"not pinned to cores: {cores.note}"]
+        if lock_clocks and gpu:
+            result["clocks_locked"] = clock_lock.locked_mhz is not None
+            if clock_lock.refused:
+                notes.append(f"--lock-clocks: {clock_lock.refused}")
+        if notes:
+            result["notes"] = "; ".join(filter(None, [result.get("notes"), *notes]))
     finally:
         if not keep_scratch:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -19,13 +19,16 @@ def execute_job(
     threads: int,
     scratch_root: str | None = None,
     extra_path: tuple[str, ...] = (),
+    lock_clocks: bool = False,
 ) -> dict[str, Any]:
     """Body of the per-job Ray task: run the job, return its result fields plus where it ran."""
     import ray
 
     started = time.time()
     job = Job.from_dict(job_dict)
-    result = run_job(job, threads=threads, scratch_root=scratch_root, extra_path=extra_path)
+    result = run_job(
+        job, threads=threads, scratch_root=scratch_root, extra_path=extra_path, lock_clocks=lock_clocks
+    )
     result["node_id"] = ray.get_runtime_context().get_node_id()
     result["hostname"] = socket.gethostname()
     result["task_s"] = time.time() - started

@@ -6,6 +6,7 @@ Run on the device machine; the default tier deselects them (``-m 'not gpu'``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -95,3 +96,41 @@ def test_reduce_overhead_uses_cuda_graphs():
     result = run_job(_job(_small_resnet(), mode="reduce-overhead"), threads=THREADS)
     assert result["status"] == "ok", result.get("error")
     assert not result.get("cudagraph_skip_reasons"), result.get("cudagraph_skip_reasons")
+
+
+# --- clocks, pinning and repeats on the device -------------------------------------------------------------
+
+
+def test_clock_sampler_sees_the_gpu_boost_under_load():
+    from compiler.clocks import ClockSampler
+
+    x = torch.randn(4096, 4096, device="cuda")
+    with ClockSampler(interval_s=0.01) as sampler:
+        for _ in range(200):
+            x = torch.tanh(x @ x)
+        torch.cuda.synchronize()
+    s = sampler.summary()
+    assert sampler.unavailable is None, sampler.unavailable
+    assert s["clock_samples"] >= 5 and s["sm_clock_max_mhz"] > 1000 and s["power_max_w"] > 0, s
+
+
+def test_job_rows_carry_the_clocks_during_timing_and_their_cores():
+    job = _job(_small_resnet(), mode="reduce-overhead")
+    job = dataclasses.replace(job, measure=MeasureSpec(warmup=5, iterations=400, rounds=4))
+    result = run_job(job, threads=THREADS)
+    assert result["status"] == "ok", result.get("error")
+    assert result["clock_samples"] >= 2, result.get("notes")
+    assert result["sm_clock_min_mhz"] <= result["sm_clock_mean_mhz"] <= result["sm_clock_max_mhz"]
+    assert result["sm_clock_max_mhz"] > 1000 and result["power_mean_w"] > 0
+    assert isinstance(result["throttle_reasons"], list)
+    assert result["cpu_pinned"] is True and result["cpu_affinity"]
+
+
+def test_repeats_compile_warm_and_pool_samples_on_the_gpu():
+    job = _job(_small_resnet(), mode="reduce-overhead")
+    job = dataclasses.replace(job, measure=MeasureSpec(warmup=5, iterations=40, rounds=4, repeats=2))
+    result = run_job(job, threads=THREADS)
+    assert result["status"] == "ok", result.get("error")
+    assert result["samples_per_repeat"] == [40, 40] and result["ci_scope"] == "processes"
+    assert result["warm_compile_s"] < result["compile_s"] and result["warm_cache_misses"] == 0
+    assert result["clock_samples"] >= 2

@@ -48,7 +48,7 @@ def task_body(seconds: float, started_dir: str | None = None):
     """Synthetic result on the fake GPU classes; the real job subprocess on the CPU class.
     With `started_dir`, each synthetic task first drops a file named after its node there."""
 
-    def body(job_dict, threads, scratch_root=None, extra_path=()):
+    def body(job_dict, threads, scratch_root=None, extra_path=(), lock_clocks=False):
         import pathlib
         import time
 

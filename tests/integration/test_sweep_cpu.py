@@ -45,8 +45,9 @@ def test_sweep_records_every_job_and_faults_become_rows(sweep_file, tmp_path):
     planned = planned_count(sweep)
     assert planned == 5
 
-    proc = orchestrate("sweep", str(sweep), "--out", str(out), "--cpus-per-job", "1")
+    proc = orchestrate("sweep", str(sweep), "--out", str(out), "--cpus-per-job", "1", "--lock-clocks")
     assert "done in" in proc.stdout
+    assert "--lock-clocks: this sweep runs on no GPU class; nothing to lock" in proc.stderr
 
     table = read_results(out)
     assert table.num_rows == planned
@@ -59,6 +60,10 @@ def test_sweep_records_every_job_and_faults_become_rows(sweep_file, tmp_path):
         assert r["speedup"] == pytest.approx(r["eager_ms"] / r["compiled_ms"])
         assert r["graph_count"] >= 1 and r["error"] is None
         assert r["max_rel_err"] < 1e-3
+        # two jobs at a time on their own core each, timed in one process, its phases accounted
+        assert r["cpu_pinned"] is True and r["cpu_affinity"].isdigit(), r["cpu_affinity"]
+        assert r["repeats"] == 1 and r["ci_scope"] == "one process" and r["clocks_locked"] is None
+        assert 0 < r["job_efficiency"] < 1 and r["phase_imports_s"] > 0
     assert "SIGSEGV" in rows["segfault"]["error"]
     assert "timed out after 8 s" in rows["hang"]["error"]
     assert "this model always fails" in rows["raising"]["error"]

@@ -1,0 +1,98 @@
+"""workers.affinity: node-wide core reservations (real flock-ed files, real processes)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workers import affinity
+from workers.affinity import format_cpus, parse_cpus, reserve_cores
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+@pytest.fixture
+def lock_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(tmp_path / "cores"))
+    return tmp_path / "cores"
+
+
+@pytest.mark.parametrize(
+    ("cpus", "text"), [([0], "0"), ([0, 1, 2, 3], "0-3"), ([0, 1, 2, 3, 8], "0-3,8"), ([5, 1, 3, 2], "1-3,5")]
+)
+def test_format_and_parse_round_trip(cpus, text):
+    assert format_cpus(cpus) == text
+    assert parse_cpus(text) == set(cpus)
+
+
+@pytest.mark.parametrize("bad", ["a", "3-1", "-1", "1-x"])
+def test_parse_rejects_nonsense(bad):
+    with pytest.raises(ValueError):
+        parse_cpus(bad)
+
+
+def test_two_jobs_get_different_cores_and_a_third_is_told_why_not(lock_dir):
+    half = max(1, len(CPUS) // 2)
+    first = reserve_cores(half)
+    second = reserve_cores(len(CPUS) - half)
+    try:
+        assert first.pinned and second.pinned
+        assert not set(first.cpus) & set(second.cpus)
+        third = reserve_cores(1)
+        assert not third.pinned and "were free" in third.note
+    finally:
+        first.release()
+        second.release()
+    again = reserve_cores(len(CPUS))
+    assert again.cpus == tuple(CPUS)  # released locks are free again
+    again.release()
+
+
+def test_preferred_cores_come_first(lock_dir):
+    lease = reserve_cores(1, prefer=[CPUS[-1]])
+    try:
+        assert lease.cpus == (CPUS[-1],)
+    finally:
+        lease.release()
+
+
+def test_more_cores_than_the_node_has_is_not_pinned(lock_dir):
+    lease = reserve_cores(len(CPUS) + 1)
+    assert not lease.pinned and f"may use {len(CPUS)}" in lease.note
+
+
+def test_a_killed_holder_frees_its_cores(lock_dir):
+    code = (
+        "import sys, time; from workers.affinity import reserve_cores\n"
+        f"lease = reserve_cores({len(CPUS)}); print(lease.cpus, flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == str(tuple(CPUS))
+        assert not reserve_cores(1).pinned  # all held by the other process
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while not (lease := reserve_cores(1)).pinned and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lease.pinned
+        lease.release()
+    finally:
+        proc.kill()
+
+
+def test_job_process_pins_itself_from_the_environment():
+    code = "from workers.affinity import pin_from_environment; print(pin_from_environment())"
+    env = {**os.environ, affinity.AFFINITY_ENV: str(CPUS[-1])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == repr((str(CPUS[-1]), True, None))
+    env[affinity.AFFINITY_ENV] = "999999"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    affinity_text, pinned, note = ast.literal_eval(out.stdout.strip())
+    assert affinity_text == format_cpus(CPUS) and pinned is False and "could not pin to cores 999999" in note

@@ -1,0 +1,115 @@
+"""Which cores a job process runs on: a node-wide reservation of `threads` cores per job.
+
+Ray reserves a *number* of CPUs for a task, not which ones, so two jobs on one node (one per
+GPU) would otherwise float over all cores and the scheduler would move their threads around:
+a launch-bound cell (ResNet-50 at batch 1 spends its time issuing kernels from Python) then
+measures whichever core it landed on. Each job takes an exclusive lock on `threads` cores
+(one lock file per core under a node-wide directory, `flock`-ed, so a job that dies releases
+its cores with its file descriptors) and its process pins itself to them with
+`os.sched_setaffinity` before anything else runs. Cores near the job's GPU (its NUMA node, from
+NVML) are taken first.
+
+When fewer free cores are left than a job asks for (another program holds them, or the node
+runs more jobs than it has cores) the job runs unpinned and its row says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from compiler.env import format_cpus, parse_cpus
+
+LOCK_DIR_ENV = "CO_CORE_LOCK_DIR"
+AFFINITY_ENV = "CO_CPU_AFFINITY"
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "compile-orchestrator-cores")
+
+
+@dataclass
+class CoreLease:
+    cpus: tuple[int, ...]
+    """The cores reserved for the job (empty: not pinned)."""
+    note: str | None = None
+    """Why the job is not pinned, when it is not."""
+    _fds: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.cpus)
+
+    def release(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing the descriptor drops its flock
+        self._fds.clear()
+
+
+def reserve_cores(n: int, prefer: Iterable[int] = (), directory: Path | None = None) -> CoreLease:
+    """Lock `n` cores of this process's affinity set, `prefer`-red ones first. Never blocks."""
+    allowed = sorted(os.sched_getaffinity(0))
+    n = max(1, n)
+    if n > len(allowed):
+        return CoreLease((), note=f"job wants {n} cores, this node's processes may use {len(allowed)}")
+    preferred = [c for c in sorted(set(prefer)) if c in allowed]
+    order = preferred + [c for c in allowed if c not in preferred]
+    directory = directory or lock_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return CoreLease((), note=f"cannot create the core lock directory {directory}: {exc}")
+    lease = CoreLease(())
+    taken: list[int] = []
+    for cpu in order:
+        try:
+            fd = os.open(directory / f"cpu{cpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            lease.release()
+            return CoreLease((), note=f"cannot open core lock files in {directory}: {exc}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        lease._fds.append(fd)
+        taken.append(cpu)
+        if len(taken) == n:
+            lease.cpus = tuple(sorted(taken))
+            return lease
+    busy = len(allowed) - len(taken)
+    lease.release()
+    return CoreLease(
+        (), note=f"only {len(taken)} of the {n} cores this job wants were free ({busy} held by other jobs)"
+    )
+
+
+@contextlib.contextmanager
+def core_lease(n: int, prefer: Iterable[int] = ()) -> Iterator[CoreLease]:
+    lease = reserve_cores(n, prefer)
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
+def pin_from_environment() -> tuple[str, bool, str | None]:
+    """In the job process, first thing: pin to the cores the runner reserved (if any).
+
+    Returns (the affinity the process now has as "0-3", whether it was pinned, a note)."""
+    wanted = os.environ.get(AFFINITY_ENV)
+    note = None
+    pinned = False
+    if wanted:
+        try:
+            os.sched_setaffinity(0, parse_cpus(wanted))
+            pinned = True
+        except (ValueError, OSError) as exc:
+            note = f"could not pin to cores {wanted}: {exc}"
+    return format_cpus(os.sched_getaffinity(0)), pinned, note

@@ -1,0 +1,141 @@
+"""A job's latency columns from its processes' samples, and one row from several processes.
+
+With `measure.repeats: N` a job runs its timing in N fresh processes (see `workers.runner`):
+the first compiles cold and checks accuracy, the later ones compile against the cache the first
+filled and time again. Every process's samples are kept: `eager_samples_ms` and
+`compiled_samples_ms` hold them all, in process order, and `samples_per_repeat` says how many
+each process contributed (`compiler.statistics.split_groups` cuts them apart again). Medians,
+percentiles and intervals are computed over all processes, the intervals by the hierarchical
+bootstrap of `compiler.statistics`.
+"""
+
+from __future__ import annotations
+
+import statistics as stdstats
+from collections.abc import Sequence
+from typing import Any
+
+from compiler import statistics as cstats
+from compiler.clocks import combine_summaries
+from workers.bench import PHASES
+
+CLOCK_KEYS = (
+    "clock_samples",
+    "sm_clock_mean_mhz",
+    "sm_clock_min_mhz",
+    "sm_clock_max_mhz",
+    "mem_clock_mean_mhz",
+    "power_mean_w",
+    "power_max_w",
+    "gpu_temp_max_c",
+    "throttle_reasons",
+    "timing_cpus",
+)
+
+
+def latency_fields(
+    eager_groups: Sequence[Sequence[float]], compiled_groups: Sequence[Sequence[float]]
+) -> dict[str, Any]:
+    """The latency columns of a row from per-process sample groups (group i of both sides from
+    process i)."""
+    eager = [float(x) for g in eager_groups for x in g]
+    compiled = [float(x) for g in compiled_groups for x in g]
+    e, c = cstats.summarize(eager), cstats.summarize(compiled)
+    speedup = cstats.ratio_interval(eager_groups, compiled_groups, paired=True)
+    eager_iv = cstats.median_interval(eager_groups)
+    compiled_iv = cstats.median_interval(compiled_groups)
+    return {
+        "eager_ms": e.median_ms,
+        "eager_p10_ms": e.p10_ms,
+        "eager_p90_ms": e.p90_ms,
+        "compiled_ms": c.median_ms,
+        "compiled_p10_ms": c.p10_ms,
+        "compiled_p90_ms": c.p90_ms,
+        "eager_samples_ms": eager,
+        "compiled_samples_ms": compiled,
+        "samples_per_repeat": [len(g) for g in eager_groups],
+        "repeats": len(eager_groups),
+        "eager_repeat_ms": [stdstats.median(g) for g in eager_groups if g],
+        "compiled_repeat_ms": [stdstats.median(g) for g in compiled_groups if g],
+        "speedup": e.median_ms / c.median_ms if c.median_ms > 0 else None,
+        "speedup_ci_low": speedup.low,
+        "speedup_ci_high": speedup.high,
+        "speedup_ci_between_share": speedup.between_share,
+        "ci_scope": speedup.scope,
+        "eager_ci_low": eager_iv.low,
+        "eager_ci_high": eager_iv.high,
+        "compiled_ci_low": compiled_iv.low,
+        "compiled_ci_high": compiled_iv.high,
+    }
+
+
+def _phase_sum(results: list[dict[str, Any]], phase: str) -> float | None:
+    values = [r[f"phase_{phase}_s"] for r in results if r.get(f"phase_{phase}_s") is not None]
+    return sum(values) if values else None
+
+
+def _join_notes(*notes: str | None) -> str | None:
+    text = "; ".join(n for n in notes if n)
+    return text or None
+
+
+def merge(
+    first: dict[str, Any], later: list[dict[str, Any]], warm: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One row's fields from the job's processes: `first` (cold compile, accuracy, FLOPs, memory),
+    `later` (the repeats, warm compiles, in order) and `warm` (the separate warm-compile process of
+    a job with one repeat and `warm_compile`, if it ran)."""
+    row = dict(first)
+    processes = [first, *later, *([warm] if warm else [])]
+    row["job_processes"] = len(processes)
+    row["subprocess_s"] = sum(p.get("subprocess_s") or 0.0 for p in processes)
+    for phase in PHASES:
+        row[f"phase_{phase}_s"] = _phase_sum(processes, phase)
+    row["repeat_compile_s"] = [p.get("compile_s") for p in [first, *later] if p.get("compile_s") is not None]
+
+    timed = [
+        p
+        for p in [first, *later]
+        if p.get("status") == "ok" and p.get("eager_samples_ms") and p.get("compiled_samples_ms")
+    ]
+    if len(timed) > 1:
+        row.update(
+            latency_fields([p["eager_samples_ms"] for p in timed], [p["compiled_samples_ms"] for p in timed])
+        )
+        for side in ("eager", "compiled"):
+            b2b = [p[f"{side}_b2b_ms"] for p in timed if p.get(f"{side}_b2b_ms") is not None]
+            row[f"{side}_b2b_ms"] = stdstats.median(b2b) if b2b else None
+        flops = row.get("flops")
+        for side in ("eager", "compiled"):
+            ms = row.get(f"{side}_ms")
+            if flops and ms:
+                row[f"{side}_tflops"] = flops / (ms * 1e-3) / 1e12
+    if len(timed) > 1:
+        row.update(combine_summaries([{k: p.get(k) for k in CLOCK_KEYS} for p in timed]))
+        row["host_probe_us"] = [x for p in timed for x in p.get("host_probe_us") or []]
+        steal = [p["host_steal_share"] for p in timed if p.get("host_steal_share") is not None]
+        row["host_steal_share"] = max(steal) if steal else None
+
+    warm_compiles = [p for p in later if p.get("compile_s") is not None]
+    if warm_compiles:
+        row["warm_compile_s"] = stdstats.median(p["compile_s"] for p in warm_compiles)
+        row["warm_cache_hits"] = warm_compiles[0].get("fxgraph_cache_hits")
+        row["warm_cache_misses"] = warm_compiles[0].get("fxgraph_cache_misses")
+    elif warm is not None:
+        if warm.get("status") == "ok":
+            row["warm_compile_s"] = warm.get("compile_s")
+            row["warm_cache_hits"] = warm.get("fxgraph_cache_hits")
+            row["warm_cache_misses"] = warm.get("fxgraph_cache_misses")
+        else:
+            row["notes"] = _join_notes(
+                row.get("notes"), f"warm compile {warm.get('status')}: {(warm.get('error') or '')[:300]}"
+            )
+
+    total = 1 + len(later)
+    for k, p in enumerate(later, start=2):
+        if p.get("notes"):
+            row["notes"] = _join_notes(row.get("notes"), f"repeat {k}: {p['notes']}")
+        if p.get("status") != "ok" and row.get("status") == "ok":
+            row["status"] = p.get("status", "crash")
+            row["error"] = f"repeat {k} of {total} (a fresh process compiling warm): {p.get('error') or ''}"
+    return row
