@@ -200,6 +200,11 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("phase_flops_s", pa.float64(), "counting FLOPs"),
     ("phase_accuracy_s", pa.float64(), "fp64 reference run and output comparisons"),
     (
+        "phase_exit_s",
+        pa.float64(),
+        "from a process's last result write to its end: the kernel and GPU driver tearing it down",
+    ),
+    (
         "job_efficiency",
         pa.float64(),
         "(phase_compile_s + phase_timing_s) / wall_s: the share of the job's wall time spent measuring",

@@ -228,16 +228,31 @@ def _status_section(rows: list[dict]) -> list[str]:
     return parts + ["\n".join(lines)] if lines else parts
 
 
-def _method(iterations: int | None) -> str:
+def _method(iterations: int | None, repeats: int | None = None) -> str:
     n = f"{iterations} timed calls" if iterations else "the timed calls"
+    if repeats and repeats > 1:
+        where = (
+            f"in {repeats} fresh processes per cell (the first compiles cold in its own Inductor and "
+            "Triton caches, the others warm against them)"
+        )
+        ci = (
+            "The 95% intervals come from a hierarchical bootstrap over processes and then calls "
+            "(`compiler/statistics.py`), so they include the spread between processes; warm compile "
+            "is the median of the later processes' compiles."
+        )
+    else:
+        where = "in a fresh process with its own Inductor and Triton caches"
+        ci = (
+            "The speedup CI is a percentile-bootstrap 95% interval of the ratio of the medians over "
+            "the calls of that one process: a rerun in another process need not fall inside it. Warm "
+            "compile is a second process against the filled cache."
+        )
     return (
-        "Method: every cell runs in a fresh process with its own Inductor and Triton caches. Eager "
-        "and compiled are timed interleaved in rounds in the same process, with CUDA events, on "
-        f"inputs rotated call by call; latency is the median of {n} of each. The speedup CI is a "
-        "percentile-bootstrap 95% interval of the ratio of the medians. Cold compile is the first "
-        "compiled call in a fresh cache; warm compile is a second process against the filled "
-        "cache. Accuracy is checked against an fp64 reference with the PyTorch benchmark "
-        "harness rule; peak memory is from the CUDA caching allocator."
+        f"Method: every cell runs {where}. Eager and compiled are timed interleaved in rounds in the "
+        f"same process, with CUDA events, on inputs rotated call by call; latency is the median of {n} "
+        f"of each. {ci} Cold compile is the first compiled call in a fresh cache. Accuracy is checked "
+        "against an fp64 reference with the PyTorch benchmark harness rule; peak memory is from the "
+        "CUDA caching allocator."
     )
 
 
@@ -258,12 +273,13 @@ def render(
     versions: dict[str, str],
     notes: str = "",
     iterations: int | None = None,
+    repeats: int | None = None,
 ) -> str:
     """The results document as Markdown."""
     rows = _select_gpu(table.to_pylist(), gpu)
     parts = [f"# torch.compile on {gpu}: the seed vision models", f"```bash\n{command}\n```"]
     parts.append(_table(["component", "version"], [[k, str(v)] for k, v in versions.items()]))
-    parts.append(_method(iterations))
+    parts.append(_method(iterations, repeats))
     parts += _results_sections(rows)
     parts += _comparison_section(rows, reference)
     parts += _status_section(rows)
@@ -344,9 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     table, runs = load_results(args.results)
     measures = [(r.get("spec") or {}).get("measure") or {} for r in runs]
     iterations = next((m["iterations"] for m in reversed(measures) if m.get("iterations")), None)
+    repeats = next((m["repeats"] for m in reversed(measures) if m.get("repeats")), None)
     notes = Path(args.notes_file).read_text() if args.notes_file else ""
     versions = collect_versions(table, runs)
-    kw = {"gpu": args.gpu, "command": args.command, "notes": notes, "iterations": iterations}
+    kw = {
+        "gpu": args.gpu,
+        "command": args.command,
+        "notes": notes,
+        "iterations": iterations,
+        "repeats": repeats,
+    }
     text = render(table, load_reference(args.reference), versions=versions, **kw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

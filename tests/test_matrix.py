@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from compiler.config import CompileConfig
 from orchestrator import inventory
 from orchestrator.inventory import MissingHardwareError, classes_from_nodes, resolve
 from orchestrator.matrix import expand, select
 from orchestrator.spec import parse_spec
-from workers.job import Job, software_stack
+from workers.job import Job, MeasureSpec, ModelSpec, software_stack
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -353,3 +355,22 @@ def test_resolve_auto_subset_and_missing():
     assert "'T4'" not in message.split("classes present")[0]
     with pytest.raises(MissingHardwareError, match="none"):
         resolve(("cpu",), {})
+
+
+def test_job_ids_of_one_repeat_are_those_written_before_repeats_existed():
+    """Outputs written before `measure.repeats` existed still resume: same ids at repeats 1."""
+    job = Job(
+        sweep="s",
+        hardware="cpu",
+        device="cpu",
+        model=ModelSpec(id="python:workers.toy:mlp", name="mlp"),
+        batch_size=2,
+        dtype="fp32",
+        config=CompileConfig(name="default"),
+        measure=MeasureSpec(warmup=2, iterations=6),
+        timeout_s=300,
+        stack={"torch": "2.13.0"},
+    )
+    assert job.job_id == "8fb60815b3f371a684d2"  # computed by the code of commit 12fcec1
+    three = dataclasses.replace(job, measure=MeasureSpec(warmup=2, iterations=6, repeats=3))
+    assert three.job_id != job.job_id

@@ -607,9 +607,10 @@ def test_real_job_row_has_its_efficiency(mlp_job, mlp_result):
 def test_real_job_phases_account_for_its_processes(mlp_result):
     r = mlp_result
     phases = sum(r[f"phase_{p}_s"] for p in PHASES)
-    # cold process and warm-compile process; what is left is the exit and the runner's polling
+    # the cold process and the warm-compile process, from spawn to exit: all of their time,
+    # within the runner's 0.1 s polling per process
     assert r["job_processes"] == 2
-    assert 0.8 * r["subprocess_s"] < phases <= r["subprocess_s"]
+    assert phases == pytest.approx(r["subprocess_s"], abs=0.3)
     assert r["phase_compile_s"] == pytest.approx(r["compile_s"] + r["warm_compile_s"], rel=0.2)
     assert r["cpu_pinned"] is True and r["cpu_affinity"] in {str(c) for c in os.sched_getaffinity(0)}
 

@@ -47,7 +47,18 @@ from workers.affinity import pin_from_environment
 PARENT_PID_ENV = "CO_PARENT_PID"
 SPAWNED_AT_ENV = "CO_SPAWNED_AT"
 PIN_TIMING_THREAD_ENV = "CO_PIN_TIMING_THREAD"
-PHASES = ("start", "imports", "build", "eager", "compile", "compiled_warmup", "timing", "flops", "accuracy")
+PHASES = (
+    "start",
+    "imports",
+    "build",
+    "eager",
+    "compile",
+    "compiled_warmup",
+    "timing",
+    "flops",
+    "accuracy",
+    "exit",
+)
 """Phases of a job process, in order; each has a `phase_<name>_s` column (summed over processes)."""
 ERROR_CHARS = 4000
 INPUT_SETS = 3
@@ -155,7 +166,7 @@ class JobRun:
     def close_phase(self) -> None:
         now = time.perf_counter()
         previous = self.result.get("phase")
-        if previous in PHASES and previous != "start":
+        if previous in PHASES and previous not in ("start", "exit"):
             key = f"phase_{previous}_s"
             self.result[key] = self.result.get(key, 0.0) + now - self._phase_t0
         self._phase_t0 = now
@@ -184,18 +195,25 @@ class JobRun:
 
         self.result.update(env.describe(self.job.device))
 
-    def run(self) -> None:
+    def run(self, repeat: int = 1) -> None:
+        """Process `repeat` of the job. The first compiles cold and does everything; a later one
+        (`measure.repeats`) compiles against the first one's cache, times again and checks its
+        compiled output against its own eager one (FLOPs and the fp64 reference are the first's)."""
+        from compiler.stats import fxgraph_cache_counts
+
+        first = repeat == 1
+        if not first:
+            self.result["repeat"] = repeat
         self.imports()
         try:
-            model, input_sets, fp32_copy = self.build()
-        except Exception as exc:
-            return self.fail("runtime_error", exc)
-        try:
+            model, input_sets, fp32_copy = self.build(keep_fp32_copy=first)
             reference = self.eager_phase(model, input_sets)
         except Exception as exc:
             return self.fail("runtime_error", exc)
         try:
             compiled, first_out = self.compile_phase(model, input_sets[0])
+            if not first:
+                self.result.update(fxgraph_cache_counts())
         except Exception as exc:
             return self.fail("compile_error", exc)
         try:
@@ -203,8 +221,11 @@ class JobRun:
             self.timed_rounds(model, compiled, input_sets)
         except Exception as exc:
             return self.fail("runtime_error", exc)
-        self.count_flops(model, input_sets[0])
-        self.check_accuracy(reference, first_out, fp32_copy, input_sets[0])
+        if first:
+            self.count_flops(model, input_sets[0])
+            self.check_accuracy(reference, first_out, fp32_copy, input_sets[0])
+        else:
+            self.check_against_eager(reference, first_out)
 
     def run_warm(self) -> None:
         """A second compile of the same job against the cache the first run filled."""
@@ -226,30 +247,11 @@ class JobRun:
         except Exception as exc:
             self.fail("compile_error", exc)
 
-    def run_repeat(self, k: int) -> None:
-        """Process k of `measure.repeats`: time again, compiling against the first one's cache."""
+    def check_against_eager(self, reference, compiled_out) -> None:
         from compiler import measure
-        from compiler.stats import fxgraph_cache_counts
 
-        self.result["repeat"] = k
-        self.imports()
-        try:
-            model, input_sets, _ = self.build(keep_fp32_copy=False)
-            reference = self.eager_phase(model, input_sets)
-        except Exception as exc:
-            return self.fail("runtime_error", exc)
-        try:
-            compiled, first_out = self.compile_phase(model, input_sets[0])
-            self.result.update(fxgraph_cache_counts())
-        except Exception as exc:
-            return self.fail("compile_error", exc)
-        try:
-            self.compiled_warmup(compiled, input_sets)
-            self.timed_rounds(model, compiled, input_sets)
-        except Exception as exc:
-            return self.fail("runtime_error", exc)
         self.enter("accuracy")
-        cmp = measure.compare_outputs(reference, first_out, self.job.dtype)
+        cmp = measure.compare_outputs(reference, compiled_out, self.job.dtype)
         self.result.update(max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err)
         if cmp.ok:
             self.result["status"] = "ok"
@@ -485,14 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if warm:
             run.run_warm()
-        elif repeat > 1:
-            run.run_repeat(repeat)
         else:
-            run.run()
+            run.run(repeat)
     except BaseException as exc:  # a bug in this file must still become a row
         run.fail("runtime_error", exc)
     run.close_phase()
     run.result["phase"] = "done"
+    run.result["finished_at_unix"] = time.time()  # the runner times the exit from here
     run.save(final=True)
     # The result is on disk: skip the interpreter's teardown (Inductor's compile-worker pool
     # shutdown and module finalizers cost about a second per job; the workers exit when their

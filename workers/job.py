@@ -120,6 +120,9 @@ def _identity(job: Job) -> dict[str, Any]:
     model.pop("timeout_s")
     config = asdict(job.config)
     config.pop("timeout_s")
+    measure = asdict(job.measure)
+    if measure["repeats"] == 1:  # as before repeats existed: outputs written then still resume
+        del measure["repeats"]
     return {
         "hardware": job.hardware,
         "device": job.device,
@@ -127,7 +130,7 @@ def _identity(job: Job) -> dict[str, Any]:
         "batch_size": job.batch_size,
         "dtype": job.dtype,
         "config": config,
-        "measure": asdict(job.measure),
+        "measure": measure,
         "stack": job.stack,
     }
 

@@ -128,8 +128,14 @@ def _run_bench(
         finally:
             if proc.poll() is None:
                 kill_tree(proc)
+    ended = time.time()
     result = _read_result(result_file)
     result["subprocess_s"] = time.monotonic() - started
+    finished = result.pop("finished_at_unix", None)
+    if isinstance(finished, (int, float)) and not timed_out:
+        # from the job's last write to the end of its process: the kernel and the GPU driver
+        # tearing the process down (its CUDA context, its memory), within one poll interval
+        result["phase_exit_s"] = max(0.0, ended - finished)
     if not result.get("final"):
         phase = result.get("phase", "start")
         if timed_out:
