@@ -79,14 +79,14 @@ def test_hang_is_killed_at_timeout_with_its_whole_process_tree():
     os.environ["CO_TEST_MARKER"] = marker
     try:
         t0 = time.monotonic()
-        # long enough for the imports (torch, Dynamo, Inductor, transformers) on a busy 2-core machine
-        result = run_job(_job("hang_with_child", timeout_s=25.0), threads=1)
+        # long enough for the imports (torch, transformers) on a busy 2-core machine
+        result = run_job(_job("hang_with_child", timeout_s=15.0), threads=1)
         took = time.monotonic() - t0
     finally:
         del os.environ["CO_TEST_MARKER"]
     assert result["status"] == "timeout"
-    assert "25 s" in result["error"] and "build" in result["error"]
-    assert took < 25.0 + 10.0  # killed promptly: the timeout plus the TERM->KILL grace
+    assert "15 s" in result["error"] and "build" in result["error"]
+    assert took < 15.0 + 10.0  # killed promptly: the timeout plus the TERM->KILL grace
     time.sleep(0.5)
     survivors = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert not survivors, f"grandchild survived the timeout: {survivors}"
