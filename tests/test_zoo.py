@@ -382,3 +382,10 @@ def test_toy_mlp_through_the_python_id():
     factory = zoo.load_python_factory("python:workers.toy:mlp")
     model, inputs = factory(2, None, {})
     assert model(**inputs).shape == (2, 10)
+
+
+def test_model_class_of_every_registered_id_is_the_class_build_uses():
+    for model_id in zoo.known_model_ids():
+        cls = zoo.model_class(model_id)
+        assert isinstance(cls, type) and issubclass(cls, torch.nn.Module), model_id
+    assert type(small_model(RESNET)) is zoo.model_class(RESNET)
