@@ -37,6 +37,11 @@ class CompileConfig:
     """`torch.compile(backend=...)`: a name from `torch._dynamo.list_backends()`."""
     options: dict[str, Any] = field(default_factory=dict)
     """Inductor options (names from `torch._inductor.list_options()`); exclusive with `mode`."""
+    freezing: bool = False
+    """Fold the weights into the graph as constants (`torch._inductor.config.freezing`), for
+    inference. A process-wide Inductor setting, not a `torch.compile` option: passed in
+    `options` it is silently ignored, so it has a field of its own. On CPU it enables Inductor's
+    C++ GEMM templates, which max-autotune then benchmarks against the MKL/oneDNN kernels."""
     timeout_s: float | None = None
     """Per-job wall-time limit for this config; None takes the sweep's, else the mode default."""
 
@@ -52,6 +57,13 @@ class CompileConfig:
         if self.options:
             kwargs["options"] = dict(self.options)
         return kwargs
+
+    def apply_globals(self) -> None:
+        """Set the process-wide Inductor settings of this config (a job process compiles one
+        config, so they stay set for its recompiles too)."""
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = self.freezing
 
     def effective_timeout(self, sweep_default: float | None) -> float:
         if self.timeout_s is not None:
@@ -94,6 +106,13 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
+# Inductor settings that torch.compile(options=...) accepts and then ignores.
+GLOBAL_ONLY_OPTIONS = {
+    "freezing": "`freezing` in options has no effect (torch.compile ignores it; Inductor reads the "
+    "process-wide setting): write `freezing: true` beside `options` in the config instead",
+}
+
+
 def config_problems(cfg: CompileConfig) -> list[tuple[str, str]]:
     """Every problem with `cfg` as (field, message); empty when the config is valid."""
     problems: list[tuple[str, str]] = []
@@ -126,13 +145,15 @@ def config_problems(cfg: CompileConfig) -> list[tuple[str, str]]:
                 + _did_you_mean(cfg.backend, sorted(backend_names())),
             )
         )
-    if cfg.backend != "inductor" and (cfg.mode not in (None, "default") or cfg.options):
+    if cfg.backend != "inductor" and (cfg.mode not in (None, "default") or cfg.options or cfg.freezing):
         problems.append(
-            ("backend", f"mode and options apply to the inductor backend only, not {cfg.backend!r}")
+            ("backend", f"mode, options and freezing apply to the inductor backend only, not {cfg.backend!r}")
         )
     names = inductor_option_names()
     for opt in cfg.options:
-        if opt not in names:
+        if opt in GLOBAL_ONLY_OPTIONS:
+            problems.append((f"options.{opt}", GLOBAL_ONLY_OPTIONS[opt]))
+        elif opt not in names:
             problems.append(
                 (
                     f"options.{opt}",

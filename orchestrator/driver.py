@@ -213,8 +213,10 @@ def run_sweep(
 
         unlocked: set[str] = set()
 
-        def emit(row: dict[str, Any], job: Job, wall: float | None) -> None:
-            sink.add(row)
+        def emit(
+            row: dict[str, Any], job: Job, wall: float | None, tables: dict[str, list] | None = None
+        ) -> None:
+            sink.add(row, tables)
             progress.finished_job(job.name, row["status"], wall)
             if opts.lock_clocks and row.get("clocks_locked") is False and job.hardware not in unlocked:
                 unlocked.add(job.hardware)

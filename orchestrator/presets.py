@@ -24,6 +24,7 @@ def _is_default(row: dict[str, Any]) -> bool:
         and json.loads(row["options"] or "{}") == {}
         and not row["fullgraph"]
         and row["dynamic"] is None
+        and not row.get("freezing")
     )
 
 
@@ -56,6 +57,7 @@ def derive_presets(table: pa.Table) -> dict[str, Any]:
                     "fullgraph": best["fullgraph"],
                     "dynamic": best["dynamic"],
                     "options": json.loads(best["options"] or "{}"),
+                    "freezing": bool(best.get("freezing")),
                 },
                 "compiled_ms": best["compiled_ms"],
                 "eager_ms": best["eager_ms"],

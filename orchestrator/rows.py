@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orchestrator.schema import RESULT_COLUMNS, check_row, options_json
+from orchestrator.schema import RESULT_COLUMNS, check_row, check_side_row, options_json
 from workers.job import Job
 
 
@@ -45,6 +45,7 @@ def make_row(
         fullgraph=job.config.fullgraph,
         dynamic=job.config.dynamic,
         options=options_json(job.config.options),
+        freezing=job.config.freezing,
         status=result.get("status", "crash"),
         started_at=_timestamp(result.get("started_at")),
         wall_s=wall_s,
@@ -63,3 +64,15 @@ def failure_row(
 ) -> dict[str, Any]:
     """A row for a job whose task never reported (its worker or node died, its class is gone)."""
     return make_row(job, {"status": status, "error": error}, run_id=run_id, wall_s=wall_s, attempt=attempt)
+
+
+def side_rows(job: Job, result: dict[str, Any], *, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    """The rows a job's result carries for the tables beside `results` (`kernel_choices`), each
+    keyed by the job (job_id, run_id, hardware)."""
+    key = {"job_id": job.job_id, "run_id": run_id, "hardware": job.hardware}
+    tables = {}
+    for table in ("kernel_choices",):
+        rows = result.get(table) or []
+        if rows:
+            tables[table] = [check_side_row(table, {**r, **key}) for r in rows]
+    return tables

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.inventory import HardwareClass
-from orchestrator.rows import failure_row, make_row
+from orchestrator.rows import failure_row, make_row, side_rows
 from workers.job import Job
 
 WAIT_S = 0.25
@@ -45,8 +45,9 @@ class Scheduler:
     task_args: tuple
     """Arguments after the job dict: (threads are per class, so they are added per submit)."""
     run_id: str
-    emit: Callable[[dict[str, Any], Job, float | None], None]
-    """Called with each finished row, its job and the driver-side wall time."""
+    emit: Callable[..., None]
+    """Called with each finished row, its job, the driver-side wall time and, for a job that
+    reported them, its rows of the other tables (`emit(row, job, wall, tables=None)`)."""
     inventory: Callable[[], dict[str, HardwareClass]]
     max_attempts: int = 3
     recheck_s: float = 5.0
@@ -107,9 +108,8 @@ class Scheduler:
                 error = f"Ray task failed {run.attempt} times (worker or node lost); last: {_short(exc)}"
                 self.emit(self._failure(run, "crash", error, wall), run.job, wall)
             return True
-        self.emit(
-            make_row(run.job, result, run_id=self.run_id, wall_s=wall, attempt=run.attempt), run.job, wall
-        )
+        row = make_row(run.job, result, run_id=self.run_id, wall_s=wall, attempt=run.attempt)
+        self.emit(row, run.job, wall, side_rows(run.job, result, run_id=self.run_id))
         return False
 
     def _failure(self, run: _Running, status: str, error: str, wall: float | None) -> dict[str, Any]:

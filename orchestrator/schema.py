@@ -2,8 +2,12 @@
 
 Layout of an output directory::
 
-    <out>/run.json                       spec, versions and host of every invocation (appended)
-    <out>/results/hardware=<class>/part-<uuid>.parquet
+    <out>/run.json                              spec, versions and host of every invocation (appended)
+    <out>/results/hardware=<class>/part-<uuid>.parquet          one row per job
+    <out>/kernel_choices/hardware=<class>/part-<uuid>.parquet   one row per autotune candidate
+
+`kernel_choices` rows belong to the results row with the same `job_id` and `run_id` (a job
+rerun after a driver crash may leave rows of the first try, under its own `run_id`).
 
 `results/` is a hive-partitioned Parquet dataset: the `hardware` column lives in the directory
 name, not in the files. Read it with :func:`read_results` (or
@@ -53,6 +57,7 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("fullgraph", pa.bool_(), "torch.compile fullgraph"),
     ("dynamic", pa.bool_(), "torch.compile dynamic (null: automatic)"),
     ("options", pa.string(), "Inductor options as JSON text"),
+    ("freezing", pa.bool_(), "torch._inductor.config.freezing (weights folded as constants)"),
     ("status", pa.string(), "one of " + ", ".join(STATUSES)),
     ("error", pa.string(), "what went wrong (null when status is ok)"),
     ("eager_ms", pa.float64(), "eager median latency per call, ms"),
@@ -212,16 +217,50 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("attempt", pa.int32(), "1 for the first try of the job"),
 ]
 
-RESULTS_SCHEMA = pa.schema(
-    [pa.field(name, typ, metadata={"description": doc}) for name, typ, doc in _RESULT_FIELDS]
-)
-# What the Parquet files hold: the partition columns come from the directory names.
-RESULTS_FILE_SCHEMA = pa.schema([f for f in RESULTS_SCHEMA if f.name not in PARTITION_COLUMNS])
+_KERNEL_CHOICE_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    ("job_id", pa.string(), "the job whose cold compile autotuned (join results on job_id, run_id)"),
+    ("run_id", pa.string(), "the `orchestrate sweep` invocation that ran the job"),
+    ("hardware", pa.string(), "hardware class of the job"),
+    (
+        "op",
+        pa.string(),
+        "the autotuned op as Inductor names it (mm, addmm, bmm, convolution, packed_linear, ...)",
+    ),
+    ("op_index", pa.int32(), "order of the op among the job's autotuned ops"),
+    ("input_shapes", pa.list_(pa.string()), "shape of each input, e.g. 32x256"),
+    ("input_strides", pa.list_(pa.string()), "stride of each input, e.g. 256x1"),
+    ("input_dtypes", pa.list_(pa.string()), "dtype of each input, e.g. float32"),
+    ("choice", pa.string(), "the candidate kernel's name"),
+    ("kind", pa.string(), "extern (an ATen/library kernel), triton_template or cpp_template"),
+    ("config", pa.string(), "the candidate's configuration as JSON (tile shape, warps, stages, ...)"),
+    ("time_ms", pa.float64(), "its benchmarked time, ms (null: it failed to compile or run)"),
+    ("rank", pa.int32(), "1 for the fastest candidate of the op"),
+    ("is_winner", pa.bool_(), "the candidate autotuning picked (exactly one per op)"),
+    ("from_cache", pa.bool_(), "the timings came from Inductor's autotune cache, not a fresh benchmark"),
+]
+
+
+def _schema(fields: list[tuple[str, pa.DataType, str]]) -> pa.Schema:
+    return pa.schema([pa.field(name, typ, metadata={"description": doc}) for name, typ, doc in fields])
+
+
+RESULTS_SCHEMA = _schema(_RESULT_FIELDS)
+KERNEL_CHOICES_SCHEMA = _schema(_KERNEL_CHOICE_FIELDS)
+TABLES: dict[str, pa.Schema] = {RESULTS_DIR: RESULTS_SCHEMA, "kernel_choices": KERNEL_CHOICES_SCHEMA}
+"""Every table of an output directory, by the name of its folder."""
+
+
+def file_schema(schema: pa.Schema) -> pa.Schema:
+    """What the Parquet files hold: the partition columns come from the directory names."""
+    return pa.schema([f for f in schema if f.name not in PARTITION_COLUMNS])
+
+
+RESULTS_FILE_SCHEMA = file_schema(RESULTS_SCHEMA)
 RESULT_COLUMNS: tuple[str, ...] = tuple(RESULTS_SCHEMA.names)
 
 
 class SchemaError(ValueError):
-    """A row that does not fit the results table."""
+    """A row that does not fit its table."""
 
 
 def check_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -238,37 +277,59 @@ def check_row(row: dict[str, Any]) -> dict[str, Any]:
     return {name: row.get(name) for name in RESULT_COLUMNS}
 
 
-def rows_to_table(rows: list[dict[str, Any]], *, with_partitions: bool = True) -> pa.Table:
-    schema = RESULTS_SCHEMA if with_partitions else RESULTS_FILE_SCHEMA
-    checked = [check_row(r) for r in rows]
+def check_side_row(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    """A row of a table other than results: every column present, no unknown keys, its job named."""
+    names = TABLES[table].names
+    unknown = set(row) - set(names)
+    if unknown:
+        raise SchemaError(f"unknown {table} columns {sorted(unknown)}; valid: {list(names)}")
+    for key in ("job_id", "run_id", "hardware"):
+        if not row.get(key):
+            raise SchemaError(f"{table} row lacks {key}")
+    return {name: row.get(name) for name in names}
+
+
+def rows_to_table(
+    rows: list[dict[str, Any]], *, with_partitions: bool = True, table: str = RESULTS_DIR
+) -> pa.Table:
+    schema = TABLES[table] if with_partitions else file_schema(TABLES[table])
+    checked = [check_row(r) if table == RESULTS_DIR else check_side_row(table, r) for r in rows]
     return pa.Table.from_pylist([{k: r[k] for k in schema.names} for r in checked], schema=schema)
 
 
+def table_path(out_dir: Target, table: str) -> Location:
+    return resolve(out_dir).join(table)
+
+
 def results_path(out_dir: Target) -> Location:
-    return resolve(out_dir).join(RESULTS_DIR)
+    return table_path(out_dir, RESULTS_DIR)
 
 
-def read_results(out_dir: Target, columns: list[str] | None = None) -> pa.Table:
-    """All result rows of an output directory (a local path or a URI), in the canonical schema
-    (empty table if none). Dot-files (a local write in progress) are skipped."""
+def read_table(out_dir: Target, table: str, columns: list[str] | None = None) -> pa.Table:
+    """Every row of one table of an output directory (a local path or a URI), in its canonical
+    schema (empty if none). Dot-files (a local write in progress) are skipped."""
     import pyarrow.dataset as ds
 
-    path = results_path(out_dir)
+    schema = TABLES[table]
+    path = table_path(out_dir, table)
     if not path.is_dir():
-        empty = RESULTS_SCHEMA.empty_table()
+        empty = schema.empty_table()
         return empty.select(columns) if columns else empty
-    partitioning = ds.partitioning(
-        pa.schema([RESULTS_SCHEMA.field(c) for c in PARTITION_COLUMNS]), flavor="hive"
-    )
+    partitioning = ds.partitioning(pa.schema([schema.field(c) for c in PARTITION_COLUMNS]), flavor="hive")
     dataset = ds.dataset(
         path.path,
         filesystem=path.fs,
         format="parquet",
         partitioning=partitioning,
-        schema=RESULTS_SCHEMA,
+        schema=schema,
         ignore_prefixes=[".", "_"],
     )
     return dataset.to_table(columns=columns)
+
+
+def read_results(out_dir: Target, columns: list[str] | None = None) -> pa.Table:
+    """All result rows of an output directory (see `read_table`)."""
+    return read_table(out_dir, RESULTS_DIR, columns)
 
 
 def options_json(options: dict[str, Any]) -> str:

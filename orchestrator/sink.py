@@ -1,4 +1,4 @@
-"""Crash-safe Parquet sink for result rows.
+"""Crash-safe Parquet sink for result rows (and the rows of the other tables a job reports).
 
 Rows are buffered briefly and written as whole files: `.part-<uuid>.parquet` is written and
 fsynced, then renamed to `part-<uuid>.parquet`. A killed driver leaves only complete files
@@ -21,8 +21,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.schema import PARTITION_COLUMNS, read_results, results_path, rows_to_table
-from orchestrator.storage import Location, Target
+from orchestrator.schema import (
+    PARTITION_COLUMNS,
+    RESULTS_DIR,
+    TABLES,
+    read_results,
+    results_path,
+    rows_to_table,
+    table_path,
+)
+from orchestrator.storage import Location, Target, resolve
 
 
 def _fsync_dir(path: Path) -> None:
@@ -34,7 +42,13 @@ def _fsync_dir(path: Path) -> None:
 
 
 class ResultSink:
-    """Buffers rows and writes them to `<out>/results/hardware=<class>/` in complete files.
+    """Buffers rows and writes them to `<out>/<table>/hardware=<class>/` in complete files.
+
+    Result rows go to `results/`; a job's rows of the other tables (`kernel_choices`) come with
+    its result row and go to their own folders, written *before* the result rows of the same
+    flush: a result row on disk means its job is done and its other rows are on disk too (a
+    crash in between leaves rows of a job without a result, which `--resume` runs again under a
+    new `run_id`).
 
     A flush happens when `max_rows` rows are waiting or the oldest has waited `max_delay_s`
     (checked on `add` and `tick`), so an expensive job's row reaches disk within a second while
@@ -42,21 +56,33 @@ class ResultSink:
     """
 
     def __init__(self, out_dir: Target, max_rows: int = 1000, max_delay_s: float = 1.0):
+        self.out = resolve(out_dir)
         self.root = results_path(out_dir)
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self._buffer: list[dict[str, Any]] = []
+        self._side: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._oldest: float | None = None
         self.rows_written = 0
         self.files_written = 0
-        if self.root.is_local:
-            root = self.root.local_path
-            root.mkdir(parents=True, exist_ok=True)
-            for stale in root.rglob(".part-*.parquet"):  # left by a driver killed mid-write
-                stale.unlink(missing_ok=True)
+        if self.out.is_local:
+            for table in TABLES:
+                root = table_path(self.out, table).local_path
+                if table == RESULTS_DIR:
+                    root.mkdir(parents=True, exist_ok=True)
+                if root.is_dir():
+                    for stale in root.rglob(".part-*.parquet"):  # left by a driver killed mid-write
+                        stale.unlink(missing_ok=True)
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: dict[str, Any], tables: dict[str, list[dict[str, Any]]] | None = None) -> None:
+        """One job's result row, and its rows of the other tables."""
         self._buffer.append(row)
+        for table, rows in (tables or {}).items():
+            if table not in TABLES or table == RESULTS_DIR:
+                raise ValueError(
+                    f"unknown side table {table!r}; valid: {sorted(set(TABLES) - {RESULTS_DIR})}"
+                )
+            self._side[table].extend(rows)
         if self._oldest is None:
             self._oldest = time.monotonic()
         self.tick()
@@ -70,21 +96,29 @@ class ResultSink:
     def flush(self) -> None:
         if not self._buffer:
             return
-        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-        for row in self._buffer:
-            groups[tuple(row[c] for c in PARTITION_COLUMNS)].append(row)
-        for key, rows in groups.items():
-            part_dir = self.root.join(*(f"{c}={v}" for c, v in zip(PARTITION_COLUMNS, key, strict=False)))
-            table = rows_to_table(rows, with_partitions=False)
-            name = f"part-{uuid.uuid4().hex}.parquet"
-            if part_dir.is_local:
-                _write_local(part_dir.local_path, name, table)
-            else:
-                _write_object(part_dir.join(name), table)
-            self.files_written += 1
+        for table, rows in self._side.items():
+            self._write(table, rows)
+        self._side.clear()
+        self._write(RESULTS_DIR, self._buffer)
         self.rows_written += len(self._buffer)
         self._buffer.clear()
         self._oldest = None
+
+    def _write(self, table: str, rows: list[dict[str, Any]]) -> None:
+        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            groups[tuple(row[c] for c in PARTITION_COLUMNS)].append(row)
+        for key, part in groups.items():
+            part_dir = table_path(self.out, table).join(
+                *(f"{c}={v}" for c, v in zip(PARTITION_COLUMNS, key, strict=False))
+            )
+            arrow = rows_to_table(part, with_partitions=False, table=table)
+            name = f"part-{uuid.uuid4().hex}.parquet"
+            if part_dir.is_local:
+                _write_local(part_dir.local_path, name, arrow)
+            else:
+                _write_object(part_dir.join(name), arrow)
+            self.files_written += 1
 
     def close(self) -> None:
         self.flush()

@@ -374,3 +374,5 @@ def test_job_ids_of_one_repeat_are_those_written_before_repeats_existed():
     assert job.job_id == "8fb60815b3f371a684d2"  # computed by the code of commit 12fcec1
     three = dataclasses.replace(job, measure=MeasureSpec(warmup=2, iterations=6, repeats=3))
     assert three.job_id != job.job_id
+    frozen = dataclasses.replace(job, config=CompileConfig(name="default", freezing=True))
+    assert frozen.job_id not in (job.job_id, three.job_id)

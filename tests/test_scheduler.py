@@ -61,7 +61,7 @@ def test_a_free_slot_is_refilled_at_once_without_sleeping(monkeypatch, slots):
         remotes={"cpu": ray},
         task_args=(),
         run_id="r",
-        emit=lambda row, job, wall: rows.append(row),
+        emit=lambda row, job, wall, tables=None: rows.append(row),
         inventory=lambda: {"cpu": HardwareClass("cpu", "cpu", ["n1"], slots=slots)},
     )
     sched.add(_jobs(10))
@@ -85,7 +85,7 @@ def test_a_class_with_no_free_slot_waits_between_checks(monkeypatch):
         remotes={"cpu": ray},
         task_args=(),
         run_id="r",
-        emit=lambda row, job, wall: None,
+        emit=lambda row, job, wall, tables=None: None,
         inventory=lambda: classes,
     )
     sched.add(_jobs(2))

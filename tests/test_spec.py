@@ -525,3 +525,14 @@ def test_measure_repeats():
 
 def test_seed_vision_sweep_times_each_cell_in_three_processes():
     assert load_spec(Path(__file__).parents[1] / "sweeps" / "vision.yaml").measure.repeats == 3
+
+
+def test_freezing_is_a_config_field_not_an_option():
+    frozen = VALID.replace("  default: {}", "  default: {freezing: true, options: {max_autotune: true}}")
+    spec = parse_spec(frozen)
+    assert spec.configs[0].freezing is True and spec.configs[0].options == {"max_autotune": True}
+    err = one_error(VALID.replace("  default: {}", "  default: {options: {freezing: true}}"), "has no effect")
+    assert "write `freezing: true` beside `options`" in str(err)
+    one_error(
+        VALID.replace("  default: {}", "  default: {freezing: maybe}"), "freezing must be true or false"
+    )

@@ -20,9 +20,11 @@ from orchestrator.schema import (
     RESULTS_FILE_SCHEMA,
     RESULTS_SCHEMA,
     STATUSES,
+    TABLES,
     SchemaError,
     check_row,
     read_results,
+    read_table,
     rows_to_table,
 )
 from orchestrator.sink import ResultSink, finished_job_ids
@@ -42,8 +44,11 @@ def part_files(out, hardware=None):
 def test_schema_columns_have_descriptions_and_partition_is_excluded_from_files():
     assert RESULT_COLUMNS[0] == "job_id"
     assert len(set(RESULT_COLUMNS)) == len(RESULT_COLUMNS)
-    for f in RESULTS_SCHEMA:
-        assert f.metadata and f.metadata[b"description"], f.name
+    for name, schema in TABLES.items():
+        assert len(set(schema.names)) == len(schema.names), name
+        assert schema.names[:3] in (["job_id", "run_id", "hardware"], ["job_id", "run_id"]), name
+        for f in schema:
+            assert f.metadata and f.metadata[b"description"], (name, f.name)
     assert PARTITION_COLUMNS == ("hardware",)
     assert "hardware" not in RESULTS_FILE_SCHEMA.names
     assert len(RESULTS_FILE_SCHEMA) == len(RESULTS_SCHEMA) - 1
@@ -145,6 +150,46 @@ def test_sink_writes_hive_partitioned_parquet(tmp_path, rows):
     assert pq.read_metadata(a100[0]).num_rows == 3
     assert "hardware" not in pq.read_schema(a100[0]).names
     assert not list((tmp_path / "results").rglob(".*"))  # no temp files left behind
+
+
+def _choice(row, winner: bool) -> dict:
+    return {
+        "job_id": row["job_id"],
+        "run_id": row["run_id"],
+        "hardware": row["hardware"],
+        "op": "mm",
+        "op_index": 0,
+        "input_shapes": ["16x768", "768x3072"],
+        "choice": "triton_mm_1" if winner else "mm",
+        "kind": "triton_template" if winner else "extern",
+        "time_ms": 0.05 if winner else 0.07,
+        "rank": 1 if winner else 2,
+        "is_winner": winner,
+        "from_cache": False,
+    }
+
+
+def test_sink_writes_a_jobs_kernel_choices_before_its_result_row(tmp_path, rows):
+    sink = ResultSink(tmp_path, max_delay_s=60)
+    for row in rows:
+        sink.add(row, {"kernel_choices": [_choice(row, True), _choice(row, False)]})
+    sink.close()
+    choices = read_table(tmp_path, "kernel_choices")
+    assert choices.num_rows == 10 and set(choices.column("hardware").to_pylist()) == {"A100", "cpu"}
+    assert set(choices.column("job_id").to_pylist()) == {r["job_id"] for r in rows}
+    # written first: every kernel_choices file is older than (or as old as) every results file
+    side = sorted(p.stat().st_mtime_ns for p in (tmp_path / "kernel_choices").rglob("part-*.parquet"))
+    results = sorted(p.stat().st_mtime_ns for p in (tmp_path / "results").rglob("part-*.parquet"))
+    assert side[-1] <= results[0]
+
+
+def test_sink_refuses_an_unknown_table_and_a_row_without_its_job(tmp_path, rows):
+    sink = ResultSink(tmp_path)
+    with pytest.raises(ValueError, match="unknown side table 'kernels'"):
+        sink.add(rows[0], {"kernels": []})
+    with pytest.raises(SchemaError, match="kernel_choices row lacks job_id"):
+        rows_to_table([{**_choice(rows[0], True), "job_id": None}], table="kernel_choices")
+    assert read_table(tmp_path, "kernel_choices").num_rows == 0  # no folder yet: an empty table
 
 
 def test_read_back_with_plain_pyarrow(tmp_path, rows):

@@ -340,21 +340,25 @@ class JobRun:
         import torch
 
         from compiler import measure, stats
+        from compiler.kernels import KernelChoiceRecorder
         from workers import zoo
 
         dev = self.job.device
         self.compile_imports()
         self.enter("compile")  # also saves the eager numbers, should the compile never return
         stats.reset()
+        self.job.config.apply_globals()
         compiled = torch.compile(model, **self.job.config.compile_kwargs())
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), KernelChoiceRecorder() as choices:
             if dev == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             out = [t.clone() for t in zoo.output_tensors(_call(compiled, inputs))]
             measure.synchronize(dev)
         self.result["compile_s"] = time.perf_counter() - t0
         self.result.update(stats.capture_stats().to_dict())
+        if choices.rows:  # only a compile that autotuned (a warm one hits the FX-graph cache)
+            self.result["kernel_choices"] = choices.rows
         return compiled, out
 
     def compiled_warmup(self, compiled, input_sets):

@@ -120,6 +120,8 @@ def _identity(job: Job) -> dict[str, Any]:
     model.pop("timeout_s")
     config = asdict(job.config)
     config.pop("timeout_s")
+    if not config["freezing"]:  # as before the field existed: outputs written then still resume
+        del config["freezing"]
     measure = asdict(job.measure)
     if measure["repeats"] == 1:  # as before repeats existed: outputs written then still resume
         del measure["repeats"]

@@ -54,3 +54,29 @@ def mlp(
     generator = torch.Generator().manual_seed(0)
     inputs = {"x": torch.randn(batch_size, features, generator=generator)}
     return model.eval(), inputs
+
+
+def linear(
+    batch_size: int, input_size: int | None = None, overrides: dict | None = None
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """One ``nn.Linear`` (``input_size`` -> ``out_features``, default 64 -> 32), called as
+    ``model(x=...)``: the smallest model max-autotune has a GEMM to tune in. Overrides:
+    ``out_features``."""
+    unknown = sorted(set(overrides or {}) - {"out_features"})
+    if unknown:
+        raise ValueError(f"unknown linear override(s) {unknown}; valid: ['out_features']")
+    features = input_size or 64
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = _Linear(features, int((overrides or {}).get("out_features", 32)))
+    inputs = {"x": torch.randn(batch_size, features, generator=torch.Generator().manual_seed(0))}
+    return model.eval(), inputs
+
+
+class _Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)

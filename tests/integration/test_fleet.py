@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.driver import SweepOptions, run_sweep
 from orchestrator.inventory import MissingHardwareError
-from orchestrator.schema import read_results
+from orchestrator.schema import read_results, read_table
 from orchestrator.spec import parse_spec
 
 pytestmark = pytest.mark.integration
@@ -70,6 +70,25 @@ def task_body(seconds: float, started_dir: str | None = None):
             "compile_s": 0.1,
             "node_id": ray.get_runtime_context().get_node_id(),
             "device_name": "fake",
+            # what a max-autotune GPU job reports (compiler.kernels): one GEMM, two candidates
+            "kernel_choices": [
+                {
+                    "op": "mm",
+                    "op_index": 0,
+                    "input_shapes": ["16x768", "768x3072"],
+                    "choice": choice,
+                    "kind": kind,
+                    "config": "{}",
+                    "time_ms": ms,
+                    "rank": rank,
+                    "is_winner": rank == 1,
+                    "from_cache": False,
+                }
+                for choice, kind, ms, rank in (
+                    ("triton_mm_3", "triton_template", 0.05, 1),
+                    ("mm", "extern", 0.07, 2),
+                )
+            ],
         }
 
     return body
@@ -107,6 +126,11 @@ def test_every_job_lands_on_a_node_of_its_class(tmp_path):
         assert r["node_id"] in node_ids[r["hardware"]], (r["job_name"], r["node_id"])
     # Both A100 nodes were used: the class's window spans its nodes.
     assert {r["node_id"] for r in rows if r["hardware"] == "A100"} == node_ids["A100"]
+    # The fake GPU jobs' kernel choices reached their table, keyed by job and run, one winner each.
+    choices = read_table(tmp_path, "kernel_choices").to_pylist()
+    gpu_jobs = {(r["job_id"], r["run_id"]) for r in rows if r["hardware"] != "cpu"}
+    assert {(c["job_id"], c["run_id"]) for c in choices} == gpu_jobs
+    assert len(choices) == 2 * len(gpu_jobs) and sum(c["is_winner"] for c in choices) == len(gpu_jobs)
     # The CPU class ran the real job process: the MLP compiled and ran, the segfault became a row.
     cpu = {(r["model"], r["batch_size"]): r for r in rows if r["hardware"] == "cpu"}
     assert {m for (m, _), r in cpu.items() if r["status"] == "ok"} == {"mlp"}

@@ -1,0 +1,130 @@
+"""Autotuning decisions as data: every candidate Inductor timed for each autotuned op.
+
+When Inductor autotunes a GEMM or a convolution (max-autotune; on CPU with `freezing`, where
+its C++ GEMM templates compete with MKL/oneDNN), it times every candidate kernel and keeps the
+fastest. `KernelChoiceRecorder` registers a feedback saver
+(`torch._inductor.select_algorithm.add_feedback_saver`) for the duration of a compile and turns
+each call into one row per candidate: the op, its input shapes, strides and dtypes, the
+candidate's name, kind and configuration, its time, its rank and whether it won. Rows whose
+timings came from Inductor's autotune cache instead of a fresh benchmark say so (`from_cache`):
+Inductor counts each fresh benchmark in `counters["inductor"]["select_algorithm_autotune"]`.
+
+An FX-graph-cache hit skips autotuning altogether, so a warm compile records nothing; the rows
+are the cold compile's. The saver's arity changed across torch versions; extra arguments are
+accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _text(value: Any) -> str:
+    try:
+        return str(int(value))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _shape(node: Any, getter: str) -> str | None:
+    try:
+        return "x".join(_text(v) for v in getattr(node, getter)()) or "scalar"
+    except Exception:  # a node without that property (a constant, a view Inductor cannot size)
+        return None
+
+
+def _dtype(node: Any) -> str | None:
+    try:
+        return str(node.get_dtype()).removeprefix("torch.")
+    except Exception:
+        return None
+
+
+def choice_kind(choice: Any) -> str:
+    """extern (an ATen/library kernel), triton_template, cpp_template, or the class name."""
+    inner = getattr(choice, "_wrapped", choice)  # DataProcessorChoiceCallerWrapper
+    name = type(inner).__name__
+    if "Extern" in name:
+        return "extern"
+    if "Triton" in name:
+        return "triton_template"
+    if "Cpp" in name or "CPP" in name:
+        return "cpp_template"
+    return name
+
+
+def choice_config(choice: Any) -> str:
+    """The candidate's configuration as JSON: Inductor's `info_dict()` (tile shape, warps,
+    stages, ... for Triton templates; the kernel call for extern ones)."""
+    info: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        info = dict(choice.info_dict())
+    description = getattr(choice, "description", None)
+    if description and "description" not in info:
+        info["description"] = description
+    return json.dumps(info, sort_keys=True, default=str)
+
+
+@dataclass
+class KernelChoiceRecorder:
+    """Collects one row per (autotuned op, candidate) while the `with` block compiles."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    ops: int = 0
+    _autotunes_seen: int = 0
+
+    @staticmethod
+    def _fresh_autotunes() -> int:
+        from torch._dynamo.utils import counters
+
+        return int(counters["inductor"].get("select_algorithm_autotune", 0))
+
+    def __enter__(self) -> KernelChoiceRecorder:
+        from torch._inductor import select_algorithm
+
+        self._autotunes_seen = self._fresh_autotunes()
+        select_algorithm.add_feedback_saver(self._save)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from torch._inductor import select_algorithm
+
+        savers = getattr(select_algorithm.get_algorithm_selector_cache(), "feedback_saver_fns", None)
+        if isinstance(savers, list) and self._save in savers:
+            savers.remove(self._save)
+        else:  # an older layout: no way to remove one saver alone
+            select_algorithm.clear_feedback_savers()
+
+    def _save(self, timings: dict, name: str, input_nodes: list, choices: list, *_rest: Any) -> None:
+        fresh = self._fresh_autotunes()
+        from_cache = fresh <= self._autotunes_seen
+        self._autotunes_seen = fresh
+        op_index = self.ops
+        self.ops += 1
+        shapes = [_shape(n, "get_size") for n in input_nodes]
+        strides = [_shape(n, "get_stride") for n in input_nodes]
+        dtypes = [_dtype(n) for n in input_nodes]
+        timed = [(c, float(timings[c])) for c in choices if c in timings] or list(timings.items())
+        finite = sorted((t, i) for i, (_, t) in enumerate(timed) if math.isfinite(t))
+        rank = {i: r for r, (_, i) in enumerate(finite, start=1)}
+        for i, (choice, ms) in enumerate(timed):
+            self.rows.append(
+                {
+                    "op": name,
+                    "op_index": op_index,
+                    "input_shapes": shapes,
+                    "input_strides": strides,
+                    "input_dtypes": dtypes,
+                    "choice": str(getattr(choice, "name", choice)),
+                    "kind": choice_kind(choice),
+                    "config": choice_config(choice),
+                    "time_ms": ms if math.isfinite(ms) else None,
+                    "rank": rank.get(i),
+                    "is_winner": rank.get(i) == 1,
+                    "from_cache": from_cache,
+                }
+            )
