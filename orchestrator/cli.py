@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -130,6 +133,36 @@ def build_parser() -> argparse.ArgumentParser:
         "presets", help="write OUT/presets.json: the fastest ok config per hardware/model/batch/dtype"
     )
     p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+
+    p = sub.add_parser(
+        "export",
+        help="one hardware class's presets plus a compile-cache bundle per preset, for compiler.apply",
+        description="Write DEST/presets.json (per model, batch size and dtype the fastest ok config of the "
+        "class, and per dtype a class default for models never swept), DEST/bundles/*.bin (a cold compile of "
+        "each preset in a fresh process, saved with torch.compiler.save_cache_artifacts) and DEST/manifest.json "
+        "(the class, the software stack, the sha256 of every file). Runs on a node of that class with the stack "
+        "the sweep ran on, and refuses anything else before compiling. Load it in production with "
+        "compiler.apply.compile_tuned.",
+    )
+    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+    p.add_argument("--hardware", required=True, help="the hardware class to export (e.g. H100, A100, cpu)")
+    p.add_argument("--dest", required=True, type=Path, help="a new (or empty) local directory to write")
+    p.add_argument(
+        "--cpus", type=int, default=None, metavar="N", help="cores each bundle compile uses (default: all)"
+    )
+    p.add_argument(
+        "--scratch", default=None, help="where the bundle compiles keep their caches (default: $TMPDIR)"
+    )
+
+    p = sub.add_parser(
+        "kernels",
+        help="print which kernel autotuning chose per op and input shape (the kernel_choices table)",
+        description="One line per hardware class, op, input shapes and dtype from a sweep's kernel_choices "
+        "table (written by jobs whose config autotunes: max-autotune, or max_autotune with freezing on CPU): "
+        "candidates timed, the winner with its tiles, and the fastest extern and template times.",
+    )
+    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+    p.add_argument("--hardware", help="only this hardware class (e.g. H100)")
 
     # --- Ray Jobs: submit a sweep to a running cluster, follow it ----------------------------
     jobs_epilog = (
@@ -363,6 +396,52 @@ def cmd_presets(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from orchestrator.export import ExportError, export
+    from orchestrator.storage import StorageError, checked
+
+    if args.cpus is not None and args.cpus < 1:
+        print(f"error: --cpus must be at least 1, got {args.cpus}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        manifest = export(
+            checked(args.out),
+            args.hardware,
+            args.dest,
+            threads=args.cpus,
+            scratch_root=args.scratch,
+            log=lambda line: print(line, flush=True),
+        )
+    except (ExportError, StorageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    bundles = sum(1 for f in manifest["files"] if f.startswith("bundles/"))
+    print(f"wrote {args.dest}: presets.json, {bundles} bundles, manifest.json (stack: {manifest['stack']})")
+    return 0
+
+
+def cmd_kernels(args) -> int:
+    from orchestrator.storage import StorageError, checked
+    from reports.kernels import load, render, summarize
+
+    try:
+        rows = load(checked(args.out)).to_pylist()
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rows = [r for r in rows if not args.hardware or r["hardware"] == args.hardware]
+    if not rows:
+        where = f" for hardware {args.hardware!r}" if args.hardware else ""
+        print(
+            f"error: no kernel_choices rows{where} in {args.out}; they come from jobs whose config autotunes "
+            "(mode: max-autotune)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    print(render(summarize(rows)))
+    return 0
+
+
 def cmd_submit(args) -> int:
     from orchestrator import submit as jobs
     from orchestrator.spec import SpecError
@@ -448,6 +527,8 @@ def cmd_logs(args) -> int:
 COMMANDS = {
     "validate": cmd_validate,
     "plan": cmd_plan,
+    "kernels": cmd_kernels,
+    "export": cmd_export,
     "sweep": cmd_sweep,
     "report": cmd_report,
     "presets": cmd_presets,
@@ -459,6 +540,10 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # `kill -USR1 PID`: every thread's stack on stderr, to see where it waits (not where stderr is
+    # no file, as under a test's capture)
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return COMMANDS[args.command](args)
     except BrokenPipeError:  # output piped into `head` or a pager that quit: not an error of ours

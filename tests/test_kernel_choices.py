@@ -77,7 +77,7 @@ def tuned_result(tuned_job) -> dict:
     return run_job(tuned_job, threads=1)
 
 
-def test_a_tuned_job_reports_its_choices_and_the_sink_writes_them(tuned_job, tuned_result, tmp_path):
+def test_a_tuned_job_reports_its_choices_and_the_sink_writes_them(tuned_job, tuned_result, tmp_path, capsys):
     assert tuned_result["status"] == "ok", tuned_result.get("error")
     sink = ResultSink(tmp_path)
     sink.add(make_row(tuned_job, tuned_result, run_id="r1"), side_rows(tuned_job, tuned_result, run_id="r1"))
@@ -98,6 +98,16 @@ def test_a_tuned_job_reports_its_choices_and_the_sink_writes_them(tuned_job, tun
         )
     ).select(["op", "choice", "kind", "time_ms"])
     assert wins.num_rows == 1 and wins.column("op")[0].as_py() == "packed_linear"
+
+    # `orchestrate kernels OUT`: the same answer, one line per op signature
+    from orchestrator.cli import main
+
+    assert main(["kernels", str(tmp_path), "--hardware", "cpu"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "packed_linear" in x)
+    assert (
+        "| 8x64" in line and f"{wins.column('kind')[0].as_py()}: {wins.column('choice')[0].as_py()}" in line
+    )
+    assert main(["kernels", str(tmp_path), "--hardware", "H100"]) == 2
 
 
 def test_an_untuned_job_has_no_choices(tuned_job, tmp_path):

@@ -255,6 +255,37 @@ class JobRun:
         except Exception as exc:
             self.fail("compile_error", exc)
 
+    def run_bundle(self, bundle: Path) -> None:
+        """Compile the job's config cold and write the compile caches it filled to `bundle`
+        (`torch.compiler.save_cache_artifacts()`: Inductor's FX graphs, AOTAutograd, autotuning),
+        for `orchestrate export`."""
+        import torch
+
+        self.imports()
+        try:
+            model, input_sets, _ = self.build(keep_fp32_copy=False)
+            with torch.no_grad():  # the eager call first, as a measured job makes it (see run_warm)
+                _call(model, input_sets[0])
+            compiled, _ = self.compile_phase(model, input_sets[0])
+            with torch.no_grad():  # the other input sets have the same shapes: no recompile expected
+                for inputs in input_sets[1:]:
+                    _call(compiled, inputs)
+        except Exception as exc:
+            return self.fail("compile_error", exc)
+        self.enter("bundle")
+        artifacts = torch.compiler.save_cache_artifacts()
+        if artifacts is None:
+            return self.fail("compile_error", "the compile left nothing in the caches to bundle")
+        data, info = artifacts
+        tmp = bundle.with_name(f".{bundle.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, bundle)
+        self.result.update(
+            status="ok",
+            bundle_bytes=len(data),
+            bundle_artifacts={k: len(v) for k, v in info.artifacts.items()},
+        )
+
     def check_against_eager(self, reference, compiled_out) -> None:
         from compiler import measure
 
@@ -473,15 +504,18 @@ class JobRun:
             self.fail("accuracy_fail", check.detail)
 
 
-USAGE = "usage: python -m workers.bench [--warm | --repeat K] JOB.json RESULT.json"
+USAGE = "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE] JOB.json RESULT.json"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warm = bool(argv) and argv[0] == "--warm"
     repeat = 1
+    bundle = None
     if warm:
         argv = argv[1:]
+    elif len(argv) >= 2 and argv[0] == "--bundle":
+        bundle, argv = Path(argv[1]), argv[2:]
     elif len(argv) >= 2 and argv[0] == "--repeat":
         if not argv[1].isdigit() or int(argv[1]) < 2:
             print(f"--repeat takes a process number >= 2, got {argv[1]!r}\n{USAGE}", file=sys.stderr)
@@ -500,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if warm:
             run.run_warm()
+        elif bundle is not None:
+            run.run_bundle(bundle)
         else:
             run.run(repeat)
     except BaseException as exc:  # a bug in this file must still become a row

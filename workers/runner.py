@@ -216,3 +216,25 @@ def run_job(
         if not keep_scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     return result
+
+
+def build_bundle(job: Job, dest: Path, threads: int, scratch_root: str | None = None) -> dict[str, Any]:
+    """Compile `job`'s config cold in a fresh process with empty caches and write the caches it
+    filled to `dest` (a compile-cache bundle, `workers.bench --bundle`); return the process's
+    result (`status`, `compile_s`, `bundle_bytes`, `bundle_artifacts`, ...)."""
+    if scratch_root:
+        Path(scratch_root).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"bundle-{job.job_id[:12]}-", dir=scratch_root))
+    job_file, log_file = scratch / "job.json", scratch / "log.txt"
+    job_file.write_text(json.dumps(job.to_dict()))
+    env = job_environment(scratch, threads)
+    try:
+        with affinity.core_lease(threads) as cores:
+            if cores.pinned:
+                env[affinity.AFFINITY_ENV] = affinity.format_cpus(cores.cpus)
+            dest = Path(dest).resolve()
+            return _run_bench(
+                ["--bundle", str(dest)], job_file, scratch / "result.json", log_file, env, job.timeout_s
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,5 +1,7 @@
-"""Pack a sweep output directory into one Parquet file (hardware column included), so the
-results of a GPU-machine run come back as a single file: `python pack.py OUT_DIR DEST.parquet`."""
+"""Pack a sweep output directory into single Parquet files (hardware column included), so the
+results of a GPU-machine run come back as few files: `python pack.py OUT_DIR DEST.parquet` writes
+the results table to DEST.parquet and each side table that has rows (kernel_choices, ...) to
+DEST-<table>.parquet."""
 
 import sys
 from pathlib import Path
@@ -7,8 +9,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from orchestrator.schema import read_results  # noqa: E402
+from orchestrator.schema import TABLES, read_results, read_table  # noqa: E402
 
-table = read_results(sys.argv[1])
-pq.write_table(table, sys.argv[2])
-print(f"packed {table.num_rows} rows of {sys.argv[1]} into {sys.argv[2]}")
+out, dest = sys.argv[1], Path(sys.argv[2])
+table = read_results(out)
+pq.write_table(table, dest)
+print(f"packed {table.num_rows} rows of {out} into {dest}")
+for name in TABLES:
+    if name == "results":
+        continue
+    side = read_table(out, name)
+    if side.num_rows:
+        path = dest.with_name(f"{dest.stem}-{name}{dest.suffix}")
+        pq.write_table(side, path)
+        print(f"packed {side.num_rows} {name} rows into {path}")

@@ -134,3 +134,35 @@ def test_repeats_compile_warm_and_pool_samples_on_the_gpu():
     assert result["samples_per_repeat"] == [40, 40] and result["ci_scope"] == "processes"
     assert result["warm_compile_s"] < result["compile_s"] and result["warm_cache_misses"] == 0
     assert result["clock_samples"] >= 2
+
+
+# --- kernel choices under max-autotune ------------------------------------------------------------------
+
+
+def test_max_autotune_records_triton_and_aten_candidates_with_one_winner_per_op():
+    job = Job(
+        sweep="gpu-tests",
+        hardware="gpu",
+        device="cuda",
+        model=ModelSpec(
+            id="python:workers.toy:linear", name="linear", input_size=512, overrides={"out_features": 1024}
+        ),
+        batch_size=256,
+        dtype="fp32",
+        config=CompileConfig(name="max-autotune-no-cudagraphs", mode="max-autotune-no-cudagraphs"),
+        measure=MeasureSpec(warmup=5, iterations=20, rounds=2, flops=False),
+        timeout_s=600.0,
+    )
+    result = run_job(job, threads=THREADS)
+    assert result["status"] == "ok", result.get("error")
+    rows = result["kernel_choices"]
+    assert {r["kind"] for r in rows} >= {"extern", "triton_template"}, {r["kind"] for r in rows}
+    for op_index in {r["op_index"] for r in rows}:
+        op_rows = [r for r in rows if r["op_index"] == op_index]
+        assert [r["is_winner"] for r in op_rows].count(True) == 1, op_rows
+        assert all(r["time_ms"] is None or r["time_ms"] > 0 for r in op_rows)
+    assert any(
+        '"BLOCK_M"' in r["config"] or "num_warps" in r["config"]
+        for r in rows
+        if r["kind"] == "triton_template"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +31,15 @@ def orchestrate(*args: str, timeout: float = 600, check: bool = True) -> subproc
     return proc
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_sweep(sweep: Path, out: Path, scratch: Path, **popen_kwargs) -> subprocess.Popen:
-    """`orchestrate sweep SWEEP --out OUT --scratch SCRATCH` as a background process."""
+    """`orchestrate sweep SWEEP --out OUT --scratch SCRATCH` as a background process that takes
+    Ctrl-C (SIGINT) the way a terminal's foreground command does, even when the tests themselves
+    run in the background (`cmd &` in a script starts with SIGINT ignored, and Python then never
+    raises KeyboardInterrupt)."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -45,6 +53,7 @@ def start_sweep(sweep: Path, out: Path, scratch: Path, **popen_kwargs) -> subpro
             str(scratch),
         ],
         cwd=ROOT,
+        preexec_fn=_default_sigint,
         **popen_kwargs,
     )
 

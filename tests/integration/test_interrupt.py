@@ -40,7 +40,16 @@ def test_ctrl_c_cancels_running_jobs_keeps_rows_and_says_how_to_resume(sweep_fil
         time.sleep(0.5)
     assert driver.poll() is None, driver.communicate()
     driver.send_signal(signal.SIGINT)
-    stdout, stderr = driver.communicate(timeout=60)
+    try:
+        stdout, stderr = driver.communicate(timeout=90)
+    except subprocess.TimeoutExpired:  # say where the driver waits: SIGUSR1 dumps its threads' stacks
+        driver.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        driver.kill()
+        stdout, stderr = driver.communicate()
+        for proc in bench_processes(str(scratch)):  # a job left behind would hold its cores for later tests
+            proc.kill()
+        pytest.fail(f"the driver did not exit within 90 s of Ctrl-C; its stacks:\n{stderr}")
     assert driver.returncode == 130, stderr
     assert "interrupted" in stderr and "--resume" in stderr and str(out) in stderr
     assert "1 running jobs were cancelled" in stderr

@@ -1,0 +1,291 @@
+"""Apply an exported preset in a production process: `compile_tuned`.
+
+    from compiler.apply import compile_tuned
+
+    compiled, applied = compile_tuned(model, {"pixel_values": x}, "/opt/presets/H100", model_name="vit")
+    print(applied.summary())
+
+An export directory (`orchestrate export OUT --hardware CLASS --dest DIR`) holds `manifest.json`
+(the hardware class, the software stack it was built on and the sha256 of every file),
+`presets.json` (per model, batch size and precision: the compile config that won; and a
+per-class default for models never swept) and `bundles/*.bin`, compile-cache bundles from
+`torch.compiler.save_cache_artifacts()` made on that class by compiling each preset.
+
+`compile_tuned` checks that this process runs on the class and stack the export was built for,
+picks the preset (the exact cell, else the class default), verifies the bundle's sha256 against
+the manifest before loading it (bundles are unpickled on load: a file that does not match is
+refused, never loaded), loads it, applies the config (its global Inductor knobs and precision
+policy included), compiles, and runs the example inputs once so the compile happens now. On
+another class or stack, or with a damaged export, it warns once (`PresetFallbackWarning`) and
+falls back to plain `torch.compile(model)`; it never raises for those unless `strict=True`.
+
+This module imports neither Ray nor the orchestrator package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compiler.config import CompileConfig
+from compiler.hardware import hardware_class, software_stack, stack_mismatch
+
+MANIFEST = "manifest.json"
+PRESETS = "presets.json"
+EXPORT_FORMAT = 1
+DTYPE_POLICIES = {"float32": ("fp32", "tf32"), "bfloat16": ("bf16",), "float16": ("fp16",)}
+
+
+class PresetFallbackWarning(UserWarning):
+    """The export does not apply here (another class or stack, a damaged file): plain
+    `torch.compile` instead."""
+
+
+class ExportError(RuntimeError):
+    """An export that cannot be made (`orchestrate export`) or used (`compile_tuned` with
+    `strict=True`); the message names the file and what to do."""
+
+
+@dataclass
+class Applied:
+    """What `compile_tuned` did."""
+
+    source: str
+    hardware: str
+    """This process's hardware class."""
+    stack: dict[str, Any]
+    match: str = "fallback"
+    """`exact` (the preset of this model, batch size and precision), `class_default`, or
+    `fallback` (plain `torch.compile`)."""
+    preset: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    """The CompileConfig applied (`torch.compile` arguments and `freezing`)."""
+    precision: str | None = None
+    bundle: str = "none"
+    """`loaded`, `refused` (sha256 mismatch or unreadable), `none` (the preset has no bundle)."""
+    bundle_file: str | None = None
+    cache_artifacts: dict[str, int] = field(default_factory=dict)
+    """Artifacts the bundle put into the local caches, by cache (inductor, aot_autograd, ...)."""
+    compile_s: float | None = None
+    """Wall time of the first call (the compile), when example inputs were run."""
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        what = self.config.get("name") if self.config else "torch.compile defaults"
+        compile_s = f", first call {self.compile_s:.2f} s" if self.compile_s is not None else ""
+        return f"{self.hardware}: {self.match} preset {what!r} (bundle {self.bundle}){compile_s}"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _local_copy(source: str | Path) -> Path:
+    """A local directory holding the export: `source` itself, or a download of a URI's files
+    (`s3://`, `gs://`, `file://`, ... through pyarrow's filesystems) into a temporary directory."""
+    text = str(source)
+    if "://" not in text:
+        return Path(text)
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(text)
+    local = Path(tempfile.mkdtemp(prefix="compile-preset-"))
+    selector = pafs.FileSelector(root, recursive=True)
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File:
+            continue
+        dest = local / Path(info.path).relative_to(root.rstrip("/"))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with fs.open_input_stream(info.path) as src, open(dest, "wb") as out:
+            out.write(src.read())
+    return local
+
+
+def _verified(root: Path, manifest: dict[str, Any], rel: str) -> Path:
+    """`root/rel` after checking it against the manifest's sha256 (raises ExportError)."""
+    expected = (manifest.get("files") or {}).get(rel)
+    path = root / rel
+    if expected is None:
+        raise ExportError(f"{path}: not listed in {root / MANIFEST}; refusing to load it")
+    try:
+        actual = sha256_file(path)
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot read it ({exc})") from exc
+    if actual != expected:
+        raise ExportError(
+            f"{path}: sha256 {actual[:16]}... does not match the manifest's {expected[:16]}...; the file was "
+            "changed after export: refusing to load it (re-export, or copy the directory again)"
+        )
+    return path
+
+
+def _policies(model: Any, dtype: str | None) -> tuple[str, ...]:
+    if dtype:
+        return (dtype,)
+    try:
+        param = next(model.parameters())
+    except (AttributeError, StopIteration):
+        return ("fp32", "tf32")
+    return DTYPE_POLICIES.get(str(param.dtype).removeprefix("torch."), ())
+
+
+def _batch_size(example_inputs: Any) -> int | None:
+    import torch
+
+    values = example_inputs.values() if isinstance(example_inputs, dict) else example_inputs
+    if isinstance(values, torch.Tensor):
+        values = [values]
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    return None
+
+
+def find_preset(
+    presets: dict[str, Any], model_name: str | None, batch_size: int | None, policies: tuple[str, ...]
+) -> tuple[str, dict[str, Any] | None]:
+    """(`exact`, entry) for this model, batch size and one of `policies` (in that order of
+    preference); else (`class_default`, the class default); else (`fallback`, None)."""
+    for policy in policies:
+        for entry in presets.get("presets", []):
+            if (
+                entry["model"] == model_name
+                and entry["batch_size"] == batch_size
+                and entry["dtype"] == policy
+            ):
+                return "exact", entry
+    defaults = presets.get("defaults") or {}
+    for policy in policies:
+        if policy in defaults:
+            return "class_default", defaults[policy]
+    return "fallback", None
+
+
+def _call(fn: Any, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return fn(**inputs)
+    if isinstance(inputs, (list, tuple)):
+        return fn(*inputs)
+    return fn(inputs)
+
+
+def compile_tuned(
+    model: Any,
+    example_inputs: Any,
+    source: str | Path,
+    *,
+    model_name: str | None = None,
+    batch_size: int | None = None,
+    dtype: str | None = None,
+    run_example: bool = True,
+    strict: bool = False,
+) -> tuple[Any, Applied]:
+    """Compile `model` with the preset exported to `source` (a directory or a URI) for this
+    hardware class and software stack; return the compiled model and what was applied.
+
+    `model_name` is the model's name in the sweep the presets came from (without it only the
+    class default applies); `batch_size` defaults to the first dimension of the first tensor of
+    `example_inputs` (a dict of keyword arguments, a tuple of positional ones, or one tensor);
+    `dtype` is the precision policy (fp32, tf32, bf16, fp16), by default read from the model's
+    parameters (float32 looks for fp32, then tf32). With `run_example` the example inputs are run
+    once under `torch.no_grad()`, so the compile (and the bundle's cache hits) happen here.
+    With `strict`, what would be a fallback raises `ExportError` instead."""
+    import torch
+
+    device = None
+    with contextlib.suppress(AttributeError, StopIteration):
+        device = next(model.parameters()).device
+    applied = Applied(source=str(source), hardware=hardware_class(device), stack=software_stack())
+
+    def fall_back(reason: str) -> tuple[Any, Applied]:
+        if strict:
+            raise ExportError(reason)
+        message = f"compile_tuned: {reason}; using plain torch.compile instead"
+        applied.warnings.append(message)
+        warnings.warn(message, PresetFallbackWarning, stacklevel=3)
+        compiled = torch.compile(model)
+        _first_call(compiled)
+        return compiled, applied
+
+    def _first_call(compiled: Any) -> None:
+        if run_example:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                _call(compiled, example_inputs)
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            applied.compile_s = time.perf_counter() - t0
+
+    try:
+        root = _local_copy(source)
+        manifest = json.loads((root / MANIFEST).read_text())
+        presets = json.loads(_verified(root, manifest, PRESETS).read_text())
+    except (OSError, ValueError, ExportError) as exc:
+        return fall_back(f"cannot use the export at {source}: {exc}")
+    if manifest.get("format") != EXPORT_FORMAT:
+        return fall_back(
+            f"{root / MANIFEST}: format {manifest.get('format')!r}, this code reads {EXPORT_FORMAT}"
+        )
+    if manifest.get("hardware") != applied.hardware:
+        return fall_back(
+            f"the presets in {source} are for hardware class {manifest.get('hardware')!r}; this process runs "
+            f"on {applied.hardware!r}"
+        )
+    differs = stack_mismatch(manifest.get("stack") or {}, applied.stack)
+    if differs:
+        return fall_back(f"the presets in {source} were built on another stack: {', '.join(differs)}")
+
+    applied.match, entry = find_preset(
+        presets, model_name, batch_size or _batch_size(example_inputs), _policies(model, dtype)
+    )
+    if entry is None:
+        return fall_back(
+            f"no preset for model {model_name!r} at batch size {batch_size or _batch_size(example_inputs)} "
+            f"and no class default in {source}"
+        )
+    applied.preset = {k: v for k, v in entry.items() if k != "compile"}
+    config = CompileConfig.from_dict({"name": entry.get("config", "preset"), **entry["compile"]})
+    applied.config = config.to_dict()
+
+    bundle = entry.get("bundle")
+    if bundle:
+        applied.bundle_file = str(root / bundle)
+        try:
+            data = _verified(root, manifest, bundle).read_bytes()
+        except ExportError as exc:
+            if strict:
+                raise
+            applied.bundle = "refused"
+            message = f"compile_tuned: {exc}; compiling without the bundle"
+            applied.warnings.append(message)
+            warnings.warn(message, PresetFallbackWarning, stacklevel=2)
+        else:
+            info = torch.compiler.load_cache_artifacts(data)
+            applied.bundle = "loaded"
+            if info is not None:
+                applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}
+
+    policy = entry.get("precision") or entry.get("dtype")
+    if policy:
+        from compiler.precision import apply_precision
+
+        apply_precision(policy)
+        applied.precision = policy
+    config.apply_globals()
+    compiled = torch.compile(model, **config.compile_kwargs())
+    _first_call(compiled)
+    return compiled, applied

@@ -1,0 +1,219 @@
+"""`orchestrate export OUT --hardware CLASS --dest DIR`: one hardware class's presets with a
+compile-cache bundle per preset, for `compiler.apply.compile_tuned` on a production node.
+
+DEST/
+  manifest.json    format, hardware class, software stack, sha256 of every other file
+  presets.json     per (model, batch size, dtype): the config that won, its figures, its bundle;
+                   `defaults`: per dtype, the config with the best geometric-mean speedup over
+                   the class's cells (for models never swept)
+  bundles/*.bin    `torch.compiler.save_cache_artifacts()` of a cold compile of the preset, made
+                   here, in a fresh process with empty caches
+
+A bundle is only valid on the class and stack it was built on, so the export runs on a node of
+that class with the stack the presets were measured on, and refuses anything else before it
+compiles. The manifest is written last: a directory without one is an interrupted export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
+from compiler.config import CompileConfig
+from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
+from orchestrator.presets import derive_presets
+from orchestrator.runlog import read_runs
+from orchestrator.schema import read_results
+from orchestrator.storage import Target
+from workers.job import Job, MeasureSpec, ModelSpec
+
+BUNDLES = "bundles"
+
+
+def _row_stack(row: dict[str, Any]) -> dict[str, Any]:
+    python = row.get("python_version")
+    return {
+        "torch": row.get("torch_version"),
+        "triton": row.get("triton_version"),
+        "cuda": row.get("cuda_version"),
+        "python": ".".join(python.split(".")[:2]) if python else None,
+        "driver": row.get("driver_version"),
+    }
+
+
+def class_defaults(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per dtype: the config that is ok on the most cells, ties broken by the best geometric mean
+    of its speedup over eager on those cells."""
+    by_dtype: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["status"] == "ok" and r["compiled_ms"] and r["eager_ms"]:
+            by_dtype[r["dtype"]][r["config"]].append(r)
+    defaults = {}
+    for dtype, configs in sorted(by_dtype.items()):
+
+        def score(item: tuple[str, list[dict[str, Any]]]) -> tuple[int, float]:
+            _, cfg_rows = item
+            geo = math.exp(sum(math.log(r["eager_ms"] / r["compiled_ms"]) for r in cfg_rows) / len(cfg_rows))
+            return len({(r["model"], r["batch_size"]) for r in cfg_rows}), geo
+
+        name, cfg_rows = max(sorted(configs.items()), key=score)
+        cells, geomean = score((name, cfg_rows))
+        first = cfg_rows[0]
+        defaults[dtype] = {
+            "dtype": dtype,
+            "config": name,
+            "compile": _compile_dict(first),
+            "cells": cells,
+            "geomean_speedup_vs_eager": geomean,
+        }
+    return defaults
+
+
+def _compile_dict(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "backend": row["backend"],
+        "mode": row["mode"],
+        "fullgraph": bool(row["fullgraph"]),
+        "dynamic": row["dynamic"],
+        "options": json.loads(row["options"] or "{}"),
+        "freezing": bool(row.get("freezing")),
+    }
+
+
+def _model_specs(out: Target) -> dict[str, ModelSpec]:
+    """The sweep's model entries by name, from the run log (later runs win)."""
+    specs: dict[str, ModelSpec] = {}
+    fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    for run in read_runs(out):
+        for m in (run.get("spec") or {}).get("models", []):
+            specs[m["name"]] = ModelSpec(**{k: v for k, v in m.items() if k in fields})
+    return specs
+
+
+def _bundle_name(entry: dict[str, Any]) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in entry["model"])
+    return f"{BUNDLES}/{safe}-bs{entry['batch_size']}-{entry['dtype']}.bin"
+
+
+def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """(preset entries, class defaults, stack) of `hardware` in the results under `out`; raises
+    ExportError when there is nothing to export or the rows mix stacks."""
+    rows = [r for r in read_results(out).to_pylist() if r["hardware"] == hardware]
+    if not rows:
+        classes = sorted({r for r in read_results(out, columns=["hardware"]).column("hardware").to_pylist()})
+        raise ExportError(
+            f"no result rows of hardware class {hardware!r} under {out}; classes there: {', '.join(classes) or 'none'}"
+        )
+    ok = [r for r in rows if r["status"] == "ok"]
+    stacks = {json.dumps({k: _row_stack(r)[k] for k in STACK_KEYS}, sort_keys=True) for r in ok}
+    if len(stacks) > 1:
+        raise ExportError(
+            f"the {hardware} rows under {out} come from {len(stacks)} software stacks ({'; '.join(sorted(stacks))}); "
+            "a bundle is valid on one: rerun the sweep on one stack into a fresh --out"
+        )
+    if not ok:
+        raise ExportError(f"no {hardware} row under {out} is ok: nothing to export")
+    stack = _row_stack(ok[0])
+    import pyarrow as pa
+
+    entries = derive_presets(pa.Table.from_pylist(rows))["presets"]
+    return entries, class_defaults(rows), stack
+
+
+def export(
+    out: Target,
+    hardware: str,
+    dest: Path,
+    *,
+    threads: int | None = None,
+    scratch_root: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Write `dest` (see the module docstring); return the manifest."""
+    from workers.runner import build_bundle
+
+    entries, defaults, stack = plan_export(out, hardware)
+    device = "cpu" if hardware == "cpu" else "cuda"
+    here = hardware_class(device if device == "cpu" else None)
+    if here != hardware:
+        raise ExportError(
+            f"bundles for {hardware!r} must be compiled on a {hardware} node; this machine is {here!r}. Run "
+            f"`orchestrate export` there (e.g. through `ray job submit` with a {hardware} resource)"
+        )
+    differs = stack_mismatch(stack, software_stack())
+    if differs:
+        raise ExportError(
+            f"the {hardware} presets were measured on another stack than this one: {', '.join(differs)}; export "
+            "on the stack that ran the sweep (a bundle only loads on the stack that built it)"
+        )
+    specs = _model_specs(out)
+    dest = Path(dest)
+    if (dest / MANIFEST).exists() or (dest.exists() and any(dest.iterdir())):
+        raise ExportError(f"{dest} is not empty; export into a new directory (nothing there was changed)")
+    (dest / BUNDLES).mkdir(parents=True, exist_ok=True)
+    threads = threads or max(1, os.cpu_count() or 1)
+    t_start = time.monotonic()
+    for i, entry in enumerate(entries, 1):
+        spec = specs.get(entry["model"]) or ModelSpec(id=entry["model_id"], name=entry["model"])
+        job = Job(
+            sweep="export",
+            hardware=hardware,
+            device=device,
+            model=spec,
+            batch_size=entry["batch_size"],
+            dtype=entry["dtype"],
+            config=CompileConfig.from_dict({"name": entry["config"], **entry["compile"]}),
+            measure=MeasureSpec(),
+            timeout_s=CompileConfig(name="x", mode=entry["compile"]["mode"]).effective_timeout(None),
+        )
+        rel = _bundle_name(entry)
+        result = build_bundle(job, dest / rel, threads, scratch_root)
+        cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
+        if result.get("status") == "ok":
+            entry["bundle"] = rel
+            entry["bundle_compile_s"] = result.get("compile_s")
+            entry["bundle_artifacts"] = result.get("bundle_artifacts")
+            log(
+                f"[{i}/{len(entries)}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
+                f"{result.get('compile_s', 0):.1f} s (elapsed {time.monotonic() - t_start:.0f} s)"
+            )
+        else:
+            entry["bundle"] = None
+            entry["bundle_error"] = (
+                f"{result.get('status')}: {(result.get('error') or '').splitlines()[0][:300]}"
+            )
+            log(f"[{i}/{len(entries)}] {cell}: no bundle ({entry['bundle_error']})")
+    presets = {
+        "format": EXPORT_FORMAT,
+        "hardware": hardware,
+        "stack": stack,
+        "presets": entries,
+        "defaults": defaults,
+    }
+    (dest / PRESETS).write_text(json.dumps(presets, indent=1, sort_keys=True, default=str) + "\n")
+    files = {
+        str(p.relative_to(dest)): sha256_file(p)
+        for p in sorted(dest.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    manifest = {
+        "format": EXPORT_FORMAT,
+        "hardware": hardware,
+        "stack": {**stack, "driver": software_stack().get("driver") or stack.get("driver")},
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": str(out),
+        "files": files,
+    }
+    tmp = dest / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, dest / MANIFEST)
+    return manifest

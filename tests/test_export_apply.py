@@ -1,0 +1,220 @@
+"""Export planning and the apply API on hand-built tables and export directories: the class
+default, stacks, the refusal of a tampered file and the fallback on another class or stack.
+(The real bundle round trip, export then apply in a fresh process, is in the integration tier.)"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler.apply import (
+    MANIFEST,
+    PRESETS,
+    ExportError,
+    PresetFallbackWarning,
+    compile_tuned,
+    find_preset,
+    sha256_file,
+)
+from compiler.hardware import accelerator_type, hardware_class, software_stack
+from orchestrator.export import class_defaults, export, plan_export
+from orchestrator.rows import make_row
+from orchestrator.sink import ResultSink
+from workers import toy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def local_stack_fields() -> dict:
+    return {
+        "torch_version": torch.__version__,
+        "triton_version": software_stack()["triton"],
+        "cuda_version": torch.version.cuda,
+        "python_version": platform.python_version(),
+    }
+
+
+# (job name, status, eager_ms, compiled_ms): cpu/mlp/bs4: ro wins; cpu/resnet/bs1: tuned wins but
+# ro is ok on both cells, so ro is the class default.
+CELLS = [
+    ("cpu/mlp/bs4/fp32/default", "ok", 5.0, 5.0),
+    ("cpu/mlp/bs4/fp32/ro", "ok", 5.0, 4.0),
+    ("cpu/resnet/bs1/fp32/default", "ok", 50.0, 40.0),
+    ("cpu/resnet/bs1/fp32/ro", "ok", 50.0, 45.0),
+    ("cpu/resnet/bs1/fp32/tuned", "ok", 50.0, 25.0),
+    ("cpu/mlp/bs4/fp32/tuned", "compile_error", 5.0, None),
+    ("A100/mlp/bs4/fp32/default", "ok", 2.0, 1.0),
+]
+
+
+@pytest.fixture
+def results_dir(tmp_path, table_jobs, make_result):
+    out = tmp_path / "out"
+    sink = ResultSink(out)
+    for name, status, eager, compiled in CELLS:
+        sink.add(
+            make_row(
+                table_jobs[name], make_result(status, eager, compiled, **local_stack_fields()), run_id="r1"
+            )
+        )
+    sink.close()
+    return out
+
+
+def test_plan_picks_each_cells_winner_and_a_class_default(results_dir):
+    entries, defaults, stack = plan_export(results_dir, "cpu")
+    assert {(e["model"], e["batch_size"]): e["config"] for e in entries} == {
+        ("mlp", 4): "ro",
+        ("resnet", 1): "tuned",
+    }
+    (default,) = defaults.values()
+    # default and ro are both ok on 2 cells; ro's geomean (1.25 x 1.11) beats default's (1.0 x 1.25)
+    assert default["config"] == "ro" and default["cells"] == 2
+    assert default["geomean_speedup_vs_eager"] == pytest.approx(((5 / 4) * (50 / 45)) ** 0.5)
+    assert stack["torch"] == torch.__version__
+
+
+def test_class_default_prefers_the_config_ok_on_more_cells(table_jobs, make_result):
+    rows = [
+        make_row(table_jobs[n], make_result(s, e, c), run_id="r")
+        for n, s, e, c in [
+            ("cpu/mlp/bs4/fp32/tuned", "ok", 5.0, 1.0),  # 5x, but on one cell only
+            ("cpu/mlp/bs4/fp32/default", "ok", 5.0, 4.0),
+            ("cpu/resnet/bs1/fp32/default", "ok", 50.0, 40.0),
+        ]
+    ]
+    assert class_defaults(rows)["fp32"]["config"] == "default"
+
+
+def test_export_refuses_before_compiling(results_dir, tmp_path, table_jobs, make_result):
+    dest = tmp_path / "dest"
+    with pytest.raises(ExportError, match="no result rows of hardware class 'T4'.*A100, cpu"):
+        plan_export(results_dir, "T4")
+    if hardware_class() != "A100":
+        with pytest.raises(ExportError, match="must be compiled on a A100 node; this machine is"):
+            export(results_dir, "A100", dest)
+        assert not dest.exists()
+    # rows from two torch versions cannot share a bundle
+    sink = ResultSink(results_dir)
+    other = {**local_stack_fields(), "torch_version": "1.0.0"}
+    sink.add(make_row(table_jobs["cpu/mlp/bs1/fp32/default"], make_result("ok", **other), run_id="r2"))
+    sink.close()
+    with pytest.raises(ExportError, match="2 software stacks"):
+        plan_export(results_dir, "cpu")
+
+
+def test_hardware_class_names_gpus_as_ray_does():
+    from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager as nv
+
+    names = [
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA A100-SXM4-80GB",
+        "Tesla V100-SXM2-16GB",
+        "Tesla T4",
+        "NVIDIA GeForce RTX 5090",
+        "NVIDIA RTX PRO 6000 Blackwell",
+    ]
+    for name in names:
+        assert accelerator_type(name) == nv._gpu_name_to_accelerator_type(name), name
+    assert accelerator_type("NVIDIA H100 80GB HBM3") == "H100"
+    assert hardware_class("cpu") == "cpu"
+
+
+# --- apply on hand-made export directories -----------------------------------------------------
+
+
+def write_export(dest: Path, *, hardware: str | None = None, bundle: bytes | None = None) -> Path:
+    """A minimal export of toy mlp bs4 fp32 (config `default`), optionally with a bundle file."""
+    stack = software_stack()
+    entry = {
+        "model": "mlp",
+        "batch_size": 4,
+        "dtype": "fp32",
+        "config": "default",
+        "compile": {"backend": "inductor", "mode": None, "fullgraph": False, "dynamic": None, "options": {}},
+        "bundle": "bundles/mlp.bin" if bundle is not None else None,
+    }
+    default = {
+        **entry,
+        "config": "cdt",
+        "bundle": None,
+        "compile": {**entry["compile"], "options": {"coordinate_descent_tuning": True}},
+    }
+    dest.mkdir(parents=True)
+    (dest / PRESETS).write_text(json.dumps({"format": 1, "presets": [entry], "defaults": {"fp32": default}}))
+    if bundle is not None:
+        (dest / "bundles").mkdir()
+        (dest / "bundles" / "mlp.bin").write_bytes(bundle)
+    files = {str(p.relative_to(dest)): sha256_file(p) for p in dest.rglob("*") if p.is_file()}
+    manifest = {"format": 1, "hardware": hardware or hardware_class(), "stack": stack, "files": files}
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    return dest
+
+
+def test_exact_cell_then_the_class_default_then_nothing():
+    presets = {
+        "presets": [
+            {"model": "mlp", "batch_size": 4, "dtype": "tf32"},
+            {"model": "mlp", "batch_size": 4, "dtype": "fp32"},
+        ],
+        "defaults": {"fp32": {"config": "d"}},
+    }
+    assert find_preset(presets, "mlp", 4, ("fp32", "tf32"))[1]["dtype"] == "fp32"
+    assert find_preset(presets, "mlp", 8, ("fp32", "tf32")) == ("class_default", {"config": "d"})
+    assert find_preset(presets, "mlp", 8, ("bf16",)) == ("fallback", None)
+
+
+def test_a_tampered_bundle_is_refused_never_loaded(tmp_path):
+    dest = write_export(tmp_path / "exp", bundle=b"not what was exported")
+    (dest / "bundles" / "mlp.bin").write_bytes(b"not what was exported, changed")  # after the manifest
+    model, inputs = toy.mlp(4)
+    with pytest.warns(PresetFallbackWarning, match="sha256 .* does not match the manifest"):
+        _, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
+    assert applied.match == "exact" and applied.bundle == "refused" and applied.config["name"] == "default"
+    with pytest.raises(ExportError, match="does not match the manifest"):
+        compile_tuned(model, inputs, dest, model_name="mlp", run_example=False, strict=True)
+
+
+def test_a_tampered_preset_file_falls_back_to_plain_compile(tmp_path):
+    dest = write_export(tmp_path / "exp")
+    (dest / PRESETS).write_text((dest / PRESETS).read_text().replace('"default"', '"evil"'))
+    model, inputs = toy.mlp(4)
+    with pytest.warns(PresetFallbackWarning, match="presets.json: sha256"):
+        compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
+    assert applied.match == "fallback" and applied.config is None and compiled is not model
+
+
+@pytest.mark.parametrize("what", ["hardware", "stack"])
+def test_another_class_or_stack_warns_once_and_falls_back(tmp_path, what):
+    dest = write_export(tmp_path / "exp", hardware="H100" if what == "hardware" else None)
+    if what == "stack":
+        manifest = json.loads((dest / MANIFEST).read_text())
+        manifest["stack"]["torch"] = "2.0.0"
+        (dest / MANIFEST).write_text(json.dumps(manifest))
+    model, inputs = toy.mlp(4)
+    with pytest.warns(PresetFallbackWarning) as record:
+        _, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
+    assert len(record) == 1
+    expected = "are for hardware class 'H100'" if what == "hardware" else "another stack: torch 2.0.0"
+    assert expected in str(record[0].message) and applied.match == "fallback"
+
+
+def test_a_model_never_swept_gets_the_class_default(tmp_path):
+    dest = write_export(tmp_path / "exp")
+    model, inputs = toy.mlp(2)
+    _, applied = compile_tuned(model, inputs, dest, model_name="unknown", run_example=False)
+    assert applied.match == "class_default" and applied.config["options"] == {
+        "coordinate_descent_tuning": True
+    }
+
+
+def test_the_apply_api_imports_neither_ray_nor_the_orchestrator():
+    code = "import sys, compiler.apply; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'orchestrator', 'workers')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
