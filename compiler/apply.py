@@ -202,7 +202,10 @@ def compile_tuned(
     `example_inputs` (a dict of keyword arguments, a tuple of positional ones, or one tensor);
     `dtype` is the precision policy (fp32, tf32, bf16, fp16), by default read from the model's
     parameters (float32 looks for fp32, then tf32). With `run_example` the example inputs are run
-    once under `torch.no_grad()`, so the compile (and the bundle's cache hits) happen here.
+    under `torch.no_grad()` once eagerly (as the export job did before it compiled: a model whose
+    first call changes it would otherwise trace other graphs and miss the bundle) and once
+    compiled, so the compile (and the bundle's cache hits) happen here; `compile_s` times the
+    compiled call.
     With `strict`, what would be a fallback raises `ExportError` instead."""
     import torch
 
@@ -223,6 +226,8 @@ def compile_tuned(
 
     def _first_call(compiled: Any) -> None:
         if run_example:
+            with torch.no_grad():  # eagerly first, as the export job did before compiling: some
+                _call(model, example_inputs)  # models (SegFormer) trace other graphs before it
             t0 = time.perf_counter()
             with torch.no_grad():
                 _call(compiled, example_inputs)

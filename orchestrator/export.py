@@ -178,6 +178,7 @@ def export(
         rel = _bundle_name(entry)
         result = build_bundle(job, dest / rel, threads, scratch_root)
         cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
+        entry["model_spec"] = dataclasses.asdict(spec)
         if result.get("status") == "ok":
             entry["bundle"] = rel
             entry["bundle_compile_s"] = result.get("compile_s")
