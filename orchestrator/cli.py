@@ -392,6 +392,12 @@ def cmd_presets(args) -> int:
         )
     for m in data["no_preset"]:
         print(f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: no ok config {m['statuses']}")
+    for hardware, by_dtype in data["defaults"].items():
+        for dtype, d in by_dtype.items():
+            print(
+                f"{hardware}/*/{dtype} (class default, for models never swept): {d['config']} "
+                f"(ok on {d['cells']} cells, geomean {d['geomean_speedup_vs_eager']:.2f}x vs eager)"
+            )
     print(f"wrote {path}")
     return 0
 

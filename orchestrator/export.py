@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,63 +28,13 @@ from typing import Any
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
-from orchestrator.presets import derive_presets
+from orchestrator.presets import class_defaults, derive_presets, row_stack
 from orchestrator.runlog import read_runs
 from orchestrator.schema import read_results
 from orchestrator.storage import Target
 from workers.job import Job, MeasureSpec, ModelSpec
 
 BUNDLES = "bundles"
-
-
-def _row_stack(row: dict[str, Any]) -> dict[str, Any]:
-    python = row.get("python_version")
-    return {
-        "torch": row.get("torch_version"),
-        "triton": row.get("triton_version"),
-        "cuda": row.get("cuda_version"),
-        "python": ".".join(python.split(".")[:2]) if python else None,
-        "driver": row.get("driver_version"),
-    }
-
-
-def class_defaults(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per dtype: the config that is ok on the most cells, ties broken by the best geometric mean
-    of its speedup over eager on those cells."""
-    by_dtype: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if r["status"] == "ok" and r["compiled_ms"] and r["eager_ms"]:
-            by_dtype[r["dtype"]][r["config"]].append(r)
-    defaults = {}
-    for dtype, configs in sorted(by_dtype.items()):
-
-        def score(item: tuple[str, list[dict[str, Any]]]) -> tuple[int, float]:
-            _, cfg_rows = item
-            geo = math.exp(sum(math.log(r["eager_ms"] / r["compiled_ms"]) for r in cfg_rows) / len(cfg_rows))
-            return len({(r["model"], r["batch_size"]) for r in cfg_rows}), geo
-
-        name, cfg_rows = max(sorted(configs.items()), key=score)
-        cells, geomean = score((name, cfg_rows))
-        first = cfg_rows[0]
-        defaults[dtype] = {
-            "dtype": dtype,
-            "config": name,
-            "compile": _compile_dict(first),
-            "cells": cells,
-            "geomean_speedup_vs_eager": geomean,
-        }
-    return defaults
-
-
-def _compile_dict(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "backend": row["backend"],
-        "mode": row["mode"],
-        "fullgraph": bool(row["fullgraph"]),
-        "dynamic": row["dynamic"],
-        "options": json.loads(row["options"] or "{}"),
-        "freezing": bool(row.get("freezing")),
-    }
 
 
 def _model_specs(out: Target) -> dict[str, ModelSpec]:
@@ -114,7 +62,7 @@ def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[
             f"no result rows of hardware class {hardware!r} under {out}; classes there: {', '.join(classes) or 'none'}"
         )
     ok = [r for r in rows if r["status"] == "ok"]
-    stacks = {json.dumps({k: _row_stack(r)[k] for k in STACK_KEYS}, sort_keys=True) for r in ok}
+    stacks = {json.dumps({k: row_stack(r)[k] for k in STACK_KEYS}, sort_keys=True) for r in ok}
     if len(stacks) > 1:
         raise ExportError(
             f"the {hardware} rows under {out} come from {len(stacks)} software stacks ({'; '.join(sorted(stacks))}); "
@@ -122,7 +70,7 @@ def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[
         )
     if not ok:
         raise ExportError(f"no {hardware} row under {out} is ok: nothing to export")
-    stack = _row_stack(ok[0])
+    stack = row_stack(ok[0])
     import pyarrow as pa
 
     entries = derive_presets(pa.Table.from_pylist(rows))["presets"]

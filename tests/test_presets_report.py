@@ -57,6 +57,19 @@ def by_cell(entries):
 # --- presets --------------------------------------------------------------------------------------
 
 
+def test_class_defaults_and_stacks(table):
+    data = derive_presets(table)
+    # A100: each config is ok on one cell, so the best geomean wins (tuned 3.0x on mlp)
+    assert data["defaults"]["A100"]["fp32"]["config"] == "tuned"
+    # cpu: default and ro are ok on both cells, tuned on one; default's geomean sqrt(1.25 x 1.0)
+    # beats ro's sqrt(1.11 x 0.83)
+    cpu = data["defaults"]["cpu"]["fp32"]
+    assert cpu["config"] == "default" and cpu["cells"] == 2
+    assert cpu["geomean_speedup_vs_eager"] == pytest.approx((50 / 40 * 5 / 5) ** 0.5)
+    assert cpu["compile"]["mode"] is None and cpu["compile"]["options"] == {}
+    assert set(data["stacks"]) == {"A100", "cpu"} and len(data["stacks"]["cpu"]) == 1
+
+
 def test_derive_presets_picks_the_fastest_ok_config(table, table_jobs):
     data = derive_presets(table)
     assert data["format"] == PRESET_FORMAT
