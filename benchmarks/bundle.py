@@ -34,7 +34,7 @@ def child(mode: str, export_dir: str, index: int) -> None:
     from torch._dynamo.utils import counters
 
     from compiler.config import CompileConfig
-    from workers.bench import JobRun
+    from workers.bench import JobRun, _call
     from workers.job import Job, MeasureSpec, ModelSpec
 
     presets = json.loads((Path(export_dir) / "presets.json").read_text())
@@ -62,7 +62,7 @@ def child(mode: str, export_dir: str, index: int) -> None:
     model, input_sets, _ = run.build(keep_fp32_copy=False)
     inputs = input_sets[0]
     with torch.no_grad():  # eager first, as the job that made the bundle did: some models (SegFormer)
-        model(**inputs) if isinstance(inputs, dict) else model(*inputs)  # trace other graphs before it
+        _call(model, inputs)  # trace other graphs before it
     if device == "cuda":
         torch.cuda.synchronize()
     out: dict = {
@@ -77,7 +77,7 @@ def child(mode: str, export_dir: str, index: int) -> None:
         compiled = torch.compile(model, **config.compile_kwargs())
         t0 = time.perf_counter()
         with torch.no_grad():
-            compiled(**inputs) if isinstance(inputs, dict) else compiled(*inputs)
+            _call(compiled, inputs)
         if device == "cuda":
             torch.cuda.synchronize()
         out["first_call_s"] = time.perf_counter() - t0

@@ -115,22 +115,24 @@ def _local_copy(source: str | Path) -> Path:
     return local
 
 
-def _verified(root: Path, manifest: dict[str, Any], rel: str) -> Path:
-    """`root/rel` after checking it against the manifest's sha256 (raises ExportError)."""
+def _verified(root: Path, manifest: dict[str, Any], rel: str) -> bytes:
+    """The bytes of `root/rel`, read once and checked against the manifest's sha256 (raises
+    ExportError), so what is loaded is exactly what was hashed."""
     expected = (manifest.get("files") or {}).get(rel)
     path = root / rel
     if expected is None:
         raise ExportError(f"{path}: not listed in {root / MANIFEST}; refusing to load it")
     try:
-        actual = sha256_file(path)
+        data = path.read_bytes()
     except OSError as exc:
         raise ExportError(f"{path}: cannot read it ({exc})") from exc
+    actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
         raise ExportError(
             f"{path}: sha256 {actual[:16]}... does not match the manifest's {expected[:16]}...; the file was "
             "changed after export: refusing to load it (re-export, or copy the directory again)"
         )
-    return path
+    return data
 
 
 def _policies(model: Any, dtype: str | None) -> tuple[str, ...]:
@@ -214,12 +216,14 @@ def compile_tuned(
         device = next(model.parameters()).device
     applied = Applied(source=str(source), hardware=hardware_class(device), stack=software_stack())
 
+    def warn(message: str, stacklevel: int) -> None:  # stacklevel: the caller of compile_tuned
+        applied.warnings.append(message)
+        warnings.warn(message, PresetFallbackWarning, stacklevel=stacklevel)
+
     def fall_back(reason: str) -> tuple[Any, Applied]:
         if strict:
             raise ExportError(reason)
-        message = f"compile_tuned: {reason}; using plain torch.compile instead"
-        applied.warnings.append(message)
-        warnings.warn(message, PresetFallbackWarning, stacklevel=3)
+        warn(f"compile_tuned: {reason}; using plain torch.compile instead", stacklevel=4)
         compiled = torch.compile(model)
         _first_call(compiled)
         return compiled, applied
@@ -238,7 +242,7 @@ def compile_tuned(
     try:
         root = _local_copy(source)
         manifest = json.loads((root / MANIFEST).read_text())
-        presets = json.loads(_verified(root, manifest, PRESETS).read_text())
+        presets = json.loads(_verified(root, manifest, PRESETS))
     except (OSError, ValueError, ExportError) as exc:
         return fall_back(f"cannot use the export at {source}: {exc}")
     if manifest.get("format") != EXPORT_FORMAT:
@@ -254,13 +258,11 @@ def compile_tuned(
     if differs:
         return fall_back(f"the presets in {source} were built on another stack: {', '.join(differs)}")
 
-    applied.match, entry = find_preset(
-        presets, model_name, batch_size or _batch_size(example_inputs), _policies(model, dtype)
-    )
+    batch_size = batch_size or _batch_size(example_inputs)
+    applied.match, entry = find_preset(presets, model_name, batch_size, _policies(model, dtype))
     if entry is None:
         return fall_back(
-            f"no preset for model {model_name!r} at batch size {batch_size or _batch_size(example_inputs)} "
-            f"and no class default in {source}"
+            f"no preset for model {model_name!r} at batch size {batch_size} and no class default in {source}"
         )
     applied.preset = {k: v for k, v in entry.items() if k != "compile"}
     config = CompileConfig.from_dict({"name": entry.get("config", "preset"), **entry["compile"]})
@@ -270,21 +272,19 @@ def compile_tuned(
     if bundle:
         applied.bundle_file = str(root / bundle)
         try:
-            data = _verified(root, manifest, bundle).read_bytes()
+            data = _verified(root, manifest, bundle)
         except ExportError as exc:
             if strict:
                 raise
             applied.bundle = "refused"
-            message = f"compile_tuned: {exc}; compiling without the bundle"
-            applied.warnings.append(message)
-            warnings.warn(message, PresetFallbackWarning, stacklevel=2)
+            warn(f"compile_tuned: {exc}; compiling without the bundle", stacklevel=3)
         else:
             info = torch.compiler.load_cache_artifacts(data)
             applied.bundle = "loaded"
             if info is not None:
                 applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}
 
-    policy = entry.get("precision") or entry.get("dtype")
+    policy = entry.get("dtype")
     if policy:
         from compiler.precision import apply_precision
 

@@ -28,7 +28,7 @@ from typing import Any
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
-from orchestrator.presets import class_defaults, derive_presets, row_stack
+from orchestrator.presets import derive_presets, row_stack
 from orchestrator.runlog import read_runs
 from orchestrator.schema import read_results
 from orchestrator.storage import Target
@@ -70,11 +70,10 @@ def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[
         )
     if not ok:
         raise ExportError(f"no {hardware} row under {out} is ok: nothing to export")
-    stack = row_stack(ok[0])
     import pyarrow as pa
 
-    entries = derive_presets(pa.Table.from_pylist(rows))["presets"]
-    return entries, class_defaults(rows), stack
+    derived = derive_presets(pa.Table.from_pylist(rows))
+    return derived["presets"], derived["defaults"][hardware], row_stack(ok[0])
 
 
 def export(
@@ -105,13 +104,14 @@ def export(
         )
     specs = _model_specs(out)
     dest = Path(dest)
-    if (dest / MANIFEST).exists() or (dest.exists() and any(dest.iterdir())):
+    if dest.exists() and any(dest.iterdir()):
         raise ExportError(f"{dest} is not empty; export into a new directory (nothing there was changed)")
     (dest / BUNDLES).mkdir(parents=True, exist_ok=True)
     threads = threads or max(1, os.cpu_count() or 1)
     t_start = time.monotonic()
     for i, entry in enumerate(entries, 1):
         spec = specs.get(entry["model"]) or ModelSpec(id=entry["model_id"], name=entry["model"])
+        config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
         job = Job(
             sweep="export",
             hardware=hardware,
@@ -119,9 +119,9 @@ def export(
             model=spec,
             batch_size=entry["batch_size"],
             dtype=entry["dtype"],
-            config=CompileConfig.from_dict({"name": entry["config"], **entry["compile"]}),
+            config=config,
             measure=MeasureSpec(),
-            timeout_s=CompileConfig(name="x", mode=entry["compile"]["mode"]).effective_timeout(None),
+            timeout_s=config.effective_timeout(None),
         )
         rel = _bundle_name(entry)
         result = build_bundle(job, dest / rel, threads, scratch_root)

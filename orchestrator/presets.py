@@ -87,9 +87,12 @@ def derive_presets(table: pa.Table) -> dict[str, Any]:
     Cells where no config is ok are listed under `no_preset` with every config's status, so a
     missing preset is explained rather than silently absent.
     """
+    all_rows = table.to_pylist()
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for row in table.to_pylist():
+    by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in all_rows:
         groups[(row["hardware"], row["model"], row["batch_size"], row["dtype"])].append(row)
+        by_class[row["hardware"]].append(row)
     presets, missing = [], []
     for (hardware, model, bs, dtype), rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         cell = {"hardware": hardware, "model": model, "batch_size": bs, "dtype": dtype}
@@ -117,10 +120,6 @@ def derive_presets(table: pa.Table) -> dict[str, Any]:
                 "torch_version": best["torch_version"],
             }
         )
-    rows = table.to_pylist()
-    by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_class[row["hardware"]].append(row)
     stacks = {
         hw: sorted({json.dumps(row_stack(r), sort_keys=True) for r in hw_rows if r["status"] == "ok"})
         for hw, hw_rows in by_class.items()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orchestrator.schema import RESULT_COLUMNS, check_row, check_side_row, options_json
+from orchestrator.schema import RESULT_COLUMNS, SIDE_TABLES, check_row, check_side_row, options_json
 from workers.job import Job
 
 
@@ -71,7 +71,7 @@ def side_rows(job: Job, result: dict[str, Any], *, run_id: str) -> dict[str, lis
     keyed by the job (job_id, run_id, hardware)."""
     key = {"job_id": job.job_id, "run_id": run_id, "hardware": job.hardware}
     tables = {}
-    for table in ("kernel_choices",):
+    for table in SIDE_TABLES:
         rows = result.get(table) or []
         if rows:
             tables[table] = [check_side_row(table, {**r, **key}) for r in rows]

@@ -248,6 +248,8 @@ RESULTS_SCHEMA = _schema(_RESULT_FIELDS)
 KERNEL_CHOICES_SCHEMA = _schema(_KERNEL_CHOICE_FIELDS)
 TABLES: dict[str, pa.Schema] = {RESULTS_DIR: RESULTS_SCHEMA, "kernel_choices": KERNEL_CHOICES_SCHEMA}
 """Every table of an output directory, by the name of its folder."""
+SIDE_TABLES: tuple[str, ...] = tuple(t for t in TABLES if t != RESULTS_DIR)
+"""The tables beside `results` whose rows a job's result carries (keyed by its job_id)."""
 
 
 def file_schema(schema: pa.Schema) -> pa.Schema:

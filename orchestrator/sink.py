@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 from orchestrator.schema import (
     PARTITION_COLUMNS,
     RESULTS_DIR,
+    SIDE_TABLES,
     TABLES,
     read_results,
-    results_path,
     rows_to_table,
     table_path,
 )
@@ -57,7 +57,6 @@ class ResultSink:
 
     def __init__(self, out_dir: Target, max_rows: int = 1000, max_delay_s: float = 1.0):
         self.out = resolve(out_dir)
-        self.root = results_path(out_dir)
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self._buffer: list[dict[str, Any]] = []
@@ -78,10 +77,8 @@ class ResultSink:
         """One job's result row, and its rows of the other tables."""
         self._buffer.append(row)
         for table, rows in (tables or {}).items():
-            if table not in TABLES or table == RESULTS_DIR:
-                raise ValueError(
-                    f"unknown side table {table!r}; valid: {sorted(set(TABLES) - {RESULTS_DIR})}"
-                )
+            if table not in SIDE_TABLES:
+                raise ValueError(f"unknown side table {table!r}; valid: {sorted(SIDE_TABLES)}")
             self._side[table].extend(rows)
         if self._oldest is None:
             self._oldest = time.monotonic()

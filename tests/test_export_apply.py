@@ -23,7 +23,8 @@ from compiler.apply import (
     sha256_file,
 )
 from compiler.hardware import accelerator_type, hardware_class, software_stack
-from orchestrator.export import class_defaults, export, plan_export
+from orchestrator.export import export, plan_export
+from orchestrator.presets import class_defaults
 from orchestrator.rows import make_row
 from orchestrator.sink import ResultSink
 from workers import toy

@@ -154,6 +154,26 @@ def _run_bench(
     return result
 
 
+def _job_scratch(
+    job: Job, threads: int, scratch_root: str | None, prefix: str, extra_path: tuple[str, ...] = ()
+) -> tuple[Path, Path, Path, dict[str, str]]:
+    """A fresh scratch directory for `job`'s processes (under `scratch_root`, created if this
+    node lacks it) holding `job.json`; returns it, the job file, the log file and the processes'
+    environment (private caches inside it)."""
+    if scratch_root:  # a path on this node, which may not have it yet
+        Path(scratch_root).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{prefix}-{job.job_id[:12]}-", dir=scratch_root))
+    job_file = scratch / "job.json"
+    job_file.write_text(json.dumps(job.to_dict()))
+    return scratch, job_file, scratch / "log.txt", job_environment(scratch, threads, extra_path=extra_path)
+
+
+def _pin(env: dict[str, str], cores: affinity.CoreLease) -> None:
+    """Tell the job processes which cores they hold (they pin themselves before importing torch)."""
+    if cores.pinned:
+        env[affinity.AFFINITY_ENV] = affinity.format_cpus(cores.cpus)
+
+
 def run_job(
     job: Job,
     threads: int,
@@ -171,19 +191,13 @@ def run_job(
     and `measure.warm_compile`, a second process only compiles warm. The processes are pinned to
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
     clock is locked for the job where NVML allows it."""
-    if scratch_root:  # a path on this node, which may not have it yet
-        Path(scratch_root).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id[:12]}-", dir=scratch_root))
-    job_file, log_file = scratch / "job.json", scratch / "log.txt"
-    job_file.write_text(json.dumps(job.to_dict()))
-    env = job_environment(scratch, threads, extra_path=extra_path)
+    scratch, job_file, log_file, env = _job_scratch(job, threads, scratch_root, "job", extra_path)
     gpu = job.device == "cuda"
     prefer = clocks.gpu_local_cpus() if gpu else set()
     lock = clocks.locked_clocks() if gpu and lock_clocks else contextlib.nullcontext()
     try:
         with affinity.core_lease(threads, prefer) as cores, lock as clock_lock:
-            if cores.pinned:
-                env[affinity.AFFINITY_ENV] = affinity.format_cpus(cores.cpus)
+            _pin(env, cores)
             first = _run_bench([], job_file, scratch / "result.json", log_file, env, job.timeout_s)
             later: list[dict[str, Any]] = []
             warm = None
@@ -222,16 +236,10 @@ def build_bundle(job: Job, dest: Path, threads: int, scratch_root: str | None = 
     """Compile `job`'s config cold in a fresh process with empty caches and write the caches it
     filled to `dest` (a compile-cache bundle, `workers.bench --bundle`); return the process's
     result (`status`, `compile_s`, `bundle_bytes`, `bundle_artifacts`, ...)."""
-    if scratch_root:
-        Path(scratch_root).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"bundle-{job.job_id[:12]}-", dir=scratch_root))
-    job_file, log_file = scratch / "job.json", scratch / "log.txt"
-    job_file.write_text(json.dumps(job.to_dict()))
-    env = job_environment(scratch, threads)
+    scratch, job_file, log_file, env = _job_scratch(job, threads, scratch_root, "bundle")
     try:
         with affinity.core_lease(threads) as cores:
-            if cores.pinned:
-                env[affinity.AFFINITY_ENV] = affinity.format_cpus(cores.cpus)
+            _pin(env, cores)
             dest = Path(dest).resolve()
             return _run_bench(
                 ["--bundle", str(dest)], job_file, scratch / "result.json", log_file, env, job.timeout_s

@@ -9,15 +9,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from orchestrator.schema import TABLES, read_results, read_table  # noqa: E402
+from orchestrator.schema import SIDE_TABLES, read_results, read_table  # noqa: E402
 
 out, dest = sys.argv[1], Path(sys.argv[2])
 table = read_results(out)
 pq.write_table(table, dest)
 print(f"packed {table.num_rows} rows of {out} into {dest}")
-for name in TABLES:
-    if name == "results":
-        continue
+for name in SIDE_TABLES:
     side = read_table(out, name)
     if side.num_rows:
         path = dest.with_name(f"{dest.stem}-{name}{dest.suffix}")
