@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler.statistics import percentile  # noqa: E402
-from orchestrator.driver import SweepOptions, run_sweep  # noqa: E402
-from orchestrator.schema import read_results  # noqa: E402
-from orchestrator.spec import parse_spec  # noqa: E402
+from orchestrator.fleet.driver import SweepOptions, run_sweep  # noqa: E402
+from orchestrator.spec.sweep import parse_spec  # noqa: E402
+from orchestrator.store.schema import read_results  # noqa: E402
 
 
 def main() -> int:

@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(path: Path):
-    from orchestrator.spec import SpecError, load_spec
+    from orchestrator.spec.sweep import SpecError, load_spec
 
     try:
         return load_spec(path)
@@ -259,8 +259,8 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from orchestrator.driver import plan_jobs
-    from orchestrator.inventory import CPU_CLASS, HardwareClass, MissingHardwareError, local_classes
+    from orchestrator.fleet.driver import plan_jobs
+    from orchestrator.fleet.inventory import CPU_CLASS, HardwareClass, MissingHardwareError, local_classes
 
     spec = _load(args.sweep)
     if spec is None:
@@ -291,11 +291,11 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator.driver import OutputExistsError, SweepInterrupted, SweepOptions, run_sweep
-    from orchestrator.inventory import MissingHardwareError
-    from orchestrator.progress import format_duration
-    from orchestrator.schema import results_path
-    from orchestrator.storage import StorageError, check_writable, checked
+    from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted, SweepOptions, run_sweep
+    from orchestrator.fleet.inventory import MissingHardwareError
+    from orchestrator.fleet.progress import format_duration
+    from orchestrator.store.schema import results_path
+    from orchestrator.store.storage import StorageError, check_writable, checked
 
     spec = _load(args.sweep)
     if spec is None:
@@ -354,8 +354,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from orchestrator.schema import read_results, results_path
-    from orchestrator.storage import StorageError, checked
+    from orchestrator.store.schema import read_results, results_path
+    from orchestrator.store.storage import StorageError, checked
     from reports.speedup import render, write_report
 
     try:
@@ -376,8 +376,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_presets(args) -> int:
-    from orchestrator.presets import write_presets
-    from orchestrator.storage import StorageError, checked
+    from orchestrator.store.storage import StorageError, checked
+    from orchestrator.tune.presets import write_presets
 
     try:
         path, data = write_presets(checked(args.out))
@@ -403,8 +403,8 @@ def cmd_presets(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from orchestrator.export import ExportError, export
-    from orchestrator.storage import StorageError, checked
+    from orchestrator.store.storage import StorageError, checked
+    from orchestrator.tune.export import ExportError, export
 
     if args.cpus is not None and args.cpus < 1:
         print(f"error: --cpus must be at least 1, got {args.cpus}", file=sys.stderr)
@@ -427,7 +427,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_kernels(args) -> int:
-    from orchestrator.storage import StorageError, checked
+    from orchestrator.store.storage import StorageError, checked
     from reports.kernels import load, render, summarize
 
     try:
@@ -449,9 +449,9 @@ def cmd_kernels(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from orchestrator import submit as jobs
-    from orchestrator.spec import SpecError
-    from orchestrator.storage import redact
+    from orchestrator.fleet import submit as jobs
+    from orchestrator.spec.sweep import SpecError
+    from orchestrator.store.storage import redact
 
     if args.cpus_per_job is not None and args.cpus_per_job < 1:
         print("error: --cpus-per-job must be at least 1", file=sys.stderr)
@@ -501,7 +501,7 @@ def cmd_submit(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from orchestrator import submit as jobs
+    from orchestrator.fleet import submit as jobs
 
     try:
         info = jobs.status(args.address, args.job)
@@ -517,7 +517,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    from orchestrator import submit as jobs
+    from orchestrator.fleet import submit as jobs
 
     try:
         jobs.logs(args.address, args.job, follow=args.follow)

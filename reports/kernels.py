@@ -128,7 +128,7 @@ def load(source: Any) -> pa.Table:
     or one packed Parquet file."""
     if isinstance(source, str) and source.endswith(".parquet") and Path(source).is_file():
         return pq.read_table(source)
-    from orchestrator.schema import read_table
+    from orchestrator.store.schema import read_table
 
     return read_table(source, "kernel_choices")
 

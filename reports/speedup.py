@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from orchestrator.storage import Target, resolve
+from orchestrator.store.storage import Target, resolve
 
 REPORT_FILE = "report.md"
 

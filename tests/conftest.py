@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.matrix import expand
-from orchestrator.spec import SweepSpec, parse_spec
+from orchestrator.spec.matrix import expand
+from orchestrator.spec.sweep import SweepSpec, parse_spec
 from workers.job import Job
 
 TABLE_SPEC = """\

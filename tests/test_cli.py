@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.inventory import local_classes
-from orchestrator.matrix import expand
-from orchestrator.rows import make_row
-from orchestrator.sink import ResultSink
-from orchestrator.spec import load_spec
+from orchestrator.fleet.inventory import local_classes
+from orchestrator.spec.matrix import expand
+from orchestrator.spec.sweep import load_spec
+from orchestrator.store.rows import make_row
+from orchestrator.store.sink import ResultSink
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "sweeps" / "smoke.yaml"

@@ -11,9 +11,9 @@ import pytest
 
 from compiler.config import CompileConfig
 from compiler.kernels import KernelChoiceRecorder
-from orchestrator.rows import make_row, side_rows
-from orchestrator.schema import read_results, read_table
-from orchestrator.sink import ResultSink
+from orchestrator.store.rows import make_row, side_rows
+from orchestrator.store.schema import read_results, read_table
+from orchestrator.store.sink import ResultSink
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import run_job
 

@@ -18,7 +18,7 @@ from compiler.measure import (
     time_calls,
 )
 from compiler.statistics import percentile, summarize
-from orchestrator.progress import Progress, format_duration
+from orchestrator.fleet.progress import Progress, format_duration
 
 # --- percentile and summarize ---------------------------------------------------------------------
 

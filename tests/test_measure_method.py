@@ -29,8 +29,8 @@ from compiler.measure import (
 )
 from compiler.precision import apply_precision
 from compiler.statistics import ratio_interval, split_groups, summarize
-from orchestrator.rows import make_row
-from orchestrator.schema import rows_to_table
+from orchestrator.store.rows import make_row
+from orchestrator.store.schema import rows_to_table
 from tests.columns import MEASUREMENT_COLUMNS
 from workers.bench import PHASES
 from workers.job import Job, MeasureSpec, ModelSpec

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import runlog
-from orchestrator.sink import ResultSink
-from orchestrator.spec import parse_spec
+from orchestrator.spec.sweep import parse_spec
+from orchestrator.store import runlog
+from orchestrator.store.sink import ResultSink
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling.py"
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.schema import RESULT_COLUMNS, rows_to_table
+from orchestrator.store.schema import RESULT_COLUMNS, rows_to_table
 from reports import vision_doc
 
 REFERENCE_CSV = Path(vision_doc.DEFAULT_REFERENCE)

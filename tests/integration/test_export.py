@@ -14,9 +14,9 @@ import pytest
 
 from compiler.apply import MANIFEST, PRESETS, sha256_file
 from orchestrator.cli import main
-from orchestrator.rows import make_row
-from orchestrator.sink import ResultSink
-from tests.test_export_apply import local_stack_fields
+from orchestrator.store.rows import make_row
+from orchestrator.store.sink import ResultSink
+from tests.tune.test_export_apply import local_stack_fields
 
 pytestmark = pytest.mark.integration
 

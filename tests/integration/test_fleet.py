@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from orchestrator.driver import SweepOptions, run_sweep
-from orchestrator.inventory import MissingHardwareError
-from orchestrator.schema import read_results, read_table
-from orchestrator.spec import parse_spec
+from orchestrator.fleet.driver import SweepOptions, run_sweep
+from orchestrator.fleet.inventory import MissingHardwareError
+from orchestrator.spec.sweep import parse_spec
+from orchestrator.store.schema import read_results, read_table
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from orchestrator.schema import read_results
+from orchestrator.store.schema import read_results
 from tests.integration.conftest import bench_processes, orchestrate, planned_count, start_sweep
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from orchestrator.schema import read_results
-from orchestrator.storage import resolve
+from orchestrator.store.schema import read_results
+from orchestrator.store.storage import resolve
 from tests.integration.conftest import orchestrate
 
 pytestmark = pytest.mark.integration

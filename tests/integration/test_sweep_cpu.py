@@ -7,7 +7,7 @@ import json
 import pyarrow.dataset as ds
 import pytest
 
-from orchestrator.schema import read_results
+from orchestrator.store.schema import read_results
 from tests.integration.conftest import orchestrate, planned_count
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 
-from orchestrator.spec import SweepSpec
+from orchestrator.spec.sweep import SweepSpec
 from workers.job import DeviceKind, Job, software_stack
 
 

@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from compiler.config import CompileConfig
-from orchestrator import scheduler as scheduler_module
-from orchestrator.inventory import HardwareClass
-from orchestrator.scheduler import Scheduler
+from orchestrator.fleet import scheduler as scheduler_module
+from orchestrator.fleet.inventory import HardwareClass
+from orchestrator.fleet.scheduler import Scheduler
 from workers.job import Job, MeasureSpec, ModelSpec
 
 

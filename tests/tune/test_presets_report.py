@@ -7,10 +7,10 @@ from contextlib import closing
 
 import pytest
 
-from orchestrator.presets import PRESET_FORMAT, derive_presets, write_presets
-from orchestrator.rows import make_row
-from orchestrator.schema import read_results, rows_to_table
-from orchestrator.sink import ResultSink
+from orchestrator.store.rows import make_row
+from orchestrator.store.schema import read_results, rows_to_table
+from orchestrator.store.sink import ResultSink
+from orchestrator.tune.presets import PRESET_FORMAT, derive_presets, write_presets
 from reports.speedup import REPORT_FILE, render, speedup_tables, write_report
 
 # (job name, status, eager_ms, compiled_ms)

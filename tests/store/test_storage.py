@@ -10,15 +10,15 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from orchestrator import runlog
 from orchestrator.cli import main
-from orchestrator.ordering import History
-from orchestrator.rows import make_row
-from orchestrator.schema import RESULT_COLUMNS, read_results
-from orchestrator.sink import ResultSink, finished_job_ids
-from orchestrator.storage import StorageError, check_uri, check_writable, redact, resolve
+from orchestrator.fleet.ordering import History
+from orchestrator.store import runlog
+from orchestrator.store.rows import make_row
+from orchestrator.store.schema import RESULT_COLUMNS, read_results
+from orchestrator.store.sink import ResultSink, finished_job_ids
+from orchestrator.store.storage import StorageError, check_uri, check_writable, redact, resolve
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "sweeps" / "smoke.yaml"
 
 NAMES = [

@@ -28,10 +28,10 @@ from typing import Any
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
-from orchestrator.presets import derive_presets, row_stack
-from orchestrator.runlog import read_runs
-from orchestrator.schema import read_results
-from orchestrator.storage import Target
+from orchestrator.store.runlog import read_runs
+from orchestrator.store.schema import read_results
+from orchestrator.store.storage import Target
+from orchestrator.tune.presets import derive_presets, row_stack
 from workers.job import Job, MeasureSpec, ModelSpec
 
 BUNDLES = "bundles"

@@ -12,9 +12,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator import runlog
-from orchestrator.rows import failure_row, make_row
-from orchestrator.schema import (
+from orchestrator.store import runlog
+from orchestrator.store.rows import failure_row, make_row
+from orchestrator.store.schema import (
     PARTITION_COLUMNS,
     RESULT_COLUMNS,
     RESULTS_FILE_SCHEMA,
@@ -27,7 +27,7 @@ from orchestrator.schema import (
     read_table,
     rows_to_table,
 )
-from orchestrator.sink import ResultSink, finished_job_ids
+from orchestrator.store.sink import ResultSink, finished_job_ids
 
 MINIMAL = {"job_id": "j1", "run_id": "r1", "hardware": "cpu", "status": "ok"}
 

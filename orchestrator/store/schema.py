@@ -14,7 +14,7 @@ name, not in the files. Read it with :func:`read_results` (or
 ``pyarrow.dataset.dataset(path, partitioning="hive")``). Files are only ever created complete:
 the sink writes a dot-file, fsyncs it and renames it into place, and hive readers skip dot-files.
 ``<out>`` is a local path or a ``pyarrow.fs`` URI (``s3://bucket/prefix``; see
-:mod:`orchestrator.storage`); on an object store each file is one PUT under its final name.
+:mod:`orchestrator.store.storage`); on an object store each file is one PUT under its final name.
 
 Failures are rows: every planned job ends as exactly one row whose ``status`` says how it ended.
 """
@@ -26,7 +26,7 @@ from typing import Any, Literal, get_args
 
 import pyarrow as pa
 
-from orchestrator.storage import Location, Target, resolve
+from orchestrator.store.storage import Location, Target, resolve
 
 Status = Literal[
     "ok", "compile_error", "runtime_error", "accuracy_fail", "oom", "timeout", "crash", "hardware_lost"

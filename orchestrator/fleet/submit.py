@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from orchestrator.spec import SweepSpec, load_spec
-from orchestrator.storage import StorageError, check_uri, is_uri, redact
+from orchestrator.spec.sweep import SweepSpec, load_spec
+from orchestrator.store.storage import StorageError, check_uri, is_uri, redact
 
 EXCLUDES = [
     ".git",
@@ -89,7 +89,7 @@ class Submission:
 
 def project_root() -> Path:
     """The checkout this package runs from; it becomes the job's working directory."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if not (root / "pyproject.toml").is_file() or not (root / "workers").is_dir():
         raise SubmitError(
             f"orchestrator is installed at {root}, which is not a source checkout; `submit` ships the "

@@ -1,7 +1,7 @@
 """`<out>/run.json`: one entry per `orchestrate sweep` invocation with spec, versions and host.
 
 Read, changed and written whole: locally through a dot-file renamed into place, on an object
-store (s3://, gs://) as one PUT. `<out>` is a local path or a URI (`orchestrator.storage`)."""
+store (s3://, gs://) as one PUT. `<out>` is a local path or a URI (`orchestrator.store.storage`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import time
 from importlib import metadata
 from typing import Any
 
-from orchestrator.spec import SweepSpec
-from orchestrator.storage import Target, redact, resolve
+from orchestrator.spec.sweep import SweepSpec
+from orchestrator.store.storage import Target, redact, resolve
 from workers.job import software_stack
 
 RUN_FILE = "run.json"

@@ -29,9 +29,9 @@ from ray.autoscaler._private.aws.config import DEFAULT_AMI, _check_ami
 from ray.autoscaler._private.providers import _get_default_config
 from ray.autoscaler._private.util import check_legacy_fields, prepare_config, validate_config
 
-from orchestrator.inventory import ACCEL_LABEL, classes_from_nodes
+from orchestrator.fleet.inventory import ACCEL_LABEL, classes_from_nodes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG_PATH = ROOT / "ray_cluster.yaml"
 PROJECT_MOUNT = "/home/ray/compile-orchestrator"
 
@@ -205,7 +205,7 @@ def test_labels_pass_rays_label_syntax(raw):
 
 
 def test_project_inventory_sees_the_expected_classes(raw):
-    """The hardware classes orchestrator/inventory.py derives from one node of each type."""
+    """The hardware classes orchestrator/fleet/inventory.py derives from one node of each type."""
     nodes = [
         {
             "NodeID": name,

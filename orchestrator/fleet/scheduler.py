@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.inventory import HardwareClass
-from orchestrator.rows import failure_row, make_row, side_rows
+from orchestrator.fleet.inventory import HardwareClass
+from orchestrator.store.rows import failure_row, make_row, side_rows
 from workers.job import Job
 
 WAIT_S = 0.25

@@ -1,6 +1,6 @@
 """The Ray driver: connect (or start a private local cluster), plan, place jobs, collect rows.
 
-The dispatch loop itself (windows per class, retries, lost classes) is `orchestrator.scheduler`;
+The dispatch loop itself (windows per class, retries, lost classes) is `orchestrator.fleet.scheduler`;
 every job ends as one row, whatever happened to its task.
 """
 
@@ -19,15 +19,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from orchestrator import runlog
-from orchestrator.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
-from orchestrator.matrix import expand, select
-from orchestrator.ordering import History, longest_first
-from orchestrator.progress import Progress
-from orchestrator.scheduler import Scheduler
-from orchestrator.sink import ResultSink
-from orchestrator.spec import SweepSpec
-from orchestrator.storage import Location, Target, checked
+from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
+from orchestrator.fleet.ordering import History, longest_first
+from orchestrator.fleet.progress import Progress
+from orchestrator.fleet.scheduler import Scheduler
+from orchestrator.spec.matrix import expand, select
+from orchestrator.spec.sweep import SweepSpec
+from orchestrator.store import runlog
+from orchestrator.store.sink import ResultSink
+from orchestrator.store.storage import Location, Target, checked
 from workers.job import Job
 
 

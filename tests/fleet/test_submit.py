@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import submit as jobs
 from orchestrator.cli import main
-from orchestrator.spec import SpecError
+from orchestrator.fleet import submit as jobs
+from orchestrator.spec.sweep import SpecError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "sweeps" / "smoke.yaml"
 UNREACHABLE = "http://127.0.0.1:1"
 
@@ -31,7 +31,7 @@ configs: {default: {}}
 
 
 class FakeJobs:
-    """The parts of `JobSubmissionClient` that orchestrator.submit uses."""
+    """The parts of `JobSubmissionClient` that orchestrator.fleet.submit uses."""
 
     def __init__(self, final: str = "SUCCEEDED", address: str = "http://head:8265"):
         self.final = final

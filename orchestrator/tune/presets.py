@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from orchestrator.schema import read_results, results_path
-from orchestrator.storage import Target, resolve
+from orchestrator.store.schema import read_results, results_path
+from orchestrator.store.storage import Target, resolve
 
 PRESETS_FILE = "presets.json"
 PRESET_FORMAT = 2

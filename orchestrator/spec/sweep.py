@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from compiler.config import CompileConfig, config_problems
-from orchestrator.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
+from orchestrator.spec.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
 from workers.job import PRECISIONS, MeasureSpec, ModelSpec, canonical_precision
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")

@@ -13,8 +13,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from orchestrator.schema import read_results
-from orchestrator.storage import Target, resolve
+from orchestrator.store.schema import read_results
+from orchestrator.store.storage import Target, resolve
 from workers.job import Job
 
 MODE_COST = {"max-autotune": 20.0, "max-autotune-no-cudagraphs": 15.0, "reduce-overhead": 1.1}

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from compiler.config import CompileConfig
-from orchestrator import inventory
-from orchestrator.inventory import MissingHardwareError, classes_from_nodes, resolve
-from orchestrator.matrix import expand, select
-from orchestrator.spec import parse_spec
+from orchestrator.fleet import inventory
+from orchestrator.fleet.inventory import MissingHardwareError, classes_from_nodes, resolve
+from orchestrator.spec.matrix import expand, select
+from orchestrator.spec.sweep import parse_spec
 from workers.job import Job, MeasureSpec, ModelSpec, software_stack
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 SPEC = """\
 name: m
@@ -93,8 +93,8 @@ def test_job_ids_are_stable_across_processes():
     in_process = [[j.name, j.job_id] for j in expand(parse_spec(SPEC), {"cpu": "cpu", "T4": "cuda"})]
     code = (
         "import json, sys\n"
-        "from orchestrator.spec import parse_spec\n"
-        "from orchestrator.matrix import expand\n"
+        "from orchestrator.spec.sweep import parse_spec\n"
+        "from orchestrator.spec.matrix import expand\n"
         "jobs = expand(parse_spec(sys.stdin.read()), {'cpu': 'cpu', 'T4': 'cuda'})\n"
         "print(json.dumps([[j.name, j.job_id] for j in jobs]))\n"
     )

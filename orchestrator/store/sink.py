@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.schema import (
+from orchestrator.store.schema import (
     PARTITION_COLUMNS,
     RESULTS_DIR,
     SIDE_TABLES,
@@ -30,7 +30,7 @@ from orchestrator.schema import (
     rows_to_table,
     table_path,
 )
-from orchestrator.storage import Location, Target, resolve
+from orchestrator.store.storage import Location, Target, resolve
 
 
 def _fsync_dir(path: Path) -> None:

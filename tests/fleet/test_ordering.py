@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from compiler.config import CompileConfig
-from orchestrator.ordering import History, heuristic_cost, longest_first
+from orchestrator.fleet.ordering import History, heuristic_cost, longest_first
 from workers.job import Job, MeasureSpec, ModelSpec
 
 
@@ -106,7 +106,7 @@ def test_timing_only_rows_order_jobs_but_do_not_count_as_done():
 
 
 def test_history_from_output_reads_other_directories_for_timing(tmp_path):
-    from orchestrator.sink import ResultSink
+    from orchestrator.store.sink import ResultSink
 
     earlier, out = tmp_path / "earlier", tmp_path / "out"
     b = job(config="b")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orchestrator.schema import RESULT_COLUMNS, SIDE_TABLES, check_row, check_side_row, options_json
+from orchestrator.store.schema import RESULT_COLUMNS, SIDE_TABLES, check_row, check_side_row, options_json
 from workers.job import Job
 
 

@@ -23,13 +23,13 @@ from compiler.apply import (
     sha256_file,
 )
 from compiler.hardware import accelerator_type, hardware_class, software_stack
-from orchestrator.export import export, plan_export
-from orchestrator.presets import class_defaults
-from orchestrator.rows import make_row
-from orchestrator.sink import ResultSink
+from orchestrator.store.rows import make_row
+from orchestrator.store.sink import ResultSink
+from orchestrator.tune.export import export, plan_export
+from orchestrator.tune.presets import class_defaults
 from workers import toy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def local_stack_fields() -> dict:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from compiler.config import DEFAULT_TIMEOUT_BY_MODE, CompileConfig
-from orchestrator.matrix import expand
-from orchestrator.spec import SpecError, SweepSpec, load_spec, parse_spec
+from orchestrator.spec.matrix import expand
+from orchestrator.spec.sweep import SpecError, SweepSpec, load_spec, parse_spec
 from workers.job import MeasureSpec, ModelSpec
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 
 VALID = """\
@@ -524,7 +524,7 @@ def test_measure_repeats():
 
 
 def test_seed_vision_sweep_times_each_cell_in_three_processes():
-    assert load_spec(Path(__file__).parents[1] / "sweeps" / "vision.yaml").measure.repeats == 3
+    assert load_spec(Path(__file__).parents[2] / "sweeps" / "vision.yaml").measure.repeats == 3
 
 
 def test_freezing_is_a_config_field_not_an_option():

@@ -1,0 +1,1 @@
+"""The Ray side: cluster inventory, the driver, the scheduler, job submission."""

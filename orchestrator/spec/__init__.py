@@ -1,0 +1,1 @@
+"""Sweep files: parsing, validation, the job matrix."""

@@ -1,0 +1,1 @@
+"""Output directories: the Arrow tables, the crash-safe sink, storage locations, the run log."""

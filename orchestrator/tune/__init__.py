@@ -1,0 +1,1 @@
+"""From results to shipped settings: presets, the tuner, export."""
