@@ -225,13 +225,13 @@ def compile_tuned(
             raise ExportError(reason)
         warn(f"compile_tuned: {reason}; using plain torch.compile instead", stacklevel=4)
         compiled = torch.compile(model)
-        _first_call(compiled)
+        _first_call(model, compiled)
         return compiled, applied
 
-    def _first_call(compiled: Any) -> None:
+    def _first_call(eager: Any, compiled: Any) -> None:
         if run_example:
             with torch.no_grad():  # eagerly first, as the export job did before compiling: some
-                _call(model, example_inputs)  # models (SegFormer) trace other graphs before it
+                _call(eager, example_inputs)  # models (SegFormer) trace other graphs before it
             t0 = time.perf_counter()
             with torch.no_grad():
                 _call(compiled, example_inputs)
@@ -284,13 +284,55 @@ def compile_tuned(
             if info is not None:
                 applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}
 
-    policy = entry.get("dtype")
+    cast = None
+    policy = entry.get("precision") or entry.get("dtype")
     if policy:
         from compiler.precision import apply_precision
 
-        apply_precision(policy)
+        target = apply_precision(policy)
         applied.precision = policy
+        current = _param_dtype(model)
+        if current is not None and current.is_floating_point and current != target:
+            # a preset whose precision differs from the model's (tune with --precisions bf16):
+            # the weights are cast as the measured job cast them, and so are the inputs, outside
+            # the compiled region, so the graph is the one the bundle holds
+            model = model.to(target)
+            cast = target
+    model = config.prepare_model(model)
     config.apply_globals()
     compiled = torch.compile(model, **config.compile_kwargs())
-    _first_call(compiled)
+    if cast is not None:
+        model, compiled = CastInputs(model, cast), CastInputs(compiled, cast)
+        warn(
+            f"compile_tuned: the preset runs in {policy}: the model's weights were cast to {cast} and the "
+            "returned model casts floating-point inputs to it",
+            stacklevel=3,
+        )
+    _first_call(model, compiled)
     return compiled, applied
+
+
+def _param_dtype(model: Any):
+    try:
+        return next(model.parameters()).dtype
+    except (AttributeError, StopIteration):
+        return None
+
+
+class CastInputs:
+    """Calls `inner` with every floating-point tensor argument cast to `dtype` (a preset whose
+    precision is not the caller's)."""
+
+    def __init__(self, inner: Any, dtype: Any):
+        self.inner = inner
+        self.dtype = dtype
+
+    def _cast(self, value: Any) -> Any:
+        import torch
+
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(self.dtype)
+        return value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(*map(self._cast, args), **{k: self._cast(v) for k, v in kwargs.items()})

@@ -42,6 +42,9 @@ class CompileConfig:
     inference. A process-wide Inductor setting, not a `torch.compile` option: passed in
     `options` it is silently ignored, so it has a field of its own. On CPU it enables Inductor's
     C++ GEMM templates, which max-autotune then benchmarks against the MKL/oneDNN kernels."""
+    channels_last: bool = False
+    """Convert the model's 4-D weights to channels-last memory format before compiling (a layout
+    choice for conv nets; the inputs keep the layout the caller gives them)."""
     timeout_s: float | None = None
     """Per-job wall-time limit for this config; None takes the sweep's, else the mode default."""
 
@@ -64,6 +67,15 @@ class CompileConfig:
         import torch._inductor.config as inductor_config
 
         inductor_config.freezing = self.freezing
+
+    def prepare_model(self, model):
+        """The model as this config compiles it: in channels-last layout if asked (in place, as
+        `nn.Module.to` works), else unchanged."""
+        if self.channels_last:
+            import torch
+
+            model = model.to(memory_format=torch.channels_last)
+        return model
 
     def effective_timeout(self, sweep_default: float | None) -> float:
         if self.timeout_s is not None:

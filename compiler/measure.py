@@ -8,7 +8,7 @@ import math
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,18 +209,30 @@ def interleaved_samples(
     """`iterations` timed calls of each, in `rounds` alternating blocks within one process, so
     slow drifts (clocks, thermals, other tenants) hit both sides alike. Each call gets its
     index, so callers can rotate inputs. `after_round` runs after each round, untimed."""
+    eager_ms, compiled_ms = interleaved([eager, compiled], device, iterations, rounds, after_round)
+    return eager_ms, compiled_ms
+
+
+def interleaved(
+    sides: Sequence[Callable[[int], Any]],
+    device: str,
+    iterations: int,
+    rounds: int = 10,
+    after_round: Callable[[], Any] | None = None,
+) -> list[list[float]]:
+    """`interleaved_samples` for any number of sides: each round times a block of every side in
+    turn; returns each side's samples, ms."""
     rounds = max(1, min(rounds, iterations))
-    eager_ms: list[float] = []
-    compiled_ms: list[float] = []
+    samples: list[list[float]] = [[] for _ in sides]
     done = 0
     for r in range(rounds):
         n = iterations * (r + 1) // rounds - done
-        eager_ms += _indexed_times(eager, done, n, device)
-        compiled_ms += _indexed_times(compiled, done, n, device)
+        for side, out in zip(sides, samples, strict=True):
+            out += _indexed_times(side, done, n, device)
         done += n
         if after_round is not None:
             after_round()
-    return eager_ms, compiled_ms
+    return samples
 
 
 def _indexed_times(call: Callable[[int], Any], offset: int, n: int, device: str) -> list[float]:

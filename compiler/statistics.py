@@ -199,6 +199,23 @@ def ratio_interval(
     return _interval(estimate, reps_num - reps_den, level, min(num.p, den.p), df, b_num + b_den, within)
 
 
+def beats(ratio: Interval) -> bool:
+    """Whether a ratio `baseline time / candidate time` shows the candidate faster by a margin
+    the samples support: its whole interval lies above 1. The one "faster than" rule of the
+    project (the tuner's winner over the stock mode, ...)."""
+    return ratio.low > 1.0
+
+
+def paired_speedup(
+    baseline_samples: Sequence[float], candidate_samples: Sequence[float], sizes: Sequence[int] | None
+) -> Interval:
+    """baseline / candidate, paired by process, from a row's flat sample columns and its
+    `samples_per_repeat` (both sides were timed in the same processes)."""
+    return ratio_interval(
+        split_groups(baseline_samples, sizes), split_groups(candidate_samples, sizes), paired=True
+    )
+
+
 # --- the engine ---------------------------------------------------------------------------------
 
 

@@ -39,11 +39,14 @@ class CaptureStats:
         return d
 
 
-def reset() -> None:
+def reset(dynamo: bool = True) -> None:
+    """Clear the counters and compile metrics read here; `dynamo=False` keeps Dynamo's compiled
+    code (another compiled model of the same process must not have to compile again)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()
+    if dynamo:
+        torch._dynamo.reset()
     counters.clear()
     try:
         from torch._dynamo.utils import clear_compilation_metrics

@@ -22,6 +22,8 @@ Find the fastest torch.compile settings for your models on every hardware class 
   orchestrate sweep sweeps/smoke.yaml         run it (private local Ray unless --address is given)
   orchestrate report runs/smoke               speedup table per hardware class -> runs/smoke/report.md
   orchestrate presets runs/smoke              fastest ok config per cell -> runs/smoke/presets.json
+  orchestrate tune sweeps/smoke.yaml          search beyond the stock modes -> runs/smoke-tune/presets.json
+  orchestrate export runs/smoke-tune --hardware cpu --dest DIR   presets + compile-cache bundles
 """
 
 
@@ -33,6 +35,37 @@ def _add_only(p: argparse.ArgumentParser) -> None:
         "matches: a glob such as '*/bs1/*' must match the whole name, a plain word such as 'resnet' "
         "matches anywhere; separate several patterns with commas",
     )
+
+
+def _add_budgets(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-compile-s",
+        type=float,
+        metavar="SECONDS",
+        help="budget: a config whose cold compile (first compiled call) took longer is never a preset",
+    )
+    p.add_argument(
+        "--max-memory-mb",
+        type=float,
+        metavar="MIB",
+        help="budget: a config whose compiled peak memory (CUDA allocator, or process RSS on CPU) was higher "
+        "is never a preset",
+    )
+
+
+def _knob_names() -> list[str]:
+    from orchestrator.tune.space import KNOBS
+
+    return [f"{k.name} ({k.help})" for k in KNOBS]
+
+
+def _budgets(args):
+    from orchestrator.tune.presets import Budgets
+
+    for flag, value in (("--max-compile-s", args.max_compile_s), ("--max-memory-mb", args.max_memory_mb)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{flag} must be positive, got {value:g}")
+    return Budgets(max_compile_s=args.max_compile_s, max_memory_mb=args.max_memory_mb)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,9 +163,76 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
 
     p = sub.add_parser(
-        "presets", help="write OUT/presets.json: the fastest ok config per hardware/model/batch/dtype"
+        "presets",
+        help="write OUT/presets.json and OUT/presets.parquet: the fastest ok config per hardware/model/batch/dtype",
+        description="Per hardware class, model, batch size and precision: the fastest config whose output "
+        "passed the fp64 accuracy check, within the budgets if given; per class and precision a default for "
+        "models never swept (eligible on the most cells, then the best geometric-mean speedup). Written as "
+        "the `presets` table (OUT/presets.parquet) and as JSON keyed by hardware class and software stack.",
     )
     p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+    _add_budgets(p)
+
+    p = sub.add_parser(
+        "tune",
+        help="search beyond the stock modes per cell; keep a tuned config only where it is faster by a margin "
+        "the statistics support",
+        description="Candidates per (hardware class, model, batch size, precision) cell: the sweep's configs "
+        "(the stock modes), each with one Inductor knob turned (--knobs), and, where allowed, the stock configs "
+        "under other precision policies (--precisions). Successive halving across the cluster: every candidate "
+        "measured cheaply (rung0), the best 1/eta and the best stock config measured again (rung1), then the "
+        "best candidate and the best stock config compiled and timed in the same processes (confirm). A "
+        "candidate becomes the preset only if the paired 95% interval of stock/candidate lies above 1; every "
+        "candidate must pass the fp64 accuracy check and the budgets. Writes OUT/rung0, OUT/rung1, OUT/confirm "
+        "(sweep outputs), OUT/tune.json (every decision) and OUT/presets.{parquet,json} (for `export`).",
+    )
+    p.add_argument(
+        "sweep",
+        type=Path,
+        help="sweep YAML file: its models, batch sizes, dtypes, hardware, measure "
+        "settings, and its configs as the stock modes to beat",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", help="output directory (default: runs/<sweep name>-tune); a path or URI"
+    )
+    p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
+    p.add_argument(
+        "--resume", action="store_true", help="finish a tune in --out: jobs already recorded are skipped"
+    )
+    p.add_argument(
+        "--precisions",
+        metavar="LIST",
+        default="",
+        help="precision policies a candidate may use besides the cell's own, e.g. tf32,bf16 (default: none; "
+        "a faster precision changes the numbers, so it is only tried when asked, and still gated by the "
+        "fp64 accuracy rule)",
+    )
+    p.add_argument(
+        "--knobs",
+        metavar="LIST",
+        help="the knobs to try on each stock config, comma-separated (default: all that apply to the device "
+        "and model): " + ", ".join(_knob_names()),
+    )
+    p.add_argument(
+        "--eta",
+        type=int,
+        default=3,
+        metavar="N",
+        help="rung 0 keeps the best 1/N of each cell's candidates for rung 1 (default 3)",
+    )
+    p.add_argument(
+        "--confirm-repeats",
+        type=int,
+        default=3,
+        metavar="N",
+        help="fresh processes that time the candidate against the stock config (default 3, at least 2)",
+    )
+    _add_budgets(p)
+    p.add_argument("--cpus-per-job", type=int, metavar="N", help="as for `sweep`")
+    p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
+    p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
+    p.add_argument("--timeout-cap", type=float, metavar="SECONDS", help="as for `sweep`")
+    _add_only(p)
 
     p = sub.add_parser(
         "export",
@@ -291,8 +391,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted, SweepOptions, run_sweep
-    from orchestrator.fleet.inventory import MissingHardwareError
+    from orchestrator.fleet.driver import SweepOptions, run_sweep
     from orchestrator.fleet.progress import format_duration
     from orchestrator.store.schema import results_path
     from orchestrator.store.storage import StorageError, check_writable, checked
@@ -336,19 +435,112 @@ def cmd_sweep(args) -> int:
         lock_clocks=args.lock_clocks,
         argv=sys.argv,
     )
-    try:
-        summary = run_sweep(spec, opts)
-    except (OutputExistsError, MissingHardwareError, StorageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SweepInterrupted as exc:
-        print(f"\n{exc}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    summary, code = _drive(lambda: run_sweep(spec, opts))
+    if summary is None:
+        return code
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.counts.items())) or "nothing to run"
     print(
         f"done in {format_duration(summary.wall_s)}: {counts}; {summary.skipped} skipped as already done.\n"
         f"results: {results_path(out)}  (next: orchestrate report {shlex.quote(str(out))}; "
         f"orchestrate presets {shlex.quote(str(out))})"
+    )
+    return 0
+
+
+def _drive(run):
+    """Run a sweep or a tune: (its summary, None), or (None, the exit code) after printing why it
+    could not start or was interrupted."""
+    from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted
+    from orchestrator.fleet.inventory import MissingHardwareError
+    from orchestrator.store.storage import StorageError
+
+    try:
+        return run(), None
+    except (OutputExistsError, MissingHardwareError, StorageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, EXIT_BAD_INPUT
+    except SweepInterrupted as exc:
+        print(f"\n{exc}", file=sys.stderr)
+        return None, EXIT_INTERRUPTED
+
+
+def cmd_tune(args) -> int:
+    from orchestrator.fleet.progress import format_duration
+    from orchestrator.store.storage import StorageError, check_writable, checked
+    from orchestrator.tune.search import TuneOptions, run_tune
+    from orchestrator.tune.space import KNOB_NAMES
+    from workers.job import PRECISIONS, canonical_precision
+
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    problems = []
+    precisions = []
+    for name in filter(None, (p.strip() for p in args.precisions.split(","))):
+        canon = canonical_precision(name)
+        if canon is None:
+            problems.append(f"--precisions: unknown policy {name!r}; valid: {', '.join(PRECISIONS)}")
+        else:
+            precisions.append(canon)
+    knobs = KNOB_NAMES
+    if args.knobs is not None:
+        knobs = tuple(filter(None, (k.strip() for k in args.knobs.split(","))))
+        problems += [
+            f"--knobs: unknown knob {k!r}; valid: {', '.join(KNOB_NAMES)}"
+            for k in knobs
+            if k not in KNOB_NAMES
+        ]
+    if args.eta < 2:
+        problems.append(f"--eta must be at least 2, got {args.eta}")
+    if args.confirm_repeats < 2:
+        problems.append(
+            f"--confirm-repeats must be at least 2 (the interval must span processes), got {args.confirm_repeats}"
+        )
+    for flag, value in (("--cpus-per-job", args.cpus_per_job), ("--timeout-cap", args.timeout_cap)):
+        if value is not None and not value > 0:
+            problems.append(f"{flag} must be positive, got {value}")
+    try:
+        budgets = _budgets(args)
+    except ValueError as exc:
+        problems.append(str(exc))
+        budgets = None
+    if problems:
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        out = checked(args.out or str(Path("runs") / f"{spec.name}-tune"))
+        check_writable(out)
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    opts = TuneOptions(
+        out_dir=out,
+        address=args.address,
+        resume=args.resume,
+        only=args.only,
+        precisions=tuple(precisions),
+        knobs=knobs,
+        budgets=budgets,
+        eta=args.eta,
+        confirm_repeats=args.confirm_repeats,
+        cpus_per_job=args.cpus_per_job,
+        timeout_cap_s=args.timeout_cap,
+        allow_missing=args.allow_missing,
+        scratch_root=args.scratch,
+        argv=sys.argv,
+    )
+    summary, code = _drive(lambda: run_tune(spec, opts))
+    if summary is None:
+        return code
+    for cell, why in summary.decisions.items():
+        print(f"{cell}: {why}")
+    jobs = ", ".join(f"{n} {r}" for r, n in summary.jobs.items())
+    print(
+        f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {summary.cells} cells, {summary.tuned} tuned, "
+        f"{summary.stock} kept the stock config, {summary.no_preset} without a preset.\n"
+        f"presets: {out.join('presets.json')}  (next: orchestrate export {shlex.quote(str(out))} --hardware CLASS "
+        "--dest DIR)"
     )
     return 0
 
@@ -380,8 +572,8 @@ def cmd_presets(args) -> int:
     from orchestrator.tune.presets import write_presets
 
     try:
-        path, data = write_presets(checked(args.out))
-    except (FileNotFoundError, StorageError) as exc:
+        path, data = write_presets(checked(args.out), _budgets(args))
+    except (FileNotFoundError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for p in data["presets"]:
@@ -538,6 +730,7 @@ COMMANDS = {
     "sweep": cmd_sweep,
     "report": cmd_report,
     "presets": cmd_presets,
+    "tune": cmd_tune,
     "submit": cmd_submit,
     "status": cmd_status,
     "logs": cmd_logs,

@@ -218,7 +218,10 @@ class JobRun:
             reference = self.eager_phase(model, input_sets)
         except Exception as exc:
             return self.fail("runtime_error", exc)
+        baseline = None
         try:
+            if self.job.baseline is not None:
+                baseline = self.baseline_phase(input_sets)
             compiled, first_out = self.compile_phase(model, input_sets[0])
             if not first:
                 self.result.update(fxgraph_cache_counts())
@@ -226,7 +229,7 @@ class JobRun:
             return self.fail("compile_error", exc)
         try:
             self.compiled_warmup(compiled, input_sets)
-            self.timed_rounds(model, compiled, input_sets)
+            self.timed_rounds(model, compiled, input_sets, baseline)
         except Exception as exc:
             return self.fail("runtime_error", exc)
         if first:
@@ -275,7 +278,15 @@ class JobRun:
         self.enter("bundle")
         artifacts = torch.compiler.save_cache_artifacts()
         if artifacts is None:
-            return self.fail("compile_error", "the compile left nothing in the caches to bundle")
+            from compiler.stats import fxgraph_cache_counts
+
+            why = "the compile left nothing in the caches to bundle"
+            if fxgraph_cache_counts()["fxgraph_cache_misses"]:
+                why += " (Inductor bypassed its FX-graph cache"
+                if self.job.config.freezing and self.job.device == "cpu":
+                    why += ": freezing on CPU packs the weights as oneDNN tensors, which it cannot pickle"
+                why += "); the preset is exported without a bundle and compiles cold where it is applied"
+            return self.fail("compile_error", why)
         data, info = artifacts
         tmp = bundle.with_name(f".{bundle.name}.tmp")
         tmp.write_bytes(data)
@@ -299,7 +310,9 @@ class JobRun:
 
     # --- phases ---------------------------------------------------------------------------------
 
-    def build(self, keep_fp32_copy: bool = True):
+    def build(self, keep_fp32_copy: bool = True, precision: str | None = None):
+        """The model (random weights, seed 0) and its input sets, cast for `precision` (default:
+        the job's), and an fp32 copy on the host for the fp64 reference if asked."""
         import torch
 
         from compiler.precision import apply_precision
@@ -308,7 +321,7 @@ class JobRun:
         job = self.job
         self.enter("build")
         device = torch.device("cuda" if job.device == "cuda" else "cpu")
-        dtype = apply_precision(job.dtype)
+        dtype = apply_precision(precision or job.dtype)
         torch.manual_seed(0)
         if job.model.id.startswith("python:"):
             factory = zoo.load_python_factory(job.model.id)
@@ -367,6 +380,42 @@ class JobRun:
         self.result.update(eager_warmup_calls=calls, eager_peak_mem_bytes=measure.peak_memory_bytes(dev))
         return reference
 
+    def baseline_phase(self, input_sets):
+        """Build and compile the job's baseline (its own model copy and precision), timing its
+        first call as `baseline_compile_s`; return its rotating call for the timed rounds. Runs before the candidate compiles, so the
+        candidate's compile statistics are its own."""
+        import torch
+
+        from compiler import measure, stats
+        from compiler.precision import apply_precision
+        from workers import zoo
+
+        base = self.job.baseline
+        model, base_inputs, _ = self.build(keep_fp32_copy=False, precision=base.dtype)
+        with torch.no_grad():  # the eager call first, as the candidate's model had one
+            _call(model, base_inputs[0])
+        self.compile_imports()
+        self.enter("compile")
+        stats.reset()
+        base.config.apply_globals()
+        side = _sides()[0](base.config.prepare_model(model))
+        compiled = torch.compile(side, **base.config.compile_kwargs())
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            if self.job.device == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            zoo.output_tensors(_call(compiled, base_inputs[0]))
+            measure.synchronize(self.job.device)
+        self.result["baseline_compile_s"] = time.perf_counter() - t0
+        with torch.no_grad():
+            measure.warmup_until_stable(
+                self._rotating(compiled, base_inputs, mark_step=True),
+                self.job.device,
+                self.job.measure.warmup,
+            )
+        apply_precision(self.job.dtype)  # the candidate's policy again, for its compile
+        return self._rotating(compiled, base_inputs, mark_step=True)
+
     def compile_phase(self, model, inputs):
         import torch
 
@@ -377,9 +426,14 @@ class JobRun:
         dev = self.job.device
         self.compile_imports()
         self.enter("compile")  # also saves the eager numbers, should the compile never return
-        stats.reset()
-        self.job.config.apply_globals()
-        compiled = torch.compile(model, **self.job.config.compile_kwargs())
+        stats.reset(dynamo=self.job.baseline is None)  # the baseline, compiled already, stays
+        cfg = self.job.config
+        cfg.apply_globals()
+        if cfg.channels_last:  # a copy: eager keeps timing the model as built
+            model = cfg.prepare_model(copy.deepcopy(model))
+        if self.job.baseline is not None:
+            model = _sides()[1](model)
+        compiled = torch.compile(model, **cfg.compile_kwargs())
         t0 = time.perf_counter()
         with torch.no_grad(), KernelChoiceRecorder() as choices:
             if dev == "cuda":
@@ -412,7 +466,9 @@ class JobRun:
             memory_compression=eager_peak / peak if eager_peak and peak else None,
         )
 
-    def timed_rounds(self, model, compiled, input_sets):
+    def timed_rounds(self, model, compiled, input_sets, baseline=None):
+        """Eager and compiled calls interleaved in rounds (and the baseline's, if the job has
+        one: then every round times eager, the baseline and the candidate in turn)."""
         import torch
 
         from compiler import measure
@@ -424,21 +480,29 @@ class JobRun:
         probes: list[float] = []
         steal_before = measure.cpu_steal_ticks()
         sampler = ClockSampler() if dev == "cuda" else nullcontext()
+        sides = [self._rotating(model, input_sets), self._rotating(compiled, input_sets, mark_step=True)]
+        if baseline is not None:
+            sides.insert(1, baseline)
+            if job.baseline.dtype != job.dtype:  # every side pays the same switch, so none is favoured
+                policies = [job.dtype, job.baseline.dtype, job.dtype]
+                sides = [_switching_precision(c, p, job.dtype) for c, p in zip(sides, policies, strict=True)]
         with torch.no_grad(), sampler, _timing_thread_pinned():
-            eager_ms, compiled_ms = measure.interleaved_samples(
-                self._rotating(model, input_sets),
-                self._rotating(compiled, input_sets, mark_step=True),
+            samples = measure.interleaved(
+                sides,
                 dev,
                 job.measure.iterations,
                 job.measure.rounds,
                 after_round=lambda: probes.append(measure.host_probe_us()),
             )
+            eager_ms, compiled_ms = samples[0], samples[-1]
             n = max(1, job.measure.iterations // 2)
             eager_b2b = measure.back_to_back_ms(self._rotating(model, input_sets), n, dev)
             compiled_b2b = measure.back_to_back_ms(
                 self._rotating(compiled, input_sets, mark_step=True), n, dev
             )
-        self.result.update(latency_fields([eager_ms], [compiled_ms]))
+        self.result.update(
+            latency_fields([eager_ms], [compiled_ms], [samples[1]] if baseline is not None else None)
+        )
         self.result.update(eager_b2b_ms=eager_b2b, compiled_b2b_ms=compiled_b2b, host_probe_us=probes)
         steal = measure.steal_share(steal_before, measure.cpu_steal_ticks())
         if steal is not None:
@@ -502,6 +566,49 @@ class JobRun:
             self.result["status"] = "ok"
         else:
             self.fail("accuracy_fail", check.detail)
+
+
+def _sides():
+    """Two wrapper module classes for a job with a baseline, one per compiled side. Dynamo caches
+    compiled code per code object and guards parameters by shape, not identity, so two copies
+    of one model compiled with equal `torch.compile` arguments share their first compile (a
+    global such as `freezing` is not part of the match): the candidate would run the baseline's
+    code. Each wrapper's `forward` is a code object of its own, so each side compiles its own."""
+    import torch
+
+    class BaselineSide(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            return self.inner(*args, **kwargs)
+
+    class CandidateSide(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            return self.inner(*args, **kwargs)
+
+    return BaselineSide, CandidateSide
+
+
+def _switching_precision(call, own: str, other: str):
+    """`call` run under precision policy `own` and the process put back to `other` after it (TF32
+    is a process-wide matmul setting; a baseline and a candidate with different policies share
+    one process)."""
+    from compiler.precision import apply_precision
+
+    def run(i):
+        apply_precision(own)
+        try:
+            return call(i)
+        finally:
+            apply_precision(other)
+
+    return run
 
 
 USAGE = "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE] JOB.json RESULT.json"

@@ -77,6 +77,21 @@ class MeasureSpec:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """A second compiled side timed in the same processes as a job's config (`orchestrate tune`
+    confirms a candidate against the best stock mode this way): one process compiles both, and
+    eager, the baseline and the candidate calls are interleaved, so their ratio is paired."""
+
+    config: CompileConfig
+    dtype: str
+    """Its precision policy (the cell's; the candidate's own may differ where the user allows)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Baseline:
+        return cls(config=CompileConfig.from_dict(data["config"]), dtype=data["dtype"])
+
+
+@dataclass(frozen=True)
 class Job:
     """One cell of the sweep matrix. `job_id` is derived, never set by hand."""
 
@@ -90,10 +105,13 @@ class Job:
     measure: MeasureSpec
     timeout_s: float
     stack: dict[str, str] = field(default_factory=dict)
+    baseline: Baseline | None = None
+    """Time this config against another compiled config in the same processes (see Baseline)."""
 
     @property
     def name(self) -> str:
-        return f"{self.hardware}/{self.model.name}/bs{self.batch_size}/{self.dtype}/{self.config.name}"
+        name = f"{self.hardware}/{self.model.name}/bs{self.batch_size}/{self.dtype}/{self.config.name}"
+        return f"{name}/vs/{self.baseline.config.name}" if self.baseline else name
 
     @cached_property
     def job_id(self) -> str:
@@ -109,7 +127,18 @@ class Job:
         data["model"] = ModelSpec(**data["model"])
         data["config"] = CompileConfig.from_dict(data["config"])
         data["measure"] = MeasureSpec(**data["measure"])
+        if data.get("baseline") is not None:
+            data["baseline"] = Baseline.from_dict(data["baseline"])
         return cls(**data)
+
+
+def _config_identity(cfg: CompileConfig) -> dict[str, Any]:
+    config = asdict(cfg)
+    config.pop("timeout_s")
+    for knob in ("freezing", "channels_last"):  # as before the fields existed: old outputs still resume
+        if not config[knob]:
+            del config[knob]
+    return config
 
 
 def _identity(job: Job) -> dict[str, Any]:
@@ -118,14 +147,11 @@ def _identity(job: Job) -> dict[str, Any]:
     model = asdict(job.model)
     model.pop("name")
     model.pop("timeout_s")
-    config = asdict(job.config)
-    config.pop("timeout_s")
-    if not config["freezing"]:  # as before the field existed: outputs written then still resume
-        del config["freezing"]
+    config = _config_identity(job.config)
     measure = asdict(job.measure)
     if measure["repeats"] == 1:  # as before repeats existed: outputs written then still resume
         del measure["repeats"]
-    return {
+    identity = {
         "hardware": job.hardware,
         "device": job.device,
         "model": model,
@@ -135,6 +161,9 @@ def _identity(job: Job) -> dict[str, Any]:
         "measure": measure,
         "stack": job.stack,
     }
+    if job.baseline is not None:
+        identity["baseline"] = {"config": _config_identity(job.baseline.config), "dtype": job.baseline.dtype}
+    return identity
 
 
 def job_id(job: Job) -> str:

@@ -34,17 +34,20 @@ CLOCK_KEYS = (
 
 
 def latency_fields(
-    eager_groups: Sequence[Sequence[float]], compiled_groups: Sequence[Sequence[float]]
+    eager_groups: Sequence[Sequence[float]],
+    compiled_groups: Sequence[Sequence[float]],
+    baseline_groups: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, Any]:
-    """The latency columns of a row from per-process sample groups (group i of both sides from
-    process i)."""
+    """The latency columns of a row from per-process sample groups (group i of every side from
+    process i); `baseline_groups` for a job timed against a baseline config (`Job.baseline`)."""
     eager = [float(x) for g in eager_groups for x in g]
     compiled = [float(x) for g in compiled_groups for x in g]
     e, c = cstats.summarize(eager), cstats.summarize(compiled)
     speedup = cstats.ratio_interval(eager_groups, compiled_groups, paired=True)
     eager_iv = cstats.median_interval(eager_groups)
     compiled_iv = cstats.median_interval(compiled_groups)
-    return {
+    fields = _baseline_fields(baseline_groups, compiled_groups, c.median_ms) if baseline_groups else {}
+    return fields | {
         "eager_ms": e.median_ms,
         "eager_p10_ms": e.p10_ms,
         "eager_p90_ms": e.p90_ms,
@@ -66,6 +69,22 @@ def latency_fields(
         "eager_ci_high": eager_iv.high,
         "compiled_ci_low": compiled_iv.low,
         "compiled_ci_high": compiled_iv.high,
+    }
+
+
+def _baseline_fields(
+    baseline_groups: Sequence[Sequence[float]], compiled_groups: Sequence[Sequence[float]], compiled_ms: float
+) -> dict[str, Any]:
+    baseline = [float(x) for g in baseline_groups for x in g]
+    b = cstats.summarize(baseline)
+    ratio = cstats.ratio_interval(baseline_groups, compiled_groups, paired=True)
+    return {
+        "baseline_ms": b.median_ms,
+        "baseline_samples_ms": baseline,
+        "baseline_repeat_ms": [stdstats.median(g) for g in baseline_groups if g],
+        "speedup_vs_baseline": b.median_ms / compiled_ms if compiled_ms > 0 else None,
+        "speedup_vs_baseline_ci_low": ratio.low,
+        "speedup_vs_baseline_ci_high": ratio.high,
     }
 
 
@@ -99,8 +118,13 @@ def merge(
         if p.get("status") == "ok" and p.get("eager_samples_ms") and p.get("compiled_samples_ms")
     ]
     if len(timed) > 1:
+        baseline = [p["baseline_samples_ms"] for p in timed if p.get("baseline_samples_ms")]
         row.update(
-            latency_fields([p["eager_samples_ms"] for p in timed], [p["compiled_samples_ms"] for p in timed])
+            latency_fields(
+                [p["eager_samples_ms"] for p in timed],
+                [p["compiled_samples_ms"] for p in timed],
+                baseline if len(baseline) == len(timed) else None,
+            )
         )
         for side in ("eager", "compiled"):
             b2b = [p[f"{side}_b2b_ms"] for p in timed if p.get(f"{side}_b2b_ms") is not None]

@@ -62,6 +62,8 @@ class SweepOptions:
     lock_clocks: bool = False
     """Lock each GPU job's SM clock at its maximum through NVML (root only); rows say if it took."""
     argv: list[str] = field(default_factory=list)
+    resume_command: str | None = None
+    """The command an interrupted run prints to resume (default: this sweep with --resume)."""
 
 
 @dataclass
@@ -162,11 +164,14 @@ def run_sweep(
     opts: SweepOptions,
     stream: TextIO | None = None,
     task_body: Callable[..., dict[str, Any]] | None = None,
+    plan: Callable[[dict[str, HardwareClass]], list[Job]] | None = None,
 ) -> SweepSummary:
     """Run every job of `spec` not yet in `opts.out_dir`; return what happened.
 
     `task_body` replaces the per-job task (`workers.task.execute_job`, same arguments and
     result); the dispatch benchmark uses it to push synthetic jobs through the real driver.
+    `plan` replaces the sweep's job matrix: it gets the cluster's hardware classes and returns
+    the jobs to run (`orchestrate tune` plans each rung of its search this way).
 
     An output or history location that cannot be used raises `storage.StorageError` before
     Ray starts."""
@@ -186,7 +191,10 @@ def run_sweep(
     t_start = time.monotonic()
     with ray_session(opts.address), _sigterm_as_interrupt():
         classes = cluster_classes(opts.cpus_per_job)
-        jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s, opts.allow_missing)
+        if plan is not None:
+            jobs = plan(classes)
+        else:
+            jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s, opts.allow_missing)
         todo = [j for j in jobs if j.job_id not in done_ids]
         skipped = len(jobs) - len(todo)
         used = {j.hardware for j in jobs}
@@ -244,10 +252,13 @@ def run_sweep(
             runlog.finish_run(
                 out, run_id, dict(progress.counts), interrupted=True, dispatch_s=time.monotonic() - t_dispatch
             )
+            resume = (
+                opts.resume_command
+                or f"orchestrate sweep {spec.source or 'SWEEP.yaml'} --out {shlex.quote(str(out))} --resume"
+            )
             raise SweepInterrupted(
                 f"interrupted: {sink.rows_written} rows of this run are saved in {out}; "
-                f"{cancelled} running jobs were cancelled. Resume with:\n"
-                f"  orchestrate sweep {spec.source or 'SWEEP.yaml'} --out {shlex.quote(str(out))} --resume"
+                f"{cancelled} running jobs were cancelled. Resume with:\n  {resume}"
             ) from None
         sink.close()
         progress.close()

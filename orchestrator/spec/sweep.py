@@ -74,7 +74,16 @@ _TOP_KEYS = {
     "timeout_s",
 }
 _MODEL_KEYS = {"id", "name", "task", "input_size", "overrides", "timeout_s"}
-_CONFIG_KEYS = {"mode", "fullgraph", "dynamic", "backend", "options", "freezing", "timeout_s"}
+_CONFIG_KEYS = {
+    "mode",
+    "fullgraph",
+    "dynamic",
+    "backend",
+    "options",
+    "freezing",
+    "channels_last",
+    "timeout_s",
+}
 _MEASURE_KEYS = {"warmup", "iterations", "rounds", "flops", "warm_compile", "repeats"}
 
 
@@ -232,6 +241,7 @@ def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
             ("mode", lambda v: v is None or isinstance(v, str), "a string"),
             ("fullgraph", lambda v: isinstance(v, bool), "true or false"),
             ("freezing", lambda v: isinstance(v, bool), "true or false"),
+            ("channels_last", lambda v: isinstance(v, bool), "true or false"),
             ("dynamic", lambda v: v is None or isinstance(v, bool), "true, false or null"),
             ("backend", lambda v: isinstance(v, str), "a string"),
             ("options", lambda v: isinstance(v, dict), "a mapping"),
@@ -250,6 +260,7 @@ def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
             backend=body.get("backend", "inductor"),
             options=body.get("options", {}),
             freezing=body.get("freezing", False),
+            channels_last=body.get("channels_last", False),
             timeout_s=timeout,
         )
         for fld, message in config_problems(cfg):

@@ -58,6 +58,14 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("dynamic", pa.bool_(), "torch.compile dynamic (null: automatic)"),
     ("options", pa.string(), "Inductor options as JSON text"),
     ("freezing", pa.bool_(), "torch._inductor.config.freezing (weights folded as constants)"),
+    ("channels_last", pa.bool_(), "the model's weights converted to channels-last layout before compiling"),
+    (
+        "baseline_config",
+        pa.string(),
+        "a config compiled and timed in the same processes as this one (orchestrate tune's confirmation); "
+        "null for an ordinary job",
+    ),
+    ("baseline_dtype", pa.string(), "the baseline's precision policy"),
     ("status", pa.string(), "one of " + ", ".join(STATUSES)),
     ("error", pa.string(), "what went wrong (null when status is ok)"),
     ("eager_ms", pa.float64(), "eager median latency per call, ms"),
@@ -100,6 +108,25 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "every timed eager call, ms, in order, process after process (see samples_per_repeat)",
     ),
     ("compiled_samples_ms", pa.list_(pa.float64()), "every timed compiled call, ms, as eager_samples_ms"),
+    (
+        "baseline_ms",
+        pa.float64(),
+        "the baseline config's median latency, ms (interleaved with this config's)",
+    ),
+    ("baseline_samples_ms", pa.list_(pa.float64()), "every timed baseline call, ms, as eager_samples_ms"),
+    ("baseline_repeat_ms", pa.list_(pa.float64()), "baseline median of each process, ms"),
+    (
+        "baseline_compile_s",
+        pa.float64(),
+        "wall time of the baseline's first compiled call in the first process, s",
+    ),
+    ("speedup_vs_baseline", pa.float64(), "baseline_ms / compiled_ms"),
+    (
+        "speedup_vs_baseline_ci_low",
+        pa.float64(),
+        "95% CI of speedup_vs_baseline, low end (paired by process, hierarchical bootstrap)",
+    ),
+    ("speedup_vs_baseline_ci_high", pa.float64(), "95% CI of speedup_vs_baseline, high end"),
     ("eager_warmup_calls", pa.int32(), "eager warm-up calls until latency was stable"),
     ("compiled_warmup_calls", pa.int32(), "compiled warm-up calls until latency was stable"),
     ("compile_s", pa.float64(), "wall time of the first compiled call (cold compile + one run), s"),
@@ -240,6 +267,55 @@ _KERNEL_CHOICE_FIELDS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 
+_PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    ("hardware", pa.string(), "hardware class the preset is for"),
+    ("model", pa.string(), "model name in the sweep"),
+    ("model_id", pa.string(), "model id (hf:..., python:...)"),
+    ("model_spec", pa.string(), "the sweep's model entry as JSON (overrides, input size), for export"),
+    ("batch_size", pa.int32(), "batch size"),
+    ("dtype", pa.string(), "the cell's precision policy (what a caller asks for)"),
+    (
+        "precision",
+        pa.string(),
+        "the precision policy the preset applies (differs from dtype only where tune was allowed it)",
+    ),
+    ("config", pa.string(), "name of the chosen config"),
+    ("compile", pa.string(), "its torch.compile settings as JSON (backend, mode, options, freezing, ...)"),
+    (
+        "source",
+        pa.string(),
+        "swept (fastest config of a sweep), tuned (a tuner candidate that beat the best stock mode) "
+        "or stock (the tuner kept the best stock mode)",
+    ),
+    ("decision", pa.string(), "why this config, in words (with the interval a tuned one won by)"),
+    ("compiled_ms", pa.float64(), "its median latency, ms"),
+    ("eager_ms", pa.float64(), "eager median latency in the same processes, ms"),
+    ("speedup_vs_eager", pa.float64(), "eager_ms / compiled_ms"),
+    ("default_config", pa.string(), "the plain torch.compile config of the sweep, if it was swept"),
+    ("speedup_vs_default", pa.float64(), "the default config's ms / compiled_ms"),
+    ("stock_config", pa.string(), "tune: the best stock mode of the cell"),
+    ("stock_ms", pa.float64(), "tune: its median latency, ms (in the confirmation's processes if one ran)"),
+    ("speedup_vs_stock", pa.float64(), "stock_ms / compiled_ms"),
+    (
+        "speedup_vs_stock_ci_low",
+        pa.float64(),
+        "95% CI of speedup_vs_stock, low end (paired in the same processes; a tuned preset has it above 1)",
+    ),
+    ("speedup_vs_stock_ci_high", pa.float64(), "95% CI of speedup_vs_stock, high end"),
+    ("compile_s", pa.float64(), "its cold compile time, s"),
+    ("peak_mem_bytes", pa.int64(), "peak memory of its compiled phase"),
+    ("candidates", pa.int32(), "configs that were eligible on the cell"),
+    ("over_budget", pa.int32(), "configs that were ok but over a budget, and excluded"),
+    ("job_id", pa.string(), "the job whose row the figures come from"),
+    ("device_name", pa.string(), "device the preset was measured on"),
+    ("torch_version", pa.string(), "torch version of the measurement"),
+    ("triton_version", pa.string(), "Triton version"),
+    ("cuda_version", pa.string(), "CUDA version torch was built with"),
+    ("driver_version", pa.string(), "NVIDIA driver version"),
+    ("python_version", pa.string(), "Python version"),
+]
+
+
 def _schema(fields: list[tuple[str, pa.DataType, str]]) -> pa.Schema:
     return pa.schema([pa.field(name, typ, metadata={"description": doc}) for name, typ, doc in fields])
 
@@ -250,6 +326,9 @@ TABLES: dict[str, pa.Schema] = {RESULTS_DIR: RESULTS_SCHEMA, "kernel_choices": K
 """Every table of an output directory, by the name of its folder."""
 SIDE_TABLES: tuple[str, ...] = tuple(t for t in TABLES if t != RESULTS_DIR)
 """The tables beside `results` whose rows a job's result carries (keyed by its job_id)."""
+PRESETS_SCHEMA = _schema(_PRESET_FIELDS)
+"""`presets.parquet`: one row per (hardware class, model, batch size, precision), derived from the
+result tables (`orchestrate presets`, `orchestrate tune`) and rewritten whole, not appended."""
 
 
 def file_schema(schema: pa.Schema) -> pa.Schema:

@@ -30,8 +30,9 @@ from compiler.config import CompileConfig
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
 from orchestrator.store.runlog import read_runs
 from orchestrator.store.schema import read_results
-from orchestrator.store.storage import Target
-from orchestrator.tune.presets import derive_presets, row_stack
+from orchestrator.store.storage import Location, Target, resolve
+from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
+from orchestrator.tune.search import TUNE_FILE
 from workers.job import Job, MeasureSpec, ModelSpec
 
 BUNDLES = "bundles"
@@ -53,8 +54,12 @@ def _bundle_name(entry: dict[str, Any]) -> str:
 
 
 def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """(preset entries, class defaults, stack) of `hardware` in the results under `out`; raises
-    ExportError when there is nothing to export or the rows mix stacks."""
+    """(preset entries, class defaults, stack) of `hardware` under `out`: the presets a tune wrote
+    there, else those derived from a sweep's results; raises ExportError when there is nothing to
+    export or the figures mix stacks."""
+    location = resolve(out)
+    if location.join(TUNE_FILE).exists():
+        return _tuned_plan(location, hardware)
     rows = [r for r in read_results(out).to_pylist() if r["hardware"] == hardware]
     if not rows:
         classes = sorted({r for r in read_results(out, columns=["hardware"]).column("hardware").to_pylist()})
@@ -74,6 +79,29 @@ def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[
 
     derived = derive_presets(pa.Table.from_pylist(rows))
     return derived["presets"], derived["defaults"][hardware], row_stack(ok[0])
+
+
+def _tuned_plan(out: Location, hardware: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    path = out.join(PRESETS_FILE)
+    if not path.exists():
+        raise ExportError(
+            f"{out} holds an unfinished tune (no {PRESETS_FILE}): finish it with `orchestrate tune --resume`"
+        )
+    data = json.loads(path.read_text())
+    entries = [e for e in data["presets"] if e["hardware"] == hardware]
+    if not entries:
+        classes = sorted({e["hardware"] for e in data["presets"]})
+        raise ExportError(
+            f"the tune under {out} has no preset for hardware class {hardware!r}; classes there: "
+            f"{', '.join(classes) or 'none'}"
+        )
+    stacks = {json.dumps({k: row_stack(e)[k] for k in STACK_KEYS}, sort_keys=True) for e in entries}
+    if len(stacks) > 1:
+        raise ExportError(
+            f"the {hardware} presets under {out} come from {len(stacks)} software stacks ({'; '.join(sorted(stacks))}); "
+            "a bundle is valid on one: tune on one stack into a fresh --out"
+        )
+    return entries, data["defaults"].get(hardware, {}), row_stack(entries[0])
 
 
 def export(
@@ -110,7 +138,10 @@ def export(
     threads = threads or max(1, os.cpu_count() or 1)
     t_start = time.monotonic()
     for i, entry in enumerate(entries, 1):
-        spec = specs.get(entry["model"]) or ModelSpec(id=entry["model_id"], name=entry["model"])
+        if entry.get("model_spec"):
+            spec = ModelSpec(**entry["model_spec"])
+        else:
+            spec = specs.get(entry["model"]) or ModelSpec(id=entry["model_id"], name=entry["model"])
         config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
         job = Job(
             sweep="export",
@@ -118,7 +149,7 @@ def export(
             device=device,
             model=spec,
             batch_size=entry["batch_size"],
-            dtype=entry["dtype"],
+            dtype=entry.get("precision") or entry["dtype"],
             config=config,
             measure=MeasureSpec(),
             timeout_s=config.effective_timeout(None),

@@ -1,21 +1,65 @@
-"""Presets: for each (hardware, model, batch size, dtype) the fastest config that is ok."""
+"""Presets: for each (hardware class, model, batch size, precision) the fastest config that
+passed its accuracy check within the optional compile-time and memory budgets, a per-class
+default for models never swept, and where they are written (`presets.parquet`, the `presets`
+table of `orchestrator.store.schema`, and `presets.json`, keyed by hardware class and software
+stack). `orchestrate presets` derives them from a sweep; `orchestrate tune` from its search."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from orchestrator.store.schema import read_results, results_path
+from orchestrator.store.schema import PRESETS_SCHEMA, read_results, results_path
 from orchestrator.store.storage import Target, resolve
 
 PRESETS_FILE = "presets.json"
-PRESET_FORMAT = 2
-"""2: adds `defaults` (per hardware class and dtype, for models never swept) and `stacks`."""
+PRESETS_TABLE_FILE = "presets.parquet"
+PRESET_FORMAT = 3
+"""2: adds `defaults` (per hardware class and dtype, for models never swept) and `stacks`.
+3: adds `classes` (hardware class -> software stack -> its presets and defaults), the budgets,
+and per entry its precision, source and decision."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Per-candidate limits: a config over either is never a preset, however fast."""
+
+    max_compile_s: float | None = None
+    """Cold compile time (the first compiled call), s."""
+    max_memory_mb: float | None = None
+    """Peak memory of the compiled phase (CUDA allocator, or process RSS on CPU), MiB."""
+
+    def excess(self, row: dict[str, Any]) -> str | None:
+        """Why `row` is over budget, or None when it is within (a figure not measured is over)."""
+        if self.max_compile_s is not None:
+            compile_s = row.get("compile_s")
+            if compile_s is None or compile_s > self.max_compile_s:
+                return f"compile {_fmt(compile_s, 's')} over the {self.max_compile_s:g} s budget"
+        if self.max_memory_mb is not None:
+            peak = row.get("peak_mem_bytes")
+            if peak is None or peak / 2**20 > self.max_memory_mb:
+                mib = None if peak is None else peak / 2**20
+                return f"peak memory {_fmt(mib, 'MiB')} over the {self.max_memory_mb:g} MiB budget"
+        return None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"max_compile_s": self.max_compile_s, "max_memory_mb": self.max_memory_mb}
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    return "not measured" if value is None else f"{value:.1f} {unit}"
+
+
+def eligible(row: dict[str, Any], budgets: Budgets) -> bool:
+    """Ok (its accuracy check against the fp64 reference passed), timed, and within budgets."""
+    return row["status"] == "ok" and bool(row.get("compiled_ms")) and budgets.excess(row) is None
 
 
 def _is_default(row: dict[str, Any]) -> bool:
@@ -42,12 +86,13 @@ def row_stack(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def class_defaults(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per dtype: the config that is ok on the most cells, ties broken by the best geometric mean
-    of its speedup over eager on those cells."""
+def class_defaults(rows: list[dict[str, Any]], budgets: Budgets | None = None) -> dict[str, dict[str, Any]]:
+    """Per dtype: the config that is eligible (ok, within the budgets) on the most cells, ties
+    broken by the best geometric mean of its speedup over eager on those cells."""
+    budgets = budgets or Budgets()
     by_dtype: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r["status"] == "ok" and r["compiled_ms"] and r["eager_ms"]:
+        if eligible(r, budgets) and r["eager_ms"]:
             by_dtype[r["dtype"]][r["config"]].append(r)
     defaults = {}
     for dtype, configs in sorted(by_dtype.items()):
@@ -78,68 +123,171 @@ def _compile_dict(row: dict[str, Any]) -> dict[str, Any]:
         "dynamic": row["dynamic"],
         "options": json.loads(row["options"] or "{}"),
         "freezing": bool(row.get("freezing")),
+        "channels_last": bool(row.get("channels_last")),
     }
 
 
-def derive_presets(table: pa.Table) -> dict[str, Any]:
-    """Best ok config per cell, with its speedup over eager and over the default config.
+def preset_entry(best: dict[str, Any], cell_dtype: str, **fields: Any) -> dict[str, Any]:
+    """A preset (a row of the `presets` table, `compile` as a dict) from the result row of the
+    config chosen for a cell whose precision is `cell_dtype`; `fields` add or override."""
+    entry = {
+        "hardware": best["hardware"],
+        "model": best["model"],
+        "model_id": best["model_id"],
+        "batch_size": best["batch_size"],
+        "dtype": cell_dtype,
+        "precision": best["dtype"],
+        "config": best["config"],
+        "compile": _compile_dict(best),
+        "compiled_ms": best["compiled_ms"],
+        "eager_ms": best["eager_ms"],
+        "speedup_vs_eager": best["eager_ms"] / best["compiled_ms"] if best["eager_ms"] else None,
+        "compile_s": best["compile_s"],
+        "peak_mem_bytes": best.get("peak_mem_bytes"),
+        "job_id": best["job_id"],
+        "device_name": best["device_name"],
+        "torch_version": best["torch_version"],
+        "triton_version": best.get("triton_version"),
+        "cuda_version": best.get("cuda_version"),
+        "driver_version": best.get("driver_version"),
+        "python_version": best.get("python_version"),
+    }
+    entry.update(fields)
+    return entry
 
-    Cells where no config is ok are listed under `no_preset` with every config's status, so a
-    missing preset is explained rather than silently absent.
+
+def derive_presets(table: pa.Table, budgets: Budgets = Budgets()) -> dict[str, Any]:
+    """Best eligible config per cell (see `eligible`), with its speedup over eager and over the
+    default config.
+
+    Cells where no config is eligible are listed under `no_preset` with every config's status
+    (and the budget it broke), so a missing preset is explained rather than silently absent.
     """
     all_rows = table.to_pylist()
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in all_rows:
         groups[(row["hardware"], row["model"], row["batch_size"], row["dtype"])].append(row)
-        by_class[row["hardware"]].append(row)
     presets, missing = [], []
     for (hardware, model, bs, dtype), rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        cell = {"hardware": hardware, "model": model, "batch_size": bs, "dtype": dtype}
-        ok = [r for r in rows if r["status"] == "ok" and r["compiled_ms"]]
+        ok = [r for r in rows if eligible(r, budgets)]
         if not ok:
-            missing.append({**cell, "statuses": {r["config"]: r["status"] for r in rows}})
+            missing.append(
+                {
+                    "hardware": hardware,
+                    "model": model,
+                    "batch_size": bs,
+                    "dtype": dtype,
+                    "statuses": {r["config"]: _status(r, budgets) for r in rows},
+                }
+            )
             continue
         best = min(ok, key=lambda r: r["compiled_ms"])
         default = next((r for r in ok if _is_default(r)), None)
+        over = sum(1 for r in rows if r["status"] == "ok" and budgets.excess(r))
         presets.append(
-            {
-                **cell,
-                "model_id": best["model_id"],
-                "config": best["config"],
-                "compile": _compile_dict(best),
-                "compiled_ms": best["compiled_ms"],
-                "eager_ms": best["eager_ms"],
-                "speedup_vs_eager": best["eager_ms"] / best["compiled_ms"] if best["eager_ms"] else None,
-                "speedup_vs_default": default["compiled_ms"] / best["compiled_ms"] if default else None,
-                "default_config": default["config"] if default else None,
-                "compile_s": best["compile_s"],
-                "candidates": len(ok),
-                "job_id": best["job_id"],
-                "device_name": best["device_name"],
-                "torch_version": best["torch_version"],
-            }
+            preset_entry(
+                best,
+                dtype,
+                source="swept",
+                decision=f"fastest of {len(ok)} eligible configs swept",
+                speedup_vs_default=default["compiled_ms"] / best["compiled_ms"] if default else None,
+                default_config=default["config"] if default else None,
+                candidates=len(ok),
+                over_budget=over,
+            )
         )
+    return preset_document(presets, missing, all_rows, budgets)
+
+
+def _status(row: dict[str, Any], budgets: Budgets) -> str:
+    excess = budgets.excess(row) if row["status"] == "ok" else None
+    return f"ok, {excess}" if excess else row["status"]
+
+
+def stack_key(stack: dict[str, Any]) -> str:
+    """A software stack as one readable key, e.g. 'torch 2.11.0+cu130, triton 3.6.0, cuda 13.0,
+    python 3.12, driver 580.159.04' (the parts a compile cache and a measurement depend on)."""
+    return ", ".join(f"{k} {v}" for k, v in stack.items() if v)
+
+
+def preset_document(
+    presets: list[dict[str, Any]],
+    missing: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    budgets: Budgets,
+) -> dict[str, Any]:
+    """presets.json: the flat lists, and `classes`: per hardware class and software stack, its
+    presets and its class defaults (from `rows`, the results they were chosen from)."""
+    by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_class[row["hardware"]].append(row)
     stacks = {
         hw: sorted({json.dumps(row_stack(r), sort_keys=True) for r in hw_rows if r["status"] == "ok"})
         for hw, hw_rows in by_class.items()
     }
+    classes: dict[str, dict[str, Any]] = {}
+    for hw, hw_rows in sorted(by_class.items()):
+        per_stack: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in hw_rows:
+            if r["status"] == "ok":
+                per_stack[stack_key(row_stack(r))].append(r)
+        classes[hw] = {
+            key: {
+                "stack": row_stack(stack_rows[0]),
+                "presets": [p for p in presets if p["hardware"] == hw and stack_key(row_stack(p)) == key],
+                "defaults": class_defaults(stack_rows, budgets),
+            }
+            for key, stack_rows in sorted(per_stack.items())
+        }
     return {
         "format": PRESET_FORMAT,
+        "budgets": budgets.to_dict(),
         "presets": presets,
         "no_preset": missing,
-        "defaults": {hw: class_defaults(hw_rows) for hw, hw_rows in sorted(by_class.items())},
+        "defaults": {hw: class_defaults(hw_rows, budgets) for hw, hw_rows in sorted(by_class.items())},
         "stacks": {hw: [json.loads(s) for s in found] for hw, found in sorted(stacks.items())},
+        "classes": classes,
     }
 
 
-def write_presets(out_dir: Target) -> tuple[Path | str, dict[str, Any]]:
-    """Write `<out>/presets.json` (a path or a URI) whole; return where (a Path or the URI) and what."""
+def write_presets(out_dir: Target, budgets: Budgets = Budgets()) -> tuple[Path | str, dict[str, Any]]:
+    """Derive the presets of the results under `out_dir` (a path or a URI) and write them there
+    (`write_preset_files`); return where presets.json went and what it holds."""
     out = resolve(out_dir)
     table = read_results(out)
     if table.num_rows == 0:
         raise FileNotFoundError(f"no result rows under {results_path(out)}; run `orchestrate sweep` first")
-    data = derive_presets(table)
+    data = derive_presets(table, budgets)
+    return write_preset_files(out, data), data
+
+
+def write_preset_files(out_dir: Target, data: dict[str, Any]) -> Path | str:
+    """`<out>/presets.parquet` (the `presets` table) and `<out>/presets.json`, each written whole
+    (a reader never sees half a file); returns where the JSON went."""
+    out = resolve(out_dir)
+    sink = pa.BufferOutputStream()
+    pq.write_table(presets_table(data["presets"]), sink)
+    out.join(PRESETS_TABLE_FILE).write_bytes(sink.getvalue().to_pybytes())
     path = out.join(PRESETS_FILE)
     path.write_text(json.dumps(data, indent=2, default=str))
-    return path.target, data
+    return path.target
+
+
+def presets_table(entries: list[dict[str, Any]]) -> pa.Table:
+    """Preset entries as the `presets` table (`compile` and `model_spec` as JSON text)."""
+    rows = []
+    for e in entries:
+        row = {name: e.get(name) for name in PRESETS_SCHEMA.names}
+        row["compile"] = json.dumps(e["compile"], sort_keys=True)
+        if e.get("model_spec") is not None:
+            row["model_spec"] = json.dumps(e["model_spec"], sort_keys=True)
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=PRESETS_SCHEMA)
+
+
+def read_presets_table(out_dir: Target) -> pa.Table | None:
+    """The `presets` table written under `out_dir`, or None if there is none."""
+    path = resolve(out_dir).join(PRESETS_TABLE_FILE)
+    if not path.exists():
+        return None
+    return pq.read_table(pa.BufferReader(path.read_bytes()), schema=PRESETS_SCHEMA)

@@ -1,0 +1,421 @@
+"""`orchestrate tune SWEEP`: search beyond the stock modes, per (hardware class, model, batch
+size, precision) cell, and keep a tuned config only where it beats the best stock mode by a
+margin the statistics support.
+
+Successive halving, in three rounds of jobs dispatched across the cluster like any sweep:
+
+1. `rung0`: every candidate of every cell (`orchestrator.tune.space`), measured cheaply (one
+   process, a quarter of the sweep's timed calls). Each job compiles cold and checks its output
+   against the fp64 reference; a candidate that fails it, or breaks a budget, is out.
+2. `rung1`: per cell the best 1/eta of the candidates, and always the best stock config and
+   the best other one, measured again with the sweep's `measure` settings.
+3. `confirm`: per cell, the fastest non-stock candidate of rung 1 and the best stock config:
+   one job compiles both in the same processes (`Job.baseline`) and times eager, the stock
+   config and the candidate interleaved, in `--confirm-repeats` fresh processes (rung 1's
+   one-process figures only rank; a candidate a little behind there may still be faster). The
+   candidate wins only if the paired interval of stock / candidate lies above 1
+   (`compiler.statistics.beats`); otherwise the stock config stays the preset.
+
+Each round is a sweep output of its own under OUT (`OUT/rung0`, `OUT/rung1`, `OUT/confirm`:
+`orchestrate report` works on each), so an interrupted tune resumes with `--resume` from the
+jobs already recorded. OUT also gets `tune.json` (every cell's candidates, figures and
+decision) and the presets (`presets.parquet`, `presets.json`; `orchestrate export` reads them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from compiler import statistics as cstats
+from orchestrator.fleet.driver import OutputExistsError, SweepOptions, ray_session, run_sweep
+from orchestrator.fleet.inventory import HardwareClass, cluster_classes
+from orchestrator.fleet.inventory import resolve as resolve_classes
+from orchestrator.spec.matrix import select
+from orchestrator.spec.sweep import SweepSpec
+from orchestrator.store.schema import read_results
+from orchestrator.store.storage import Location, Target, checked
+from orchestrator.tune.presets import Budgets, eligible, preset_document, preset_entry, write_preset_files
+from orchestrator.tune.space import KNOB_NAMES, Candidate, candidates
+from workers.job import Baseline, Job, MeasureSpec, ModelSpec, software_stack
+
+TUNE_FILE = "tune.json"
+ROUNDS = ("rung0", "rung1", "confirm")
+DEFAULT_ETA = 3
+DEFAULT_CONFIRM_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Cell:
+    hardware: str
+    device: str
+    model: ModelSpec
+    batch_size: int
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.hardware}/{self.model.name}/bs{self.batch_size}/{self.dtype}"
+
+    def __hash__(self) -> int:  # the model's overrides are a dict; its name is unique in a sweep
+        return hash(self.name)
+
+
+@dataclass
+class TuneOptions:
+    out_dir: Target
+    address: str | None = None
+    resume: bool = False
+    only: str | None = None
+    precisions: tuple[str, ...] = ()
+    """Precision policies a candidate may use besides the cell's own (e.g. tf32, bf16)."""
+    knobs: tuple[str, ...] = KNOB_NAMES
+    budgets: Budgets = field(default_factory=Budgets)
+    eta: int = DEFAULT_ETA
+    """Rung 0 keeps the best 1/eta of each cell's candidates (at least one) for rung 1."""
+    confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
+    cpus_per_job: int | None = None
+    timeout_cap_s: float | None = None
+    allow_missing: bool = False
+    scratch_root: str | None = None
+    argv: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TuneSummary:
+    out_dir: Location
+    cells: int
+    tuned: int
+    stock: int
+    no_preset: int
+    jobs: dict[str, int]
+    wall_s: float
+    decisions: dict[str, str]
+
+
+def rung_measure(
+    measure: MeasureSpec, rung: str, confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
+) -> MeasureSpec:
+    """How each round measures: rung 0 cheaply (a quarter of the timed calls, in few rounds),
+    rung 1 as the sweep says, the confirmation in `confirm_repeats` processes (at least 2, so
+    its interval covers the spread between processes). One process each before that; FLOPs are
+    not counted (the tuner compares latencies)."""
+    one = dataclasses.replace(measure, flops=False, warm_compile=False, repeats=1)
+    if rung == "rung0":
+        return dataclasses.replace(
+            one, iterations=max(10, measure.iterations // 4), rounds=max(2, min(measure.rounds, 4))
+        )
+    if rung == "rung1":
+        return one
+    return dataclasses.replace(one, repeats=max(2, confirm_repeats))
+
+
+def plan_cells(spec: SweepSpec, hardware: dict[str, HardwareClass]) -> list[Cell]:
+    return [
+        Cell(hw, cls.device, model, bs, dtype)
+        for hw, cls in hardware.items()
+        for model in spec.models
+        for bs in spec.batch_sizes
+        for dtype in spec.dtypes
+    ]
+
+
+def make_job(
+    spec: SweepSpec,
+    cell: Cell,
+    cand: Candidate,
+    measure: MeasureSpec,
+    timeout_cap_s: float | None,
+    baseline: Candidate | None = None,
+    stack: dict[str, str] | None = None,
+) -> Job:
+    timeout = cell.model.timeout_s or cand.config.effective_timeout(spec.timeout_s)
+    if baseline is not None:  # two cold compiles in the first process
+        timeout += cell.model.timeout_s or baseline.config.effective_timeout(spec.timeout_s)
+    if timeout_cap_s:
+        timeout = min(timeout, timeout_cap_s)
+    return Job(
+        sweep=spec.name,
+        hardware=cell.hardware,
+        device=cell.device,  # type: ignore[arg-type]
+        model=cell.model,
+        batch_size=cell.batch_size,
+        dtype=cand.dtype,
+        config=cand.config,
+        measure=measure,
+        timeout_s=timeout,
+        stack=software_stack() if stack is None else stack,
+        baseline=Baseline(baseline.config, baseline.dtype) if baseline is not None else None,
+    )
+
+
+def promote(
+    results: list[tuple[Candidate, dict[str, Any] | None]], eta: int, budgets: Budgets
+) -> list[Candidate]:
+    """The candidates of one cell that go on to rung 1: the fastest ceil(n / eta) eligible ones
+    (n: every candidate, failed ones included), and the fastest eligible stock config and the
+    fastest eligible other one, so the confirmation always has both sides (rung 0's one short
+    process ranks; it cannot tell a 2% difference from noise)."""
+    ok = sorted(
+        ((c, r) for c, r in results if r is not None and eligible(r, budgets)),
+        key=lambda cr: cr[1]["compiled_ms"],
+    )
+    keep = [c for c, _ in ok[: max(1, math.ceil(len(results) / eta))]]
+    for side in (True, False):
+        best = next((c for c, _ in ok if c.stock == side), None)
+        if best is not None and best not in keep:
+            keep.append(best)
+    return keep
+
+
+def decide(
+    cell: Cell,
+    rung1: list[tuple[Candidate, dict[str, Any] | None]],
+    confirmation: tuple[Candidate, Candidate, dict[str, Any] | None] | None,
+    budgets: Budgets,
+) -> tuple[dict[str, Any] | None, str]:
+    """The cell's preset entry (None: nothing eligible) and the decision in words.
+
+    `confirmation` is (candidate, stock, row of their same-process job) where one ran."""
+    ok = [(c, r) for c, r in rung1 if r is not None and eligible(r, budgets)]
+    stock = min((cr for cr in ok if cr[0].stock), key=lambda cr: cr[1]["compiled_ms"], default=None)
+    tuned = min((cr for cr in ok if not cr[0].stock), key=lambda cr: cr[1]["compiled_ms"], default=None)
+    n = len(ok)
+    if stock is None and tuned is None:
+        return None, "no candidate passed its accuracy check within the budgets"
+    if stock is None:
+        c, r = tuned
+        why = f"no stock config was eligible; {c.config.name} ({c.dtype}) is the fastest of {n} eligible"
+        return preset_entry(r, cell.dtype, source="tuned", decision=why, candidates=n), why
+    s_cand, s_row = stock
+    stock_fields = {"stock_config": s_cand.config.name, "stock_ms": s_row["compiled_ms"], "candidates": n}
+    if tuned is None:
+        why = f"stock: no other candidate was eligible in rung 1 ({n} eligible)"
+        return preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields), why
+    c, r = tuned
+    row = confirmation[2] if confirmation else None
+    if row is None or row["status"] != "ok" or not row.get("baseline_samples_ms"):
+        status = "not run" if row is None else f"{row['status']}: {(row.get('error') or '')[:200]}"
+        why = f"stock: the confirmation of {c.config.name} against {s_cand.config.name} failed ({status})"
+        return preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields), why
+    iv = cstats.paired_speedup(
+        row["baseline_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
+    )
+    figures = (
+        f"{c.config.name} ({c.dtype}) vs {s_cand.config.name}: {iv.estimate:.3f}x "
+        f"[{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} processes"
+    )
+    paired = {
+        "stock_config": s_cand.config.name,
+        "stock_ms": row["baseline_ms"],
+        "speedup_vs_stock": iv.estimate,
+        "speedup_vs_stock_ci_low": iv.low,
+        "speedup_vs_stock_ci_high": iv.high,
+        "candidates": n,
+    }
+    if cstats.beats(iv):
+        why = f"tuned: {figures}"
+        # latency from the paired job; compile time and memory from the candidate's own job (in the
+        # paired one it compiled second, in a process that had compiled already)
+        own = {"compile_s": r["compile_s"], "peak_mem_bytes": r.get("peak_mem_bytes")}
+        return preset_entry(row, cell.dtype, source="tuned", decision=why, **paired, **own), why
+    why = f"stock: {figures}, an interval that does not lie above 1"
+    entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **paired)
+    entry["compiled_ms"] = row["baseline_ms"]  # the stock side, measured with the candidate
+    entry["speedup_vs_stock"] = 1.0
+    entry["speedup_vs_stock_ci_low"] = entry["speedup_vs_stock_ci_high"] = None
+    return entry, why
+
+
+def _latest(out: Location) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for r in sorted(read_results(out).to_pylist(), key=lambda r: (r["started_at"] is None, r["started_at"])):
+        rows[r["job_id"]] = r
+    return rows
+
+
+def _figures(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
+    if row is None:
+        return {"status": "missing"}
+    keep = ("status", "compiled_ms", "eager_ms", "compile_s", "peak_mem_bytes", "speedup_vs_baseline")
+    figures = {k: row.get(k) for k in keep if row.get(k) is not None}
+    if row["status"] != "ok":
+        figures["error"] = (row.get("error") or "")[:300]
+    elif budgets.excess(row):
+        figures["over_budget"] = budgets.excess(row)
+    return figures
+
+
+def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -> TuneSummary:
+    """Run the search (see the module docstring) into `opts.out_dir`; return what it decided."""
+    stream = stream or sys.stderr
+    out = checked(opts.out_dir)
+    if not opts.resume:
+        found = [r for r in ROUNDS if read_results(out.join(r), columns=["job_id"]).num_rows]
+        if found or out.join(TUNE_FILE).exists():
+            raise OutputExistsError(
+                f"{out} already holds a tune ({', '.join(found) or TUNE_FILE}). Pass --resume to finish it, "
+                "or --out to write somewhere else; nothing was changed."
+            )
+    t0 = time.monotonic()
+    resume = shlex.join(["orchestrate", "tune", spec.source or "SWEEP.yaml", "--out", str(out), "--resume"])
+    jobs_run: dict[str, int] = {}
+    log: dict[str, dict[str, Any]] = {}
+
+    def run_round(name: str, jobs: list[Job], what: str) -> dict[str, dict[str, Any]]:
+        where = out.join(name)
+        print(f"tune {name}: {what}", file=stream, flush=True)
+        if jobs:
+            sweep_opts = SweepOptions(
+                out_dir=where,
+                address=opts.address,
+                resume=True,
+                cpus_per_job=opts.cpus_per_job,
+                allow_missing=opts.allow_missing,
+                scratch_root=opts.scratch_root,
+                argv=opts.argv,
+                resume_command=resume,
+            )
+            run_sweep(spec, sweep_opts, stream, plan=lambda classes: jobs)
+        jobs_run[name] = len(jobs)
+        return _latest(where)
+
+    with ray_session(opts.address):
+        classes = cluster_classes(opts.cpus_per_job)
+        hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
+        stack = software_stack()
+        space = {
+            cell: candidates(spec.configs, cell.model, cell.device, cell.dtype, opts.precisions, opts.knobs)
+            for cell in plan_cells(spec, hardware)
+        }
+        measure0 = rung_measure(spec.measure, "rung0")
+        jobs0 = {
+            (cell, cand): make_job(spec, cell, cand, measure0, opts.timeout_cap_s, stack=stack)
+            for cell, cands in space.items()
+            for cand in cands
+        }
+        chosen = {j.job_id for j in select(jobs0.values(), opts.only)}
+        jobs0 = {k: j for k, j in jobs0.items() if j.job_id in chosen}
+        cells = list(dict.fromkeys(cell for cell, _ in jobs0))
+        rows0 = run_round(
+            "rung0",
+            list(jobs0.values()),
+            f"{len(jobs0)} candidates over {len(cells)} cells, measured cheaply",
+        )
+
+        survivors: dict[Cell, list[Candidate]] = {}
+        for cell in cells:
+            results = [(c, rows0.get(j.job_id)) for (ce, c), j in jobs0.items() if ce == cell]
+            survivors[cell] = promote(results, opts.eta, opts.budgets)
+            log[cell.name] = {
+                "candidates": {f"{c.config.name}@{c.dtype}": _figures(r, opts.budgets) for c, r in results},
+                "promoted": [f"{c.config.name}@{c.dtype}" for c in survivors[cell]],
+            }
+        measure1 = rung_measure(spec.measure, "rung1")
+        jobs1 = {
+            (cell, c): make_job(spec, cell, c, measure1, opts.timeout_cap_s, stack=stack)
+            for cell, keep in survivors.items()
+            for c in keep
+        }
+        rows1 = run_round(
+            "rung1",
+            list(jobs1.values()),
+            f"{len(jobs1)} candidates promoted, measured with the sweep's settings",
+        )
+
+        rung1 = {
+            cell: [(c, rows1.get(j.job_id)) for (ce, c), j in jobs1.items() if ce == cell] for cell in cells
+        }
+        pairs: dict[Cell, tuple[Candidate, Candidate]] = {}
+        for cell, results in rung1.items():
+            log[cell.name]["rung1"] = {
+                f"{c.config.name}@{c.dtype}": _figures(r, opts.budgets) for c, r in results
+            }
+            ok = [(c, r) for c, r in results if r is not None and eligible(r, opts.budgets)]
+            stock = min((cr for cr in ok if cr[0].stock), key=lambda cr: cr[1]["compiled_ms"], default=None)
+            tuned = min(
+                (cr for cr in ok if not cr[0].stock), key=lambda cr: cr[1]["compiled_ms"], default=None
+            )
+            if stock and tuned:  # rung 1's one-process figures rank; only a paired interval decides
+                pairs[cell] = (tuned[0], stock[0])
+        measure2 = rung_measure(spec.measure, "confirm", opts.confirm_repeats)
+        jobs2 = {
+            cell: make_job(spec, cell, cand, measure2, opts.timeout_cap_s, baseline=base, stack=stack)
+            for cell, (cand, base) in pairs.items()
+        }
+        rows2 = run_round(
+            "confirm",
+            list(jobs2.values()),
+            f"{len(jobs2)} cells: the best candidate against the best stock config, "
+            f"both timed in the same {measure2.repeats} processes",
+        )
+
+    entries, missing, decisions = [], [], {}
+    for cell in cells:
+        confirmation = None
+        if cell in pairs:
+            confirmation = (*pairs[cell], rows2.get(jobs2[cell].job_id))
+            log[cell.name]["confirm"] = _figures(confirmation[2], opts.budgets)
+        entry, why = decide(cell, rung1[cell], confirmation, opts.budgets)
+        decisions[cell.name] = why
+        log[cell.name]["decision"] = why
+        if entry is None:
+            missing.append(
+                {
+                    "hardware": cell.hardware,
+                    "model": cell.model.name,
+                    "batch_size": cell.batch_size,
+                    "dtype": cell.dtype,
+                    "statuses": {
+                        k: v.get("over_budget") or v["status"]
+                        for k, v in log[cell.name]["candidates"].items()
+                    },
+                }
+            )
+            continue
+        entry["model_spec"] = dataclasses.asdict(cell.model)
+        entry["over_budget"] = sum(1 for v in log[cell.name]["candidates"].values() if v.get("over_budget"))
+        log[cell.name]["preset"] = {
+            "config": entry["config"],
+            "precision": entry["precision"],
+            "source": entry["source"],
+        }
+        entries.append(entry)
+
+    data = preset_document(entries, missing, list(rows0.values()), opts.budgets)
+    write_preset_files(out, data)
+    out.join(TUNE_FILE).write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "sweep": spec.source,
+                "argv": opts.argv,
+                "budgets": opts.budgets.to_dict(),
+                "eta": opts.eta,
+                "confirm_repeats": opts.confirm_repeats,
+                "precisions": list(opts.precisions),
+                "knobs": list(opts.knobs),
+                "jobs": jobs_run,
+                "cells": log,
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    sources = [e["source"] for e in entries]
+    return TuneSummary(
+        out_dir=out,
+        cells=len(cells),
+        tuned=sources.count("tuned"),
+        stock=sources.count("stock"),
+        no_preset=len(missing),
+        jobs=jobs_run,
+        wall_s=time.monotonic() - t0,
+        decisions=decisions,
+    )

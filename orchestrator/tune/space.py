@@ -1,0 +1,133 @@
+"""What `orchestrate tune` searches: the sweep's stock configs, each with one knob turned, and
+the stock configs under the extra precision policies the user allows.
+
+A stock config with a `mode` is written out as the Inductor options the mode stands for
+(`torch._inductor.list_mode_options()`), so a knob can be added to it (`torch.compile` refuses
+`mode` and `options` together). A knob that would not change anything (already set by the mode,
+a GPU-only knob on CPU, a layout change for a model without 4-D weights) is not a candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from compiler.config import CompileConfig, inductor_modes
+from workers.job import ModelSpec
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    help: str
+    options: dict
+    """Inductor options the knob sets (on top of the base's)."""
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    freezing: bool = False
+    channels_last: bool = False
+    needs: Callable[[dict], bool] | None = None
+    """Only for bases whose options pass this test (e.g. GEMM backends need max_autotune)."""
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("freezing", "fold the weights into the graph as constants", {}, freezing=True),
+    Knob(
+        "channels_last",
+        "the model's 4-D weights in channels-last layout (image models)",
+        {},
+        channels_last=True,
+    ),
+    Knob(
+        "coordinate_descent",
+        "coordinate-descent tuning of every Triton kernel's block sizes",
+        {"coordinate_descent_tuning": True},
+        devices=("cuda",),
+    ),
+    Knob("no_epilogue_fusion", "keep pointwise epilogues out of GEMM kernels", {"epilogue_fusion": False}),
+    Knob("no_shape_padding", "no padding of GEMM shapes to aligned sizes", {"shape_padding": False}),
+    Knob("aggressive_fusion", "fuse nodes even without shared memory reads", {"aggressive_fusion": True}),
+    Knob(
+        "cudagraphs", "CUDA graphs around the compiled graph", {"triton.cudagraphs": True}, devices=("cuda",)
+    ),
+    Knob(
+        "gemm_triton",
+        "max-autotune GEMMs from Triton templates only (no cuBLAS candidates)",
+        {"max_autotune_gemm_backends": "TRITON"},
+        devices=("cuda",),
+        needs=lambda options: bool(options.get("max_autotune")),
+    ),
+)
+KNOB_NAMES: tuple[str, ...] = tuple(k.name for k in KNOBS)
+
+IMAGE_MODEL_PREFIXES = ("hf:", "timm:", "torchvision:")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    config: CompileConfig
+    dtype: str
+    """Its precision policy."""
+    stock: bool
+    """One of the sweep's own configs at the cell's precision (what a tuned winner must beat)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.config.name, self.dtype
+
+    def __hash__(self) -> int:  # the config's options are a dict; name and precision identify it in a cell
+        return hash(self.key)
+
+
+def expanded_options(cfg: CompileConfig) -> dict:
+    """The Inductor options `cfg` compiles with, its mode written out."""
+    options = dict(inductor_modes().get(cfg.mode or "default", {})) if cfg.mode else {}
+    options.update(cfg.options)
+    return options
+
+
+def _with_knob(base: CompileConfig, knob: Knob) -> CompileConfig | None:
+    options = expanded_options(base)
+    if knob.needs and not knob.needs(options):
+        return None
+    if all(options.get(k) == v for k, v in knob.options.items()) and knob.options:
+        return None  # the base sets it already
+    if (knob.freezing and base.freezing) or (knob.channels_last and base.channels_last):
+        return None
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}+{knob.name}",
+        mode=None,
+        options={**options, **knob.options},
+        freezing=base.freezing or knob.freezing,
+        channels_last=base.channels_last or knob.channels_last,
+    )
+
+
+def candidates(
+    stock: tuple[CompileConfig, ...],
+    model: ModelSpec,
+    device: str,
+    dtype: str,
+    precisions: tuple[str, ...] = (),
+    knobs: tuple[str, ...] = KNOB_NAMES,
+) -> list[Candidate]:
+    """Every candidate of one cell: the stock configs, each inductor stock config with each
+    applicable knob, and the stock configs under each allowed precision other than `dtype`."""
+    found: list[Candidate] = [Candidate(cfg, dtype, True) for cfg in stock]
+    names = {cfg.name for cfg in stock}
+    image = model.id.startswith(IMAGE_MODEL_PREFIXES)
+    for base in stock:
+        if base.backend != "inductor":
+            continue
+        for knob in KNOBS:
+            if knob.name not in knobs or device not in knob.devices or (knob.channels_last and not image):
+                continue
+            cfg = _with_knob(base, knob)
+            if cfg is not None and cfg.name not in names:
+                names.add(cfg.name)
+                found.append(Candidate(cfg, dtype, False))
+    for policy in precisions:
+        if policy != dtype:
+            found += [Candidate(cfg, policy, False) for cfg in stock]
+    return found

@@ -1,0 +1,135 @@
+"""The loop on the CPU class, for real: `orchestrate tune` searches an MLP's cell on a private
+local Ray (every candidate compiled cold in its own process, the best confirmed against the stock
+config in the same processes); `orchestrate export` compiles the tuned preset cold and bundles
+its caches; a serving process with empty caches (and neither Ray nor the orchestrator imported)
+loads the bundle through `compiler.apply.compile_tuned` and compiles from it, faster than a
+plain cold compile in the same conditions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from compiler import statistics as cstats
+from compiler.apply import MANIFEST, PRESETS, sha256_file
+from orchestrator.cli import main
+from orchestrator.store.schema import read_results
+from orchestrator.tune.presets import read_presets_table
+from orchestrator.tune.search import TUNE_FILE
+
+pytestmark = pytest.mark.integration
+
+SERVE = """
+import json, sys, time
+import torch, torch._dynamo, torch._inductor.compile_fx  # imported before the timed first call
+from torch._dynamo.utils import counters
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+pick_vec_isa()  # the C++ compiler's ISA probe (4 s here): once per process, with or without a bundle
+from workers import toy
+
+model, inputs = toy.mlp(4)
+if sys.argv[1] == "plain":
+    compiled, t0 = torch.compile(model), time.perf_counter()
+    with torch.no_grad():
+        compiled(**inputs)
+    out = {"compile_s": time.perf_counter() - t0}
+else:
+    from compiler.apply import compile_tuned
+
+    compiled, applied = compile_tuned(model, inputs, sys.argv[2], model_name="mlp")
+    out = applied.to_dict()
+out["counters"] = dict(counters["inductor"])
+out["modules"] = sorted(m for m in sys.modules if m.split(".")[0] in ("ray", "orchestrator"))
+print(json.dumps(out, default=str))
+"""
+
+
+def serve(tmp_path, *args):
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"cache-{args[0]}"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.getcwd(),
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+TUNE_SWEEP = """\
+name: tune-it
+models: [{id: "python:workers.toy:mlp", name: mlp}]
+batch_sizes: [4]
+configs: {default: {}}
+hardware: [cpu]
+measure: {warmup: 2, iterations: 24, rounds: 3}
+timeout_s: 240
+"""
+
+
+def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
+    sweep, out, dest = tmp_path / "tune.yaml", tmp_path / "out", tmp_path / "export"
+    sweep.write_text(TUNE_SWEEP)
+    args = ["tune", str(sweep), "--out", str(out), "--cpus-per-job", "1", "--knobs", "no_shape_padding"]
+    assert main([*args, "--eta", "2", "--confirm-repeats", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "1 cells" in printed and "without a preset" in printed
+
+    rung0 = {r["config"]: r for r in read_results(out / "rung0").to_pylist()}
+    # (not freezing: on CPU it packs weights as oneDNN tensors, which Inductor's cache cannot
+    # pickle: a freezing preset exports without a bundle, and this test is about the bundle)
+    assert set(rung0) == {"default", "default+no_shape_padding"} and all(
+        r["status"] == "ok" for r in rung0.values()
+    )
+    assert json.loads(rung0["default+no_shape_padding"]["options"]) == {"shape_padding": False}
+    assert {r["config"] for r in read_results(out / "rung1").to_pylist()} == set(rung0)
+    (pair,) = read_results(out / "confirm").to_pylist()
+    assert pair["status"] == "ok", pair["error"]
+    assert pair["config"] == "default+no_shape_padding" and pair["baseline_config"] == "default"
+    assert pair["repeats"] == 2 and len(pair["baseline_samples_ms"]) == len(pair["compiled_samples_ms"]) == 48
+    assert pair["baseline_compile_s"] > 0 and pair["compile_s"] > 0.05  # each side compiled its own graph
+
+    iv = cstats.paired_speedup(
+        pair["baseline_samples_ms"], pair["compiled_samples_ms"], pair["samples_per_repeat"]
+    )
+    assert iv.low == pytest.approx(pair["speedup_vs_baseline_ci_low"])
+    (preset,) = read_presets_table(out).to_pylist()
+    tune_log = json.loads((out / TUNE_FILE).read_text())["cells"]["cpu/mlp/bs4/fp32"]
+    assert tune_log["decision"] == preset["decision"]
+    if cstats.beats(iv):
+        assert preset["source"] == "tuned" and preset["config"] == "default+no_shape_padding"
+        assert preset["speedup_vs_stock_ci_low"] > 1
+    else:
+        assert preset["source"] == "stock" and preset["config"] == "default"
+
+    assert main(["export", str(out), "--hardware", "cpu", "--dest", str(dest), "--cpus", "1"]) == 0
+    assert f"mlp/bs4/fp32/{preset['config']}: bundle" in capsys.readouterr().out
+    manifest = json.loads((dest / MANIFEST).read_text())
+    presets = json.loads((dest / PRESETS).read_text())
+    (entry,) = presets["presets"]
+    assert entry["config"] == preset["config"] and entry["bundle"] == "bundles/mlp-bs4-fp32.bin"
+    assert set(manifest["files"]) == {PRESETS, entry["bundle"]}
+    assert all(sha256_file(dest / f) == h for f, h in manifest["files"].items())
+    assert manifest["hardware"] == "cpu" and manifest["stack"]["torch"] == presets["stack"]["torch"]
+
+    tuned = serve(tmp_path, "tuned", str(dest))
+    plain = serve(tmp_path, "plain")
+    assert tuned["modules"] == [] and tuned["match"] == "exact" and tuned["bundle"] == "loaded", tuned
+    assert tuned["config"]["options"] == json.loads(preset["compile"])["options"]
+    assert tuned["cache_artifacts"].get("inductor", 0) >= 1
+    assert tuned["counters"].get("fxgraph_cache_hit", 0) >= 1 and not tuned["counters"].get(
+        "fxgraph_cache_miss"
+    )
+    assert plain["counters"].get("fxgraph_cache_miss", 0) >= 1
+    print("first call with the bundle", tuned["compile_s"], "plain", plain["compile_s"])
+    assert tuned["compile_s"] < plain["compile_s"], (tuned["compile_s"], plain["compile_s"])
