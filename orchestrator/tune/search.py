@@ -8,7 +8,8 @@ Successive halving, in three rounds of jobs dispatched across the cluster like a
    process, a quarter of the sweep's timed calls). Each job compiles cold and checks its output
    against the fp64 reference; a candidate that fails it, or breaks a budget, is out.
 2. `rung1`: per cell the best 1/eta of the candidates, and always the best stock config and
-   the best other one, measured again with the sweep's `measure` settings.
+   the best other one, measured again with the sweep's `measure` settings (a cell left with
+   just those two skips it: the confirmation measures them better).
 3. `confirm`: per cell, the fastest non-stock candidate of rung 1 and the best stock config:
    one job compiles both in the same processes (`Job.baseline`) and times eager, the stock
    config and the candidate interleaved, in `--confirm-repeats` fresh processes (rung 1's
@@ -317,20 +318,29 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
                 "candidates": {f"{c.config.name}@{c.dtype}": _figures(r, opts.budgets) for c, r in results},
                 "promoted": [f"{c.config.name}@{c.dtype}" for c in survivors[cell]],
             }
+        # A cell whose survivors are one stock config and one other goes straight to the
+        # confirmation, which measures exactly those two, better: rung 1 would only repeat it.
+        ranked = {
+            cell for cell, keep in survivors.items() if len(keep) > 2 or len({c.stock for c in keep}) < 2
+        }
         measure1 = rung_measure(spec.measure, "rung1")
         jobs1 = {
             (cell, c): make_job(spec, cell, c, measure1, opts.timeout_cap_s, stack=stack)
-            for cell, keep in survivors.items()
-            for c in keep
+            for cell in ranked
+            for c in survivors[cell]
         }
         rows1 = run_round(
             "rung1",
             list(jobs1.values()),
-            f"{len(jobs1)} candidates promoted, measured with the sweep's settings",
+            f"{len(jobs1)} candidates promoted, measured with the sweep's settings "
+            f"({len(cells) - len(ranked)} cells with only a stock config and one other skip to the confirmation)",
         )
 
         rung1 = {
-            cell: [(c, rows1.get(j.job_id)) for (ce, c), j in jobs1.items() if ce == cell] for cell in cells
+            cell: [(c, rows1.get(j.job_id)) for (ce, c), j in jobs1.items() if ce == cell]
+            if cell in ranked
+            else [(c, rows0.get(jobs0[cell, c].job_id)) for c in survivors[cell]]
+            for cell in cells
         }
         pairs: dict[Cell, tuple[Candidate, Candidate]] = {}
         for cell, results in rung1.items():

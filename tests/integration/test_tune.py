@@ -92,7 +92,8 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
         r["status"] == "ok" for r in rung0.values()
     )
     assert json.loads(rung0["default+no_shape_padding"]["options"]) == {"shape_padding": False}
-    assert {r["config"] for r in read_results(out / "rung1").to_pylist()} == set(rung0)
+    # one stock config and one other left: rung 1 is skipped, the confirmation measures them
+    assert read_results(out / "rung1").num_rows == 0
     (pair,) = read_results(out / "confirm").to_pylist()
     assert pair["status"] == "ok", pair["error"]
     assert pair["config"] == "default+no_shape_padding" and pair["baseline_config"] == "default"
