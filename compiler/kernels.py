@@ -128,3 +128,60 @@ class KernelChoiceRecorder:
                     "from_cache": from_cache,
                 }
             )
+
+
+# --- generated Triton kernels ---------------------------------------------------------------------
+
+
+def _autotuners() -> list[Any]:
+    """Every `CachingAutotuner` (one per generated Triton kernel) in the modules Inductor has
+    loaded in this process, once each; [] where Triton kernels cannot exist (no Triton)."""
+    try:
+        from torch._inductor.codecache import PyCodeCache
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except Exception:  # no Triton in this build
+        return []
+    modules = list(getattr(PyCodeCache, "modules", []))
+    modules += list((getattr(PyCodeCache, "modules_no_attr", None) or {}).values())
+    found: dict[int, Any] = {}
+    for module in modules:
+        for obj in list(vars(module).values()):
+            if isinstance(obj, CachingAutotuner):
+                found.setdefault(id(obj), obj)
+    return list(found.values())
+
+
+def autotuner_ids() -> set[int]:
+    """The kernels loaded so far (to leave out of a later `triton_kernel_rows`)."""
+    return {id(a) for a in _autotuners()}
+
+
+def triton_kernel_rows(exclude: set[int] | frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+    """One row per generated Triton kernel (leaving out `exclude`), after the compiled model's
+    first run: the config its `CachingAutotuner` settled on (block sizes, warps, stages), whether
+    coordinate-descent tuning was on and found it, and the time its first-run tuning took. A
+    kernel that never ran has no settled config (null)."""
+    rows = []
+    for tuner in _autotuners():
+        if id(tuner) in exclude:
+            continue
+        meta = getattr(tuner, "inductor_meta", None) or {}
+        launchers = getattr(tuner, "launchers", None) or []
+        config = launchers[0].config if launchers else None
+        heuristic = getattr(tuner, "heuristic_type", None)
+        tuned_ns = getattr(tuner, "autotune_time_taken_ns", 0) or 0
+        rows.append(
+            {
+                "kernel": getattr(getattr(tuner, "fn", None), "__name__", None) or meta.get("kernel_name"),
+                "heuristic": getattr(heuristic, "name", None) or (str(heuristic) if heuristic else None),
+                "size_hints": json.dumps(getattr(tuner, "size_hints", None), sort_keys=True, default=str),
+                "config": json.dumps(dict(config.kwargs), sort_keys=True, default=str) if config else None,
+                "num_warps": getattr(config, "num_warps", None),
+                "num_stages": getattr(config, "num_stages", None),
+                "coordinate_descent": bool(meta.get("coordinate_descent_tuning")),
+                "found_by_coordesc": bool(getattr(config, "found_by_coordesc", False)) if config else None,
+                "autotune_ms": tuned_ns / 1e6 if tuned_ns else None,
+            }
+        )
+    rows.sort(key=lambda r: str(r["kernel"]))
+    return rows

@@ -420,7 +420,7 @@ class JobRun:
         import torch
 
         from compiler import measure, stats
-        from compiler.kernels import KernelChoiceRecorder
+        from compiler.kernels import KernelChoiceRecorder, autotuner_ids, triton_kernel_rows
         from workers import zoo
 
         dev = self.job.device
@@ -429,6 +429,7 @@ class JobRun:
         stats.reset(dynamo=self.job.baseline is None)  # the baseline, compiled already, stays
         cfg = self.job.config
         cfg.apply_globals()
+        earlier = autotuner_ids() if self.job.baseline is not None else set()  # the baseline's kernels
         if cfg.channels_last:  # a copy: eager keeps timing the model as built
             model = cfg.prepare_model(copy.deepcopy(model))
         if self.job.baseline is not None:
@@ -444,6 +445,9 @@ class JobRun:
         self.result.update(stats.capture_stats().to_dict())
         if choices.rows:  # only a compile that autotuned (a warm one hits the FX-graph cache)
             self.result["kernel_choices"] = choices.rows
+        kernels = triton_kernel_rows(exclude=earlier)  # settled by the first run, just made
+        if kernels and "repeat" not in self.result:  # the cold process's, as kernel_choices
+            self.result["triton_kernels"] = kernels
         return compiled, out
 
     def compiled_warmup(self, compiled, input_sets):

@@ -5,8 +5,10 @@ Layout of an output directory::
     <out>/run.json                              spec, versions and host of every invocation (appended)
     <out>/results/hardware=<class>/part-<uuid>.parquet          one row per job
     <out>/kernel_choices/hardware=<class>/part-<uuid>.parquet   one row per autotune candidate
+    <out>/triton_kernels/hardware=<class>/part-<uuid>.parquet   one row per generated Triton kernel
+    <out>/presets.parquet, presets.json         derived presets (`orchestrate presets`, `tune`)
 
-`kernel_choices` rows belong to the results row with the same `job_id` and `run_id` (a job
+`kernel_choices` and `triton_kernels` rows belong to the results row with the same `job_id` and `run_id` (a job
 rerun after a driver crash may leave rows of the first try, under its own `run_id`).
 
 `results/` is a hive-partitioned Parquet dataset: the `hardware` column lives in the directory
@@ -267,6 +269,25 @@ _KERNEL_CHOICE_FIELDS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 
+_TRITON_KERNEL_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    (
+        "job_id",
+        pa.string(),
+        "the job whose cold compile generated the kernel (join results on job_id, run_id)",
+    ),
+    ("run_id", pa.string(), "the `orchestrate sweep` invocation that ran the job"),
+    ("hardware", pa.string(), "hardware class of the job"),
+    ("kernel", pa.string(), "the generated kernel's name, e.g. triton_poi_fused_add_relu_3"),
+    ("heuristic", pa.string(), "POINTWISE, REDUCTION, PERSISTENT_REDUCTION, TEMPLATE, ..."),
+    ("size_hints", pa.string(), "the iteration sizes it was tuned for, as JSON"),
+    ("config", pa.string(), "the block sizes it settled on after its first run, as JSON (null: never ran)"),
+    ("num_warps", pa.int32(), "warps of the settled config"),
+    ("num_stages", pa.int32(), "pipeline stages of the settled config"),
+    ("coordinate_descent", pa.bool_(), "coordinate-descent tuning was on for the kernel"),
+    ("found_by_coordesc", pa.bool_(), "the settled config came out of coordinate descent"),
+    ("autotune_ms", pa.float64(), "time its first-run tuning took (compiling and timing its configs), ms"),
+]
+
 _PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("hardware", pa.string(), "hardware class the preset is for"),
     ("model", pa.string(), "model name in the sweep"),
@@ -322,7 +343,12 @@ def _schema(fields: list[tuple[str, pa.DataType, str]]) -> pa.Schema:
 
 RESULTS_SCHEMA = _schema(_RESULT_FIELDS)
 KERNEL_CHOICES_SCHEMA = _schema(_KERNEL_CHOICE_FIELDS)
-TABLES: dict[str, pa.Schema] = {RESULTS_DIR: RESULTS_SCHEMA, "kernel_choices": KERNEL_CHOICES_SCHEMA}
+TRITON_KERNELS_SCHEMA = _schema(_TRITON_KERNEL_FIELDS)
+TABLES: dict[str, pa.Schema] = {
+    RESULTS_DIR: RESULTS_SCHEMA,
+    "kernel_choices": KERNEL_CHOICES_SCHEMA,
+    "triton_kernels": TRITON_KERNELS_SCHEMA,
+}
 """Every table of an output directory, by the name of its folder."""
 SIDE_TABLES: tuple[str, ...] = tuple(t for t in TABLES if t != RESULTS_DIR)
 """The tables beside `results` whose rows a job's result carries (keyed by its job_id)."""

@@ -166,3 +166,32 @@ def test_max_autotune_records_triton_and_aten_candidates_with_one_winner_per_op(
         for r in rows
         if r["kind"] == "triton_template"
     )
+
+
+def test_triton_kernels_and_a_paired_job_with_a_baseline_in_the_same_process():
+    """The triton_kernels rows of a compile with coordinate descent (settled configs, flagged),
+    and orchestrate tune's confirmation job on a GPU: both sides compiled in one process, each
+    its own graph, the candidate's kernels only in its rows."""
+    from workers.job import Baseline
+
+    cd = CompileConfig(name="cd", options={"coordinate_descent_tuning": True})
+    job = dataclasses.replace(
+        _job(_small_resnet()),
+        config=cd,
+        measure=MeasureSpec(warmup=3, iterations=20, rounds=2, flops=False, repeats=2),
+        baseline=Baseline(CompileConfig(name="default"), "fp32"),
+    )
+    result = run_job(job, threads=THREADS)
+    assert result["status"] == "ok", result.get("error")
+    kernels = result["triton_kernels"]
+    assert kernels and all(k["coordinate_descent"] for k in kernels), kernels[:3]
+    ran = [k for k in kernels if k["config"] is not None]
+    assert ran and all(k["found_by_coordesc"] and k["num_warps"] for k in ran), ran[:3]
+    assert {k["heuristic"] for k in kernels} & {"POINTWISE", "REDUCTION", "PERSISTENT_REDUCTION"}
+    assert result["baseline_compile_s"] > 0 and result["compile_s"] > 0.5  # not the baseline's code
+    assert len(result["baseline_samples_ms"]) == len(result["compiled_samples_ms"]) == 40
+    assert (
+        result["speedup_vs_baseline_ci_low"]
+        <= result["speedup_vs_baseline"]
+        <= result["speedup_vs_baseline_ci_high"]
+    )
