@@ -183,6 +183,39 @@ def test_sink_writes_a_jobs_kernel_choices_before_its_result_row(tmp_path, rows)
     assert side[-1] <= results[0]
 
 
+def test_triton_kernel_rows_travel_from_a_result_to_their_table(tmp_path, table_jobs, make_result):
+    """A job's `triton_kernels` (as compiler.kernels.triton_kernel_rows writes them on a GPU) reach
+    their table keyed by the job, through side_rows and the sink."""
+    from orchestrator.store.rows import make_row, side_rows
+
+    job = table_jobs["A100/resnet/bs1/fp32/default"]
+    kernel = {
+        "kernel": "triton_poi_fused_relu_0",
+        "heuristic": "POINTWISE",
+        "size_hints": '{"x": 1024}',
+        "config": '{"XBLOCK": 256}',
+        "num_warps": 4,
+        "num_stages": 1,
+        "coordinate_descent": True,
+        "found_by_coordesc": True,
+        "autotune_ms": 12.5,
+    }
+    result = make_result(triton_kernels=[kernel, {**kernel, "kernel": "triton_red_fused_1", "config": None}])
+    sink = ResultSink(tmp_path)
+    sink.add(make_row(job, result, run_id="r1"), side_rows(job, result, run_id="r1"))
+    sink.close()
+    got = read_table(tmp_path, "triton_kernels").to_pylist()
+    assert [r["kernel"] for r in got] == ["triton_poi_fused_relu_0", "triton_red_fused_1"]
+    assert all(r["job_id"] == job.job_id and r["run_id"] == "r1" and r["hardware"] == "A100" for r in got)
+    assert got[0]["found_by_coordesc"] and got[1]["config"] is None
+
+
+def test_triton_kernel_rows_are_empty_without_triton_kernels():
+    from compiler.kernels import autotuner_ids, triton_kernel_rows
+
+    assert triton_kernel_rows(exclude=autotuner_ids()) == []  # CPU: Inductor emits C++, not Triton
+
+
 def test_sink_refuses_an_unknown_table_and_a_row_without_its_job(tmp_path, rows):
     sink = ResultSink(tmp_path)
     with pytest.raises(ValueError, match="unknown side table 'kernels'"):
