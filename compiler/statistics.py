@@ -30,10 +30,13 @@ Only numpy is needed; nothing here imports torch, Ray or the orchestrator.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -214,6 +217,79 @@ def paired_speedup(
     return ratio_interval(
         split_groups(baseline_samples, sizes), split_groups(candidate_samples, sizes), paired=True
     )
+
+
+# --- comparing two runs ---------------------------------------------------------------------------
+
+THRESHOLDS_FILE = Path(__file__).with_name("thresholds.json")
+THRESHOLDS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a change between two runs counts, from a versioned JSON file (`thresholds.json`
+    beside this module by default): the regression report's only thresholds."""
+
+    version: int
+    level: float
+    """Confidence level of the latency intervals."""
+    latency_change: float
+    """A cell's compiled latency regressed when the interval of current / baseline lies wholly
+    above 1 + this (improved: wholly below 1 / (1 + this)). The interval covers the spread
+    between processes, so two runs of one stack (an A/A pair) do not regress."""
+    compile_time_change: float
+    """Cold compile time regressed when it grew by more than this fraction..."""
+    compile_time_floor_s: float
+    """...and by more than this many seconds (a one-number figure: no interval)."""
+    memory_change: float
+    memory_floor_mb: float
+
+
+def load_thresholds(path: str | Path | None = None) -> Thresholds:
+    """The thresholds in `path` (default `thresholds.json` here); a bad file raises ValueError
+    naming the file and the key."""
+    path = Path(path) if path is not None else THRESHOLDS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read the thresholds: {exc}") from None
+    names = [f.name for f in dataclasses.fields(Thresholds)]
+    missing = [n for n in names if n not in data]
+    unknown = sorted(set(data) - set(names))
+    if missing or unknown:
+        raise ValueError(f"{path}: missing keys {missing}, unknown keys {unknown}; expected {names}")
+    if data["version"] != THRESHOLDS_VERSION:
+        raise ValueError(f"{path}: version {data['version']!r}; this code reads version {THRESHOLDS_VERSION}")
+    for name in names[1:]:
+        value = data[name]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{path}: {name} must be a non-negative number, got {value!r}")
+    if not 0 < data["level"] < 1:
+        raise ValueError(f"{path}: level must be between 0 and 1, got {data['level']!r}")
+    return Thresholds(**data)
+
+
+def latency_verdict(ratio: Interval, thresholds: Thresholds) -> str:
+    """`regression`, `improvement` or `unchanged` for a ratio current / baseline of latencies."""
+    if math.isnan(ratio.low):
+        return "unchanged"
+    if ratio.low > 1 + thresholds.latency_change:
+        return "regression"
+    if ratio.high < 1 / (1 + thresholds.latency_change):
+        return "improvement"
+    return "unchanged"
+
+
+def figure_verdict(current: float | None, baseline: float | None, change: float, floor: float) -> str:
+    """The same for a figure measured once per run (compile time, peak memory): a change beyond
+    both the relative `change` and the absolute `floor`."""
+    if current is None or baseline is None:
+        return "unchanged"
+    if current > baseline * (1 + change) and current - baseline > floor:
+        return "regression"
+    if current < baseline / (1 + change) and baseline - current > floor:
+        return "improvement"
+    return "unchanged"
 
 
 # --- the engine ---------------------------------------------------------------------------------

@@ -159,8 +159,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_only(p)
 
-    p = sub.add_parser("report", help="print the speedup table of a sweep output and write OUT/report.md")
+    p = sub.add_parser(
+        "report",
+        help="print the speedup table of a sweep output and write OUT/report.md; with --baseline, "
+        "compare two runs cell by cell",
+        description="Without --baseline: the speedup table of OUT (model x config per hardware class), also "
+        "written to OUT/report.md. With --baseline RUN: every (hardware, model, batch size, dtype, config) cell "
+        "of OUT against RUN: the compiled-latency ratio with its interval, speedup, compile time, memory, "
+        "status, graph breaks, recompiles and autotune winner changes, and a verdict per cell (regression, "
+        "improvement, unchanged, new, missing) with its reasons; the hardware classes each model regressed on; "
+        "the environment diff. Thresholds: compiler/thresholds.json (or --thresholds).",
+    )
     p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+    p.add_argument(
+        "--baseline", metavar="RUN", help="an earlier output directory (path or URI) to compare with"
+    )
+    p.add_argument(
+        "--md", metavar="FILE", help="with --baseline: write the Markdown summary (for a CI comment) here"
+    )
+    p.add_argument(
+        "--json", metavar="FILE", help="with --baseline: write every cell's comparison as JSON here"
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=["regression"],
+        help="with --baseline: exit with status 1 when any cell regressed (for CI and nightly jobs)",
+    )
+    p.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="with --baseline: a thresholds JSON file like compiler/thresholds.json (versioned; default: that one)",
+    )
 
     p = sub.add_parser(
         "presets",
@@ -453,10 +482,11 @@ def _drive(run):
     from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted
     from orchestrator.fleet.inventory import MissingHardwareError
     from orchestrator.store.storage import StorageError
+    from orchestrator.tune.search import NothingToTune
 
     try:
         return run(), None
-    except (OutputExistsError, MissingHardwareError, StorageError) as exc:
+    except (OutputExistsError, MissingHardwareError, StorageError, NothingToTune) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None, EXIT_BAD_INPUT
     except SweepInterrupted as exc:
@@ -555,16 +585,56 @@ def cmd_report(args) -> int:
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.baseline is None and (args.md or args.json or args.fail_on or args.thresholds):
+        print(
+            "error: --md, --json, --fail-on and --thresholds compare two runs: give --baseline RUN",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     table = read_results(out)
     if table.num_rows == 0:
         print(
             f"error: no result rows under {results_path(out)}; run `orchestrate sweep` first", file=sys.stderr
         )
         return EXIT_BAD_INPUT
+    if args.baseline is not None:
+        return _compare_runs(args, out, table)
     path = write_report(out, table)  # before printing: a closed pipe must not cost the file
     print(render(table, markdown=False))
     print(f"wrote {path}")
     return 0
+
+
+def _compare_runs(args, out, table) -> int:
+    from compiler.statistics import load_thresholds
+    from orchestrator.store.schema import read_results, read_table, results_path
+    from orchestrator.store.storage import StorageError, checked
+    from reports.regression import compare, to_json_text, to_markdown
+
+    try:
+        baseline = checked(args.baseline)
+        thresholds = load_thresholds(args.thresholds)
+    except (StorageError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    before = read_results(baseline)
+    if before.num_rows == 0:
+        print(f"error: --baseline: no result rows under {results_path(baseline)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    comparison = compare(
+        table,
+        before,
+        thresholds,
+        read_table(out, "kernel_choices"),
+        read_table(baseline, "kernel_choices"),
+    )
+    markdown = to_markdown(comparison)
+    for target, text in ((args.md, markdown), (args.json, to_json_text(comparison))):
+        if target:  # before printing: a closed pipe must not cost the files
+            Path(target).write_text(text)
+    print(markdown)
+    regressions = comparison.counts()["regression"]
+    return 1 if args.fail_on == "regression" and regressions else 0
 
 
 def cmd_presets(args) -> int:

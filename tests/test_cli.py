@@ -90,6 +90,31 @@ def test_sweep_bad_cpus_per_job(capsys, tmp_path, no_ray):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--precisions", "fp32,bf8"], "unknown policy 'bf8'"),
+        (["--knobs", "freezing,turbo"], "unknown knob 'turbo'"),
+        (["--eta", "1"], "--eta must be at least 2"),
+        (["--confirm-repeats", "1"], "must be at least 2"),
+        (["--max-compile-s", "0"], "--max-compile-s must be positive"),
+    ],
+)
+def test_tune_refuses_bad_flags_before_any_work(capsys, tmp_path, no_ray, flags, message):
+    out = tmp_path / "out"
+    assert main(["tune", str(SMOKE), "--out", str(out), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_tune_refuses_an_output_dir_with_a_tune(capsys, tmp_path, no_ray):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tune.json").write_text("{}")
+    assert main(["tune", str(SMOKE), "--out", str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
 def test_sweep_refuses_an_output_dir_with_rows(capsys, tmp_path, no_ray, make_result):
     out = tmp_path / "out"
     job = expand(load_spec(SMOKE), {"cpu": "cpu"})[0]
@@ -203,7 +228,19 @@ FLAGS = {
         "--lock-clocks",
     ],
     "report": ["out"],
-    "presets": ["out"],
+    "presets": ["out", "--max-compile-s", "--max-memory-mb"],
+    "tune": [
+        "sweep",
+        "--out",
+        "--resume",
+        "--precisions",
+        "--knobs",
+        "--eta",
+        "--confirm-repeats",
+        "--max-compile-s",
+        "--max-memory-mb",
+        "--only",
+    ],
 }
 
 

@@ -337,8 +337,31 @@ _PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 
+SCHEMA_VERSION = 3
+"""Version of the tables' schemas, written into every Parquet file this project writes
+(`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
+with a newer schema reads older files with the columns they lack as nulls (`read_table`).
+
+- 1 (files without the key): `results` only.
+- 2: `kernel_choices`; results gain `freezing`, the phase times, clocks and repeats columns.
+- 3: `triton_kernels`, the `presets` table; results gain `channels_last` and the `baseline_*`
+  columns of a tune's confirmation jobs.
+"""
+SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
+
+
 def _schema(fields: list[tuple[str, pa.DataType, str]]) -> pa.Schema:
-    return pa.schema([pa.field(name, typ, metadata={"description": doc}) for name, typ, doc in fields])
+    return pa.schema(
+        [pa.field(name, typ, metadata={"description": doc}) for name, typ, doc in fields],
+        metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
+    )
+
+
+def file_schema_version(metadata: dict[bytes, bytes] | None) -> int:
+    """The schema version a Parquet file was written with, from its key-value metadata
+    (`pyarrow.parquet.read_metadata(f).metadata`); 1 for a file from before versions existed."""
+    value = (metadata or {}).get(SCHEMA_VERSION_KEY)
+    return int(value) if value else 1
 
 
 RESULTS_SCHEMA = _schema(_RESULT_FIELDS)
@@ -359,7 +382,7 @@ result tables (`orchestrate presets`, `orchestrate tune`) and rewritten whole, n
 
 def file_schema(schema: pa.Schema) -> pa.Schema:
     """What the Parquet files hold: the partition columns come from the directory names."""
-    return pa.schema([f for f in schema if f.name not in PARTITION_COLUMNS])
+    return pa.schema([f for f in schema if f.name not in PARTITION_COLUMNS], metadata=schema.metadata)
 
 
 RESULTS_FILE_SCHEMA = file_schema(RESULTS_SCHEMA)

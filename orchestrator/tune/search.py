@@ -52,6 +52,10 @@ DEFAULT_ETA = 3
 DEFAULT_CONFIRM_REPEATS = 3
 
 
+class NothingToTune(ValueError):
+    """The selection left no cell to tune."""
+
+
 @dataclass(frozen=True)
 class Cell:
     hardware: str
@@ -304,6 +308,11 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         chosen = {j.job_id for j in select(jobs0.values(), opts.only)}
         jobs0 = {k: j for k, j in jobs0.items() if j.job_id in chosen}
         cells = list(dict.fromkeys(cell for cell, _ in jobs0))
+        if not cells:
+            raise NothingToTune(
+                f"no candidate job matches --only {opts.only!r} on {', '.join(hardware) or 'no hardware class'}; "
+                "job names are hardware/model/bsN/dtype/config (see `orchestrate plan`)"
+            )
         rows0 = run_round(
             "rung0",
             list(jobs0.values()),

@@ -382,3 +382,40 @@ def test_run_log_appends_and_finishes_entries(tmp_path, table_spec):
     runlog.finish_run(out, "run-b", {"ok": 7}, interrupted=True)
     assert runlog.read_runs(out)[1]["interrupted"] is True
     assert sorted(p.name for p in out.iterdir()) == ["run.json"]
+
+
+def test_files_carry_the_schema_version_and_older_files_read_alongside_newer_ones(tmp_path, rows):
+    """History that lasts: a results file of the first schema (no version key, a subset of today's
+    columns, as written before the phase, repeats and baseline columns existed) reads together with
+    one the sink writes now; the columns it lacks are nulls."""
+    from orchestrator.store.schema import SCHEMA_VERSION, file_schema_version
+
+    part = tmp_path / "results" / "hardware=cpu"
+    part.mkdir(parents=True)
+    old_columns = [
+        "job_id",
+        "run_id",
+        "job_name",
+        "model",
+        "batch_size",
+        "dtype",
+        "config",
+        "status",
+        "compiled_ms",
+    ]
+    old = pa.table({c: [rows[0][c]] for c in old_columns})
+    old = old.cast(pa.schema([RESULTS_SCHEMA.field(c).remove_metadata() for c in old_columns]))
+    pq.write_table(old.replace_schema_metadata(None), part / "part-old.parquet")
+    with closing(ResultSink(tmp_path)) as sink:
+        sink.add(rows[1])
+
+    table = read_results(tmp_path)
+    assert table.num_rows == 2 and table.schema == RESULTS_SCHEMA
+    got = {r["job_id"]: r for r in table.to_pylist()}
+    first = got[rows[0]["job_id"]]
+    assert first["compiled_ms"] == rows[0]["compiled_ms"] and first["hardware"] == "cpu"
+    assert first["baseline_ms"] is None and first["phase_compile_s"] is None and first["eager_ms"] is None
+    versions = sorted(
+        file_schema_version(pq.read_metadata(f).metadata) for f in tmp_path.rglob("part-*.parquet")
+    )
+    assert versions == [1, SCHEMA_VERSION]

@@ -1,0 +1,275 @@
+"""Two runs compared cell by cell: what got slower, on which hardware class, by how much (with
+its interval) and why.
+
+A cell is (hardware class, model, batch size, precision, config); a run's job ids include its
+software stack, so cells are matched on those five names, not on ids. For every cell in either
+run: the status change, the compiled-latency ratio current / baseline with its interval (from
+every timed sample, grouped by process: `compiler.statistics.ratio_interval`, unpaired), the
+speedup change, the cold compile time and peak memory changes, graph breaks and recompiles with
+the reasons that are new, and the autotune winners that changed (from `kernel_choices`, where
+both runs have them). Each becomes a verdict (regression, improvement, unchanged, new, missing)
+with its reasons in words. The decisions and their thresholds are `compiler.statistics`'s
+(`latency_verdict`, `figure_verdict`, `thresholds.json`); nothing here decides on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from compiler import statistics as cstats
+
+KEY = ("hardware", "model", "batch_size", "dtype", "config")
+VERDICTS = ("regression", "improvement", "unchanged", "new", "missing")
+ENV_KEYS = ("torch_version", "triton_version", "cuda_version", "driver_version", "device_name")
+
+
+@dataclass
+class CellChange:
+    hardware: str
+    model: str
+    batch_size: int
+    dtype: str
+    config: str
+    verdict: str = "unchanged"
+    reasons: list[str] = field(default_factory=list)
+    status: tuple[str | None, str | None] = (None, None)
+    compiled_ms: tuple[float | None, float | None] = (None, None)
+    latency_ratio: float | None = None
+    latency_ci: tuple[float | None, float | None] = (None, None)
+    speedup: tuple[float | None, float | None] = (None, None)
+    compile_s: tuple[float | None, float | None] = (None, None)
+    peak_mem_bytes: tuple[int | None, int | None] = (None, None)
+    graph_breaks: tuple[int | None, int | None] = (None, None)
+    recompiles: tuple[int | None, int | None] = (None, None)
+
+    @property
+    def name(self) -> str:
+        return f"{self.hardware}/{self.model}/bs{self.batch_size}/{self.dtype}/{self.config}"
+
+    def note(self, verdict: str, reason: str) -> None:
+        self.reasons.append(f"{verdict}: {reason}" if verdict in ("regression", "improvement") else reason)
+        if verdict == "regression" or (verdict == "improvement" and self.verdict == "unchanged"):
+            self.verdict = verdict
+
+
+@dataclass
+class Comparison:
+    cells: list[CellChange]
+    environment: dict[str, dict[str, tuple[list[str], list[str]]]]
+    """Per hardware class, per versions key: (baseline values, current values) where they differ."""
+    thresholds: cstats.Thresholds
+
+    def counts(self) -> dict[str, int]:
+        found = dict.fromkeys(VERDICTS, 0)
+        for c in self.cells:
+            found[c.verdict] += 1
+        return found
+
+    def by_model(self) -> dict[str, dict[str, list[str]]]:
+        """The cross-GPU view: per model, the hardware classes where some cell regressed and
+        where some improved (a regression on one class only is the finding to look at)."""
+        view: dict[str, dict[str, set[str]]] = defaultdict(
+            lambda: {"regression": set(), "improvement": set()}
+        )
+        for c in self.cells:
+            if c.verdict in ("regression", "improvement"):
+                view[c.model][c.verdict].add(c.hardware)
+        return {m: {k: sorted(v) for k, v in d.items()} for m, d in sorted(view.items())}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "thresholds": asdict(self.thresholds),
+            "counts": self.counts(),
+            "by_model": self.by_model(),
+            "environment": self.environment,
+            "cells": [{"name": c.name, **asdict(c)} for c in self.cells],
+        }
+
+
+def _groups(row: dict[str, Any]) -> list[list[float]]:
+    return cstats.split_groups(row.get("compiled_samples_ms") or [], row.get("samples_per_repeat"))
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0][:200] if (text or "").strip() else ""
+
+
+def _latest(table: pa.Table) -> dict[tuple, dict[str, Any]]:
+    rows: dict[tuple, dict[str, Any]] = {}
+    for r in sorted(table.to_pylist(), key=lambda r: (r.get("started_at") is None, r.get("started_at"))):
+        rows[tuple(r[k] for k in KEY)] = r
+    return rows
+
+
+def _winners(choices: pa.Table | None) -> dict[tuple, dict[tuple, str]]:
+    """Per cell job id: (op, input shapes) -> the winning candidate's name."""
+    found: dict[str, dict[tuple, str]] = defaultdict(dict)
+    if choices is None or choices.num_rows == 0:
+        return found
+    for r in choices.filter(pc.equal(choices["is_winner"], True)).to_pylist():
+        found[r["job_id"]][(r["op"], tuple(r["input_shapes"] or ()))] = r["choice"]
+    return found
+
+
+def compare(
+    current: pa.Table,
+    baseline: pa.Table,
+    thresholds: cstats.Thresholds | None = None,
+    current_choices: pa.Table | None = None,
+    baseline_choices: pa.Table | None = None,
+) -> Comparison:
+    t = thresholds or cstats.load_thresholds()
+    cur, base = _latest(current), _latest(baseline)
+    cur_win, base_win = _winners(current_choices), _winners(baseline_choices)
+    cells = []
+    for key in sorted(set(cur) | set(base), key=lambda k: tuple(map(str, k))):
+        c = CellChange(*key)
+        now, before = cur.get(key), base.get(key)
+        if before is None:
+            c.verdict = "new"
+            c.reasons.append(f"not in the baseline; now {now['status']}")
+        elif now is None:
+            c.verdict = "missing"
+            c.reasons.append(f"not in this run; was {before['status']}")
+        else:
+            _compare_cell(c, now, before, t)
+            _compare_winners(c, cur_win.get(now["job_id"], {}), base_win.get(before["job_id"], {}))
+        cells.append(c)
+    return Comparison(cells, _environment(current, baseline), t)
+
+
+def _compare_cell(c: CellChange, now: dict[str, Any], before: dict[str, Any], t: cstats.Thresholds) -> None:
+    c.status = (before["status"], now["status"])
+    for name in ("compiled_ms", "speedup", "compile_s", "peak_mem_bytes", "graph_breaks", "recompiles"):
+        setattr(c, name, (before.get(name), now.get(name)))
+    if before["status"] == "ok" and now["status"] != "ok":
+        c.note("regression", f"ok -> {now['status']}: {_first_line(now.get('error'))}")
+        return
+    if before["status"] != "ok" and now["status"] == "ok":
+        c.note("improvement", f"{before['status']} -> ok")
+    elif now["status"] != "ok":
+        if now["status"] != before["status"]:
+            c.reasons.append(f"{before['status']} -> {now['status']}: {_first_line(now.get('error'))}")
+        return
+    if before["status"] != "ok":
+        return
+    ratio = cstats.ratio_interval(_groups(now), _groups(before), paired=False, level=t.level)
+    if ratio.processes:
+        c.latency_ratio, c.latency_ci = ratio.estimate, (ratio.low, ratio.high)
+        verdict = cstats.latency_verdict(ratio, t)
+        if verdict != "unchanged":
+            c.note(
+                verdict,
+                f"compiled {before['compiled_ms']:.3f} -> {now['compiled_ms']:.3f} ms, "
+                f"x{ratio.estimate:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] ({ratio.scope})",
+            )
+    verdict = cstats.figure_verdict(
+        now.get("compile_s"), before.get("compile_s"), t.compile_time_change, t.compile_time_floor_s
+    )
+    if verdict != "unchanged":
+        c.note(verdict, f"cold compile {before['compile_s']:.1f} -> {now['compile_s']:.1f} s")
+    mb = [None if v is None else v / 2**20 for v in (now.get("peak_mem_bytes"), before.get("peak_mem_bytes"))]
+    verdict = cstats.figure_verdict(mb[0], mb[1], t.memory_change, t.memory_floor_mb)
+    if verdict != "unchanged":
+        c.note(verdict, f"peak memory {mb[1]:.0f} -> {mb[0]:.0f} MiB")
+    for name, reasons in (("graph_breaks", "break_reasons"), ("recompiles", "recompile_reasons")):
+        was, is_ = before.get(name) or 0, now.get(name) or 0
+        new = sorted(set(now.get(reasons) or []) - set(before.get(reasons) or []))
+        label = name.replace("_", " ")
+        if is_ > was:
+            c.note("regression", f"{label} {was} -> {is_}" + (f": {'; '.join(new)}" if new else ""))
+        elif is_ < was:
+            c.note("improvement", f"{label} {was} -> {is_}")
+
+
+def _compare_winners(c: CellChange, now: dict[tuple, str], before: dict[tuple, str]) -> None:
+    changed = [(op, before[op], now[op]) for op in sorted(set(now) & set(before)) if now[op] != before[op]]
+    for (op, shapes), was, is_ in changed[:5]:
+        c.reasons.append(f"autotune winner for {op} {'x'.join(shapes) or ''}: {was} -> {is_}")
+    if len(changed) > 5:
+        c.reasons.append(f"... and {len(changed) - 5} more autotune winner changes")
+
+
+def _environment(current: pa.Table, baseline: pa.Table) -> dict[str, dict[str, tuple[list[str], list[str]]]]:
+    def values(table: pa.Table) -> dict[str, dict[str, set[str]]]:
+        found: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        for r in table.select(
+            [k for k in ("hardware", *ENV_KEYS, "sm_clock_mean_mhz") if k in table.column_names]
+        ).to_pylist():
+            for k in ENV_KEYS:
+                if r.get(k):
+                    found[r["hardware"]][k].add(str(r[k]))
+            if r.get("sm_clock_mean_mhz"):
+                found[r["hardware"]]["sm_clock_mean_mhz"].add(f"{round(r['sm_clock_mean_mhz'], -1):.0f}")
+        return found
+
+    now, before = values(current), values(baseline)
+    diff: dict[str, dict[str, tuple[list[str], list[str]]]] = {}
+    for hw in sorted(set(now) | set(before)):
+        for k in (*ENV_KEYS, "sm_clock_mean_mhz"):
+            a, b = sorted(before.get(hw, {}).get(k, set())), sorted(now.get(hw, {}).get(k, set()))
+            if a != b:
+                diff.setdefault(hw, {})[k] = (a, b)
+    return diff
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+
+def _ms(pair: tuple[float | None, float | None]) -> str:
+    return " -> ".join("-" if v is None else f"{v:.3f}" for v in pair)
+
+
+def to_markdown(comparison: Comparison, limit: int = 40) -> str:
+    """A summary short enough for a CI comment: the counts, the cross-GPU view, the environment
+    diff, and the regressions (then the improvements) with their reasons, `limit` lines at most."""
+    counts = comparison.counts()
+    lines = [
+        "## Regression report",
+        "",
+        ", ".join(f"**{n}** {v}" for v, n in counts.items() if n) or "no cells",
+        f"(thresholds v{comparison.thresholds.version}: latency beyond {comparison.thresholds.latency_change:.0%} "
+        f"with {comparison.thresholds.level:.0%} confidence)",
+        "",
+    ]
+    if comparison.environment:
+        lines.append("**Environment changes**")
+        lines.append("")
+        for hw, keys in comparison.environment.items():
+            for k, (a, b) in keys.items():
+                lines.append(f"- {hw} {k}: {', '.join(a) or '-'} -> {', '.join(b) or '-'}")
+        lines.append("")
+    view = comparison.by_model()
+    if view:
+        lines += ["| model | regressed on | improved on |", "|---|---|---|"]
+        for model, d in view.items():
+            lines.append(
+                f"| {_md(model)} | {', '.join(d['regression']) or '-'} | {', '.join(d['improvement']) or '-'} |"
+            )
+        lines.append("")
+    shown = [c for c in comparison.cells if c.verdict == "regression"]
+    shown += [c for c in comparison.cells if c.verdict == "improvement"]
+    if shown:
+        lines += ["| cell | verdict | compiled ms | why |", "|---|---|---|---|"]
+        for c in shown[:limit]:
+            lines.append(
+                f"| {_md(c.name)} | {c.verdict} | {_ms(c.compiled_ms)} | {_md('; '.join(c.reasons))} |"
+            )
+        if len(shown) > limit:
+            lines.append(f"\n... {len(shown) - limit} more in the JSON report")
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+
+
+def to_json_text(comparison: Comparison) -> str:
+    return json.dumps(comparison.to_json(), indent=1, default=str)

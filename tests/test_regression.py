@@ -1,0 +1,156 @@
+"""Two runs compared (reports.regression) on hand-built tables: an A/A pair has no regression, a
+10% slowdown on one hardware class is flagged there and nowhere else, status and graph-break
+changes come with their reasons, and the CLI's --fail-on exit code."""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+
+import numpy as np
+import pytest
+
+from compiler import statistics as cstats
+from orchestrator.cli import main
+from orchestrator.store.rows import make_row
+from orchestrator.store.schema import rows_to_table
+from orchestrator.store.sink import ResultSink
+from reports.regression import compare, to_markdown
+
+PROCESSES, CALLS = 3, 30
+
+
+def timed(center: float, rng: np.random.Generator, slow: float = 1.0) -> dict:
+    """Samples of 3 processes: each process off by a few percent (its clocks, its placement),
+    each call by 1-2% around it, as the H100 rows show."""
+    samples = []
+    for _ in range(PROCESSES):
+        process = center * slow * (1 + 0.02 * rng.standard_normal())
+        samples += [float(x) for x in process * (1 + 0.015 * rng.standard_normal(CALLS))]
+    return {
+        "compiled_samples_ms": samples,
+        "samples_per_repeat": [CALLS] * PROCESSES,
+        "compiled_ms": float(np.median(samples)),
+        "repeats": PROCESSES,
+    }
+
+
+def run_rows(
+    table_jobs, make_result, seed: int, slow: dict[str, float] | None = None, **changes
+) -> list[dict]:
+    """One row per job of the conftest sweep (A100 and cpu, 2 models x 2 batch sizes x 3 configs)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, (name, job) in enumerate(sorted(table_jobs.items())):
+        extra = timed(2.0 + i % 5, rng, (slow or {}).get(job.hardware, 1.0))
+        extra.update(changes.get(name, {}))
+        result = make_result(extra.pop("status", "ok"), 10.0, extra.pop("compiled_ms"), **extra)
+        rows.append(make_row(job, result, run_id=f"run-{seed}"))
+    return rows
+
+
+def test_an_a_a_pair_has_no_regression(table_jobs, make_result):
+    for seed in range(5):  # five A/A pairs of 24 cells each
+        got = compare(
+            rows_to_table(run_rows(table_jobs, make_result, 100 + seed)),
+            rows_to_table(run_rows(table_jobs, make_result, 200 + seed)),
+        )
+        assert got.counts()["regression"] == 0, [c.reasons for c in got.cells if c.verdict == "regression"]
+        assert got.counts()["unchanged"] == len(table_jobs)
+
+
+def test_a_ten_percent_slowdown_on_one_class_is_flagged_there_only(table_jobs, make_result):
+    got = compare(
+        rows_to_table(run_rows(table_jobs, make_result, 1, slow={"cpu": 1.10})),
+        rows_to_table(run_rows(table_jobs, make_result, 2)),
+    )
+    cpu = [c for c in got.cells if c.hardware == "cpu"]
+    flagged = [c for c in cpu if c.verdict == "regression"]
+    # with 3 processes a side, a cell whose processes happen to disagree gets an interval too wide
+    # to clear the 3% threshold: most cells are flagged, and none of the other class
+    assert len(flagged) >= 10, [(c.name, c.latency_ci) for c in cpu]
+    assert all(c.verdict == "unchanged" for c in got.cells if c.hardware == "A100")
+    assert all(c.latency_ci[0] > 1.03 for c in flagged)
+    assert all(c.latency_ratio == pytest.approx(1.10, abs=0.08) for c in cpu)
+    assert got.by_model() == {
+        "mlp": {"regression": ["cpu"], "improvement": []},
+        "resnet": {"regression": ["cpu"], "improvement": []},
+    }
+    assert "regressed on" in to_markdown(got) and "| resnet | cpu | - |" in to_markdown(got)
+
+
+def test_status_and_graph_break_changes_come_with_their_reasons(table_jobs, make_result):
+    oom = "A100/resnet/bs1/fp32/default"
+    broke = "cpu/mlp/bs1/fp32/ro"
+    current = run_rows(
+        table_jobs,
+        make_result,
+        3,
+        **{
+            oom: {"status": "oom", "error": "CUDA out of memory. Tried to allocate 2.00 GiB"},
+            broke: {"graph_breaks": 1, "break_reasons": ["call_function print"], "graph_count": 2},
+        },
+    )
+    got = {
+        c.name: c
+        for c in compare(rows_to_table(current), rows_to_table(run_rows(table_jobs, make_result, 4))).cells
+    }
+    assert got[oom].verdict == "regression" and got[oom].status == ("ok", "oom")
+    assert got[oom].reasons == ["regression: ok -> oom: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    assert got[broke].verdict == "regression"
+    assert "regression: graph breaks 0 -> 1: call_function print" in got[broke].reasons
+    fixed = {
+        c.name: c
+        for c in compare(rows_to_table(run_rows(table_jobs, make_result, 4)), rows_to_table(current)).cells
+    }
+    assert fixed[oom].verdict == "improvement" and fixed[oom].reasons == ["improvement: oom -> ok"]
+
+
+def test_new_missing_environment_and_thresholds(table_jobs, make_result, tmp_path):
+    current = run_rows(table_jobs, make_result, 5)
+    baseline = [r for r in run_rows(table_jobs, make_result, 6) if r["model"] != "mlp"]
+    for r in current:
+        r["torch_version"] = "2.14.0"
+    got = compare(rows_to_table(current[:-1]), rows_to_table(baseline))
+    counts = got.counts()
+    assert counts["new"] == 12 and counts["missing"] == 1 and counts["regression"] == 0
+    assert got.environment["A100"]["torch_version"] == (["2.13.0"], ["2.14.0"])
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({**vars(cstats.load_thresholds()), "version": 9}))
+    with pytest.raises(ValueError, match="t.json: version 9"):
+        cstats.load_thresholds(bad)
+
+
+def test_report_baseline_cli_writes_markdown_and_json_and_fails_on_regression(
+    tmp_path, table_jobs, make_result, capsys
+):
+    runs = {
+        "before": run_rows(table_jobs, make_result, 7),
+        "after": run_rows(table_jobs, make_result, 8, slow={"A100": 1.2}),
+    }
+    for name, rows in runs.items():
+        with closing(ResultSink(tmp_path / name)) as sink:
+            for row in rows:
+                sink.add(row)
+    args = ["report", str(tmp_path / "after"), "--baseline", str(tmp_path / "before")]
+    md, js = tmp_path / "r.md", tmp_path / "r.json"
+    assert main([*args, "--md", str(md), "--json", str(js)]) == 0
+    assert main([*args, "--fail-on", "regression"]) == 1
+    assert (
+        main(
+            [
+                "report",
+                str(tmp_path / "before"),
+                "--baseline",
+                str(tmp_path / "before"),
+                "--fail-on",
+                "regression",
+            ]
+        )
+        == 0
+    )
+    data = json.loads(js.read_text())
+    assert data["counts"]["regression"] == 12 and data["by_model"]["resnet"]["regression"] == ["A100"]
+    assert "## Regression report" in md.read_text()
+    assert main(["report", str(tmp_path / "after"), "--md", str(md)]) == 2
+    assert "give --baseline" in capsys.readouterr().err
