@@ -192,6 +192,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
+        "nightly",
+        help="run a sweep into a new dated directory under --history and compare it with the last run there",
+        description="Runs SWEEP into DIR/<UTC date>T<time>Z (DIR a path or a URI), compares it with the newest "
+        "earlier run under DIR that has rows (as `orchestrate report NEW --baseline OLD`), writes "
+        "regression.md and regression.json into the new run, prints the summary, and exits 1 when a cell "
+        "regressed (0 otherwise; 2 on bad input; 130 when interrupted). Made for cron and CI: see the README.",
+    )
+    p.add_argument("sweep", type=Path, help="sweep YAML file")
+    p.add_argument("--history", required=True, metavar="DIR", help="where the dated runs live (path or URI)")
+    p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
+    p.add_argument("--cpus-per-job", type=int, metavar="N", help="as for `sweep`")
+    p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
+    p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
+    p.add_argument("--timeout-cap", type=float, metavar="SECONDS", help="as for `sweep`")
+    p.add_argument("--thresholds", metavar="FILE", help="as for `report --baseline`")
+    _add_only(p)
+
+    p = sub.add_parser(
         "presets",
         help="write OUT/presets.json and OUT/presets.parquet: the fastest ok config per hardware/model/batch/dtype",
         description="Per hardware class, model, batch size and precision: the fastest config whose output "
@@ -420,7 +438,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator.fleet.driver import SweepOptions, run_sweep
+    from orchestrator.fleet.driver import run_sweep
     from orchestrator.fleet.progress import format_duration
     from orchestrator.store.schema import results_path
     from orchestrator.store.storage import StorageError, check_writable, checked
@@ -450,19 +468,13 @@ def cmd_sweep(args) -> int:
                 f"error: --history {earlier}: not an output directory (it has no results/)", file=sys.stderr
             )
             return EXIT_BAD_INPUT
-    opts = SweepOptions(
-        out_dir=out,
-        address=args.address,
+    opts = _sweep_options(
+        args,
+        out,
         resume=args.resume,
-        only=args.only,
-        cpus_per_job=args.cpus_per_job,
-        scratch_root=args.scratch,
-        timeout_cap_s=args.timeout_cap,
-        allow_missing=args.allow_missing,
         max_attempts=args.max_attempts,
         history_dirs=list(history),
         lock_clocks=args.lock_clocks,
-        argv=sys.argv,
     )
     summary, code = _drive(lambda: run_sweep(spec, opts))
     if summary is None:
@@ -474,6 +486,23 @@ def cmd_sweep(args) -> int:
         f"orchestrate presets {shlex.quote(str(out))})"
     )
     return 0
+
+
+def _sweep_options(args, out, **extra):
+    """SweepOptions from the flags `sweep` and `nightly` share, plus `extra`."""
+    from orchestrator.fleet.driver import SweepOptions
+
+    return SweepOptions(
+        out_dir=out,
+        address=args.address,
+        only=args.only,
+        cpus_per_job=args.cpus_per_job,
+        scratch_root=args.scratch,
+        timeout_cap_s=args.timeout_cap,
+        allow_missing=args.allow_missing,
+        argv=sys.argv,
+        **extra,
+    )
 
 
 def _drive(run):
@@ -603,6 +632,38 @@ def cmd_report(args) -> int:
     print(render(table, markdown=False))
     print(f"wrote {path}")
     return 0
+
+
+def cmd_nightly(args) -> int:
+    from compiler.statistics import load_thresholds
+    from orchestrator.fleet.nightly import run_nightly
+    from orchestrator.store.storage import StorageError, check_writable, checked
+    from reports.regression import to_markdown
+
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    for flag, value in (("--cpus-per-job", args.cpus_per_job), ("--timeout-cap", args.timeout_cap)):
+        if value is not None and not value > 0:
+            print(f"error: {flag} must be positive, got {value}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    try:
+        history = checked(args.history)
+        check_writable(history)
+        thresholds = load_thresholds(args.thresholds)
+    except (StorageError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    opts = _sweep_options(args, history)
+    result, code = _drive(lambda: run_nightly(spec, history, opts, thresholds))
+    if result is None:
+        return code
+    if result.comparison is None:
+        print(f"{result.run}: the first run under {history}; nothing to compare yet")
+        return 0
+    print(to_markdown(result.comparison))
+    print(f"reports: {result.run.join('regression.md')}, {result.run.join('regression.json')}")
+    return 1 if result.comparison.counts()["regression"] else 0
 
 
 def _compare_runs(args, out, table) -> int:
@@ -801,6 +862,7 @@ COMMANDS = {
     "report": cmd_report,
     "presets": cmd_presets,
     "tune": cmd_tune,
+    "nightly": cmd_nightly,
     "submit": cmd_submit,
     "status": cmd_status,
     "logs": cmd_logs,

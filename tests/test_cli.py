@@ -107,6 +107,19 @@ def test_tune_refuses_bad_flags_before_any_work(capsys, tmp_path, no_ray, flags,
     assert not out.exists()
 
 
+def test_nightly_refuses_bad_input_before_any_work(capsys, tmp_path, no_ray):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    assert main(["nightly", str(SMOKE), "--history", str(not_a_dir / "runs")]) == 2
+    assert "error:" in capsys.readouterr().err
+    bad = tmp_path / "t.json"
+    bad.write_text("{}")
+    assert main(["nightly", str(SMOKE), "--history", str(tmp_path / "h"), "--thresholds", str(bad)]) == 2
+    assert "missing keys" in capsys.readouterr().err
+    assert main(["nightly", str(SMOKE), "--history", str(tmp_path / "h"), "--cpus-per-job", "0"]) == 2
+    assert not (tmp_path / "h").exists()
+
+
 def test_tune_refuses_an_output_dir_with_a_tune(capsys, tmp_path, no_ray):
     out = tmp_path / "out"
     out.mkdir()
@@ -227,7 +240,8 @@ FLAGS = {
         "--scratch",
         "--lock-clocks",
     ],
-    "report": ["out"],
+    "report": ["out", "--baseline", "--md", "--json", "--fail-on", "--thresholds"],
+    "nightly": ["sweep", "--history", "--address", "--thresholds", "--only"],
     "presets": ["out", "--max-compile-s", "--max-memory-mb"],
     "tune": [
         "sweep",

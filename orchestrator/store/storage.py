@@ -124,6 +124,15 @@ class Location:
             loc = parent
         return found
 
+    def subdirectories(self) -> list[str]:
+        """Names of the directories directly inside this one, sorted ([] if it does not exist)."""
+        import pyarrow.fs as pafs
+
+        if not self.is_dir():
+            return []
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False))
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
     def exists(self) -> bool:
         import pyarrow.fs as pafs
 

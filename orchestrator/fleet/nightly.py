@@ -1,0 +1,84 @@
+"""`orchestrate nightly SWEEP --history DIR`: tonight's run and its comparison with the last one.
+
+Runs the sweep into a new dated directory under DIR (a path or a URI; `DIR/<UTC date>T<time>Z`),
+finds the newest earlier run there that has result rows, compares the two with
+`reports.regression` and writes the reports into tonight's directory (`regression.md`, the
+summary for a CI comment; `regression.json`, every cell). The exit status says whether anything
+regressed, for cron and CI. The comparison itself is `orchestrate report NEW --baseline OLD`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from orchestrator.fleet.driver import SweepOptions, SweepSummary, run_sweep
+from orchestrator.spec.sweep import SweepSpec
+from orchestrator.store.schema import read_results, read_table
+from orchestrator.store.storage import Location
+from reports.regression import Comparison, compare, to_json_text, to_markdown
+
+RUN_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{6}Z$")
+REPORT_MD = "regression.md"
+REPORT_JSON = "regression.json"
+
+
+@dataclass
+class NightlyResult:
+    run: Location
+    previous: Location | None
+    summary: SweepSummary
+    comparison: Comparison | None
+
+
+def run_name(now: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime(now))
+
+
+def previous_run(history: Location, exclude: str) -> Location | None:
+    """The newest dated run under `history` other than `exclude` that has result rows."""
+    for name in reversed(history.subdirectories()):
+        if RUN_NAME.match(name) and name != exclude:
+            candidate = history.join(name)
+            if read_results(candidate, columns=["job_id"]).num_rows:
+                return candidate
+    return None
+
+
+def run_nightly(
+    spec: SweepSpec,
+    history: Location,
+    opts: SweepOptions,
+    thresholds: Any,
+    stream: TextIO | None = None,
+    task_body: Callable[..., dict[str, Any]] | None = None,
+    now: float | None = None,
+) -> NightlyResult:
+    """`opts.out_dir` is replaced by tonight's directory; `task_body` as for `run_sweep`."""
+    stream = stream or sys.stderr
+    name = run_name(now)
+    run = history.join(name)
+    previous = previous_run(history, name)
+    print(
+        f"nightly: {run}" + (f", to compare with {previous}" if previous else " (the first run here)"),
+        file=stream,
+        flush=True,
+    )
+    opts.out_dir = run
+    summary = run_sweep(spec, opts, stream, task_body=task_body)
+    comparison = None
+    if previous is not None:
+        comparison = compare(
+            read_results(run),
+            read_results(previous),
+            thresholds,
+            read_table(run, "kernel_choices"),
+            read_table(previous, "kernel_choices"),
+        )
+        run.join(REPORT_MD).write_text(to_markdown(comparison))
+        run.join(REPORT_JSON).write_text(to_json_text(comparison))
+    return NightlyResult(run, previous, summary, comparison)
