@@ -181,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", metavar="FILE", help="with --baseline: write every cell's comparison as JSON here"
     )
     p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="with --baseline: write one self-contained HTML page (inline SVG charts, a sortable table; works offline)",
+    )
+    p.add_argument(
         "--fail-on",
         choices=["regression"],
         help="with --baseline: exit with status 1 when any cell regressed (for CI and nightly jobs)",
@@ -614,9 +619,9 @@ def cmd_report(args) -> int:
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.baseline is None and (args.md or args.json or args.fail_on or args.thresholds):
+    if args.baseline is None and (args.md or args.json or args.html or args.fail_on or args.thresholds):
         print(
-            "error: --md, --json, --fail-on and --thresholds compare two runs: give --baseline RUN",
+            "error: --md, --json, --html, --fail-on and --thresholds compare two runs: give --baseline RUN",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
@@ -662,7 +667,7 @@ def cmd_nightly(args) -> int:
         print(f"{result.run}: the first run under {history}; nothing to compare yet")
         return 0
     print(to_markdown(result.comparison))
-    print(f"reports: {result.run.join('regression.md')}, {result.run.join('regression.json')}")
+    print(f"reports: {result.run.join('regression.md')}, .json and .html beside it")
     return 1 if result.comparison.counts()["regression"] else 0
 
 
@@ -670,6 +675,7 @@ def _compare_runs(args, out, table) -> int:
     from compiler.statistics import load_thresholds
     from orchestrator.store.schema import read_results, read_table, results_path
     from orchestrator.store.storage import StorageError, checked
+    from reports.html import render_html
     from reports.regression import compare, to_json_text, to_markdown
 
     try:
@@ -690,7 +696,8 @@ def _compare_runs(args, out, table) -> int:
         read_table(baseline, "kernel_choices"),
     )
     markdown = to_markdown(comparison)
-    for target, text in ((args.md, markdown), (args.json, to_json_text(comparison))):
+    pages = ((args.md, markdown), (args.json, to_json_text(comparison)), (args.html, render_html(comparison)))
+    for target, text in pages:
         if target:  # before printing: a closed pipe must not cost the files
             Path(target).write_text(text)
     print(markdown)

@@ -15,6 +15,7 @@ from orchestrator.cli import main
 from orchestrator.store.rows import make_row
 from orchestrator.store.schema import rows_to_table
 from orchestrator.store.sink import ResultSink
+from reports.html import render_html
 from reports.regression import compare, to_markdown
 
 PROCESSES, CALLS = 3, 30
@@ -154,3 +155,73 @@ def test_report_baseline_cli_writes_markdown_and_json_and_fails_on_regression(
     assert "## Regression report" in md.read_text()
     assert main(["report", str(tmp_path / "after"), "--md", str(md)]) == 2
     assert "give --baseline" in capsys.readouterr().err
+
+
+# --- the HTML page --------------------------------------------------------------------------------
+
+
+def hostile_comparison(table_jobs, make_result):
+    current = run_rows(table_jobs, make_result, 9, slow={"cpu": 1.2})
+    baseline = run_rows(table_jobs, make_result, 10)
+    for rows in (current, baseline):
+        for r in rows:
+            if r["model"] == "mlp":
+                r["model"] = "<script>alert(1)</script>"
+    current[0]["status"], current[0]["error"] = "crash", '<img src=x onerror="alert(2)">'
+    return compare(rows_to_table(current), rows_to_table(baseline))
+
+
+def test_html_report_escapes_every_string_and_draws_its_charts(table_jobs, make_result):
+    import html.parser
+
+    page = render_html(hostile_comparison(table_jobs, make_result))
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img" not in page and "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in page
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing fetched
+    assert page.count("<svg") == 4  # speedup and compile time, for each of the 2 classes
+    assert page.count("<script>") == 1  # the table sorter, and nothing from the data
+
+    class Count(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rects, self.rows = 0, 0
+
+        def handle_starttag(self, tag, attrs):
+            self.rects += tag == "rect" and ("class", "bar") in attrs
+            self.rows += tag == "tr"
+
+    counted = Count()
+    counted.feed(page)
+    assert counted.rects == 4 * len(table_jobs)  # 2 series x 2 charts x cells
+    assert counted.rows == 1 + len(table_jobs) + 1 + 2  # header + cells, header + 2 models
+
+
+def test_html_report_renders_in_headless_chromium(table_jobs, make_result, tmp_path):
+    """The page in a real browser: the charts are in the DOM with their bars, the hostile model
+    name is text in the DOM, not an element. Needs Debian's `chromium`; without it the test is skipped
+    and says why."""
+    import shutil
+    import subprocess
+
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip(
+            "no chromium on this machine (apt-get install chromium): the HTML report was not rendered"
+        )
+    page = tmp_path / "report.html"
+    page.write_text(render_html(hostile_comparison(table_jobs, make_result)))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu"]
+    dom = subprocess.run(
+        [browser, *flags, "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert dom.count("<svg") == 4 and 'class="bar"' in dom
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [browser, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True
+    )
+    assert shot.stat().st_size > 10_000

@@ -3,7 +3,7 @@
 Runs the sweep into a new dated directory under DIR (a path or a URI; `DIR/<UTC date>T<time>Z`),
 finds the newest earlier run there that has result rows, compares the two with
 `reports.regression` and writes the reports into tonight's directory (`regression.md`, the
-summary for a CI comment; `regression.json`, every cell). The exit status says whether anything
+summary for a CI comment; `regression.json`, every cell; `regression.html`, the page). The exit status says whether anything
 regressed, for cron and CI. The comparison itself is `orchestrate report NEW --baseline OLD`.
 """
 
@@ -20,11 +20,13 @@ from orchestrator.fleet.driver import SweepOptions, SweepSummary, run_sweep
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store.schema import read_results, read_table
 from orchestrator.store.storage import Location
+from reports.html import render_html
 from reports.regression import Comparison, compare, to_json_text, to_markdown
 
 RUN_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{6}Z$")
 REPORT_MD = "regression.md"
 REPORT_JSON = "regression.json"
+REPORT_HTML = "regression.html"
 
 
 @dataclass
@@ -81,4 +83,5 @@ def run_nightly(
         )
         run.join(REPORT_MD).write_text(to_markdown(comparison))
         run.join(REPORT_JSON).write_text(to_json_text(comparison))
+        run.join(REPORT_HTML).write_text(render_html(comparison, f"Nightly {name} against {previous}"))
     return NightlyResult(run, previous, summary, comparison)

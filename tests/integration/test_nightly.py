@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 
 from orchestrator.fleet.driver import SweepOptions, ray_session
-from orchestrator.fleet.nightly import REPORT_JSON, REPORT_MD, RUN_NAME, previous_run, run_name, run_nightly
+from orchestrator.fleet.nightly import (
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_MD,
+    RUN_NAME,
+    previous_run,
+    run_name,
+    run_nightly,
+)
 from orchestrator.spec.sweep import parse_spec
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import checked
@@ -69,4 +77,5 @@ def nights(spec, history, tmp_path):
     report = json.loads((tmp_path / "nightly" / second.run.path.rsplit("/", 1)[1] / REPORT_JSON).read_text())
     assert report["by_model"] == {"mlp": {"regression": ["cpu"], "improvement": []}}
     assert "## Regression report" in second.run.join(REPORT_MD).read_text()
+    assert "<svg" in second.run.join(REPORT_HTML).read_text()
     assert previous_run(history, "none").path == second.run.path  # the newest with rows
