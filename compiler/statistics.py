@@ -243,6 +243,11 @@ class Thresholds:
     """...and by more than this many seconds (a one-number figure: no interval)."""
     memory_change: float
     memory_floor_mb: float
+    window_runs: int
+    """History mode: the baseline pools this many previous runs."""
+    consecutive: int
+    """History mode: a latency, compile-time or memory regression must hold on this many runs in a
+    row (each against its own window) before it counts (PyTorch's dashboard: 2)."""
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:
@@ -264,6 +269,9 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
         value = data[name]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{path}: {name} must be a non-negative number, got {value!r}")
+    for name in ("window_runs", "consecutive"):
+        if not isinstance(data[name], int) or isinstance(data[name], bool) or data[name] < 1:
+            raise ValueError(f"{path}: {name} must be a positive integer, got {data[name]!r}")
     if not 0 < data["level"] < 1:
         raise ValueError(f"{path}: level must be between 0 and 1, got {data['level']!r}")
     return Thresholds(**data)

@@ -175,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline", metavar="RUN", help="an earlier output directory (path or URI) to compare with"
     )
     p.add_argument(
+        "--history",
+        metavar="DIR",
+        help="instead of --baseline: the dated runs under DIR (as `nightly` writes them) are the baseline, by "
+        "the dashboard's rules: the last `consecutive` runs against the `window_runs` before them, a latency, "
+        "compile-time or memory regression counting only when every one of them shows it (thresholds.json)",
+    )
+    p.add_argument(
         "--md", metavar="FILE", help="with --baseline: write the Markdown summary (for a CI comment) here"
     )
     p.add_argument(
@@ -619,9 +626,14 @@ def cmd_report(args) -> int:
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.baseline is None and (args.md or args.json or args.html or args.fail_on or args.thresholds):
+    if args.baseline and args.history:
+        print("error: give --baseline RUN or --history DIR, not both", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    comparing = args.baseline or args.history
+    if not comparing and (args.md or args.json or args.html or args.fail_on or args.thresholds):
         print(
-            "error: --md, --json, --html, --fail-on and --thresholds compare two runs: give --baseline RUN",
+            "error: --md, --json, --html, --fail-on and --thresholds compare runs: give --baseline RUN or "
+            "--history DIR",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
@@ -631,7 +643,7 @@ def cmd_report(args) -> int:
             f"error: no result rows under {results_path(out)}; run `orchestrate sweep` first", file=sys.stderr
         )
         return EXIT_BAD_INPUT
-    if args.baseline is not None:
+    if comparing:
         return _compare_runs(args, out, table)
     path = write_report(out, table)  # before printing: a closed pipe must not cost the file
     print(render(table, markdown=False))
@@ -679,22 +691,33 @@ def _compare_runs(args, out, table) -> int:
     from reports.regression import compare, to_json_text, to_markdown
 
     try:
-        baseline = checked(args.baseline)
+        baseline = checked(args.baseline or args.history)
         thresholds = load_thresholds(args.thresholds)
     except (StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    before = read_results(baseline)
-    if before.num_rows == 0:
-        print(f"error: --baseline: no result rows under {results_path(baseline)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    comparison = compare(
-        table,
-        before,
-        thresholds,
-        read_table(out, "kernel_choices"),
-        read_table(baseline, "kernel_choices"),
-    )
+    if args.history:
+        from orchestrator.fleet.nightly import RUN_NAME, compare_with_history, earlier_runs
+
+        name = out.path.rstrip("/").rsplit("/", 1)[-1]
+        before = name if RUN_NAME.match(name) else "~"  # a dated run: only the runs older than it
+        runs = earlier_runs(baseline, before, thresholds.window_runs + thresholds.consecutive)
+        if not runs:
+            print(f"error: --history: no dated run with result rows under {baseline}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        comparison = compare_with_history(out, runs, thresholds)
+    else:
+        before = read_results(baseline)
+        if before.num_rows == 0:
+            print(f"error: --baseline: no result rows under {results_path(baseline)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        comparison = compare(
+            table,
+            before,
+            thresholds,
+            read_table(out, "kernel_choices"),
+            read_table(baseline, "kernel_choices"),
+        )
     markdown = to_markdown(comparison)
     pages = ((args.md, markdown), (args.json, to_json_text(comparison)), (args.html, render_html(comparison)))
     for target, text in pages:

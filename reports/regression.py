@@ -52,8 +52,13 @@ class CellChange:
     def name(self) -> str:
         return f"{self.hardware}/{self.model}/bs{self.batch_size}/{self.dtype}/{self.config}"
 
-    def note(self, verdict: str, reason: str) -> None:
+    regressed_on: list[str] = field(default_factory=list)
+    """What regressed: latency, compile_time, memory, status, graph_breaks, recompiles."""
+
+    def note(self, verdict: str, reason: str, what: str = "") -> None:
         self.reasons.append(f"{verdict}: {reason}" if verdict in ("regression", "improvement") else reason)
+        if verdict == "regression":
+            self.regressed_on.append(what)
         if verdict == "regression" or (verdict == "improvement" and self.verdict == "unchanged"):
             self.verdict = verdict
 
@@ -124,9 +129,17 @@ def compare(
     thresholds: cstats.Thresholds | None = None,
     current_choices: pa.Table | None = None,
     baseline_choices: pa.Table | None = None,
+    window: list[pa.Table] = (),
 ) -> Comparison:
+    """`current` against `baseline`; the timed samples of the same cell in the `window` runs (older
+    ones) join the baseline's in the latency interval (a multi-run baseline)."""
     t = thresholds or cstats.load_thresholds()
     cur, base = _latest(current), _latest(baseline)
+    pooled: dict[tuple, list[list[float]]] = defaultdict(list)
+    for table in window:
+        for key, row in _latest(table).items():
+            if row["status"] == "ok":
+                pooled[key] += _groups(row)
     cur_win, base_win = _winners(current_choices), _winners(baseline_choices)
     cells = []
     for key in sorted(set(cur) | set(base), key=lambda k: tuple(map(str, k))):
@@ -139,18 +152,20 @@ def compare(
             c.verdict = "missing"
             c.reasons.append(f"not in this run; was {before['status']}")
         else:
-            _compare_cell(c, now, before, t)
+            _compare_cell(c, now, before, t, pooled.get(key, []))
             _compare_winners(c, cur_win.get(now["job_id"], {}), base_win.get(before["job_id"], {}))
         cells.append(c)
     return Comparison(cells, _environment(current, baseline), t)
 
 
-def _compare_cell(c: CellChange, now: dict[str, Any], before: dict[str, Any], t: cstats.Thresholds) -> None:
+def _compare_cell(
+    c: CellChange, now: dict[str, Any], before: dict[str, Any], t: cstats.Thresholds, older: list[list[float]]
+) -> None:
     c.status = (before["status"], now["status"])
     for name in ("compiled_ms", "speedup", "compile_s", "peak_mem_bytes", "graph_breaks", "recompiles"):
         setattr(c, name, (before.get(name), now.get(name)))
     if before["status"] == "ok" and now["status"] != "ok":
-        c.note("regression", f"ok -> {now['status']}: {_first_line(now.get('error'))}")
+        c.note("regression", f"ok -> {now['status']}: {_first_line(now.get('error'))}", "status")
         return
     if before["status"] != "ok" and now["status"] == "ok":
         c.note("improvement", f"{before['status']} -> ok")
@@ -160,33 +175,89 @@ def _compare_cell(c: CellChange, now: dict[str, Any], before: dict[str, Any], t:
         return
     if before["status"] != "ok":
         return
-    ratio = cstats.ratio_interval(_groups(now), _groups(before), paired=False, level=t.level)
+    ratio = cstats.ratio_interval(_groups(now), _groups(before) + older, paired=False, level=t.level)
     if ratio.processes:
         c.latency_ratio, c.latency_ci = ratio.estimate, (ratio.low, ratio.high)
         verdict = cstats.latency_verdict(ratio, t)
         if verdict != "unchanged":
+            against = f" against {len(_groups(before)) + len(older)} processes of the window" if older else ""
             c.note(
                 verdict,
                 f"compiled {before['compiled_ms']:.3f} -> {now['compiled_ms']:.3f} ms, "
-                f"x{ratio.estimate:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] ({ratio.scope})",
+                f"x{ratio.estimate:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] ({ratio.scope}){against}",
+                "latency",
             )
     verdict = cstats.figure_verdict(
         now.get("compile_s"), before.get("compile_s"), t.compile_time_change, t.compile_time_floor_s
     )
     if verdict != "unchanged":
-        c.note(verdict, f"cold compile {before['compile_s']:.1f} -> {now['compile_s']:.1f} s")
+        c.note(verdict, f"cold compile {before['compile_s']:.1f} -> {now['compile_s']:.1f} s", "compile_time")
     mb = [None if v is None else v / 2**20 for v in (now.get("peak_mem_bytes"), before.get("peak_mem_bytes"))]
     verdict = cstats.figure_verdict(mb[0], mb[1], t.memory_change, t.memory_floor_mb)
     if verdict != "unchanged":
-        c.note(verdict, f"peak memory {mb[1]:.0f} -> {mb[0]:.0f} MiB")
+        c.note(verdict, f"peak memory {mb[1]:.0f} -> {mb[0]:.0f} MiB", "memory")
     for name, reasons in (("graph_breaks", "break_reasons"), ("recompiles", "recompile_reasons")):
         was, is_ = before.get(name) or 0, now.get(name) or 0
         new = sorted(set(now.get(reasons) or []) - set(before.get(reasons) or []))
         label = name.replace("_", " ")
         if is_ > was:
-            c.note("regression", f"{label} {was} -> {is_}" + (f": {'; '.join(new)}" if new else ""))
+            c.note("regression", f"{label} {was} -> {is_}" + (f": {'; '.join(new)}" if new else ""), name)
         elif is_ < was:
             c.note("improvement", f"{label} {was} -> {is_}")
+
+
+NOISY = ("latency", "compile_time", "memory")
+"""Regressions one noisy run can show: in history mode they must hold on consecutive runs."""
+
+
+def compare_history(
+    runs: list[pa.Table],
+    thresholds: cstats.Thresholds | None = None,
+    choices: list[pa.Table | None] | None = None,
+) -> Comparison:
+    """The newest of `runs` (oldest first) against the ones before it, in the manner of PyTorch's
+    dashboard: the last `consecutive` runs are each compared with the same reference, the
+    `window_runs` runs before them (the newest of those as the baseline, the samples of all of
+    them pooled), and a latency, compile-time or memory regression of the newest run counts only
+    if every one of those `consecutive` runs shows it (a step change is caught on its second
+    night, a single noisy night is not); a status, graph-break or recompile regression counts at
+    once. With too few runs for a reference the newest is compared with the one before it and a
+    noisy regression is only a "watch". Each reason says which rule fired."""
+    t = thresholds or cstats.load_thresholds()
+    if len(runs) < 2:
+        raise ValueError("history mode needs at least two runs")
+    choices = list(choices or [None] * len(runs))
+    k = t.consecutive
+    reference = list(range(max(0, len(runs) - k - t.window_runs), max(0, len(runs) - k)))
+    rule = f"the last {k} runs against the {len(reference)} runs before them"
+
+    def against_reference(i: int) -> Comparison:
+        if not reference:
+            return compare(runs[i], runs[i - 1], t, choices[i], choices[i - 1])
+        base = reference[-1]
+        window = [runs[j] for j in reference[:-1]]
+        return compare(runs[i], runs[base], t, choices[i], choices[base], window=window)
+
+    newest = against_reference(len(runs) - 1)
+    others = [against_reference(i) for i in range(len(runs) - k, len(runs) - 1)] if reference else []
+    for cell in newest.cells:
+        if cell.verdict != "regression":
+            continue
+        if not all(what in NOISY for what in cell.regressed_on):
+            cell.reasons.append("rule fired: a failure, graph break or recompile counts at once")
+            continue
+        held = [any(e.name == cell.name and e.verdict == "regression" for e in comp.cells) for comp in others]
+        if not reference:
+            cell.verdict = "unchanged"
+            cell.reasons.append(
+                f"watch: {len(runs)} runs are too few for the {k}-run rule; against the previous run only"
+            )
+        elif not all(held):
+            cell.verdict = "unchanged"
+            cell.reasons.append(f"watch: over the threshold on {1 + sum(held)} of the last {k} runs ({rule})")
+        else:
+            cell.reasons.append(f"rule fired: {rule}, every one over the threshold")
+    return newest
 
 
 def _compare_winners(c: CellChange, now: dict[tuple, str], before: dict[tuple, str]) -> None:

@@ -16,7 +16,7 @@ from orchestrator.store.rows import make_row
 from orchestrator.store.schema import rows_to_table
 from orchestrator.store.sink import ResultSink
 from reports.html import render_html
-from reports.regression import compare, to_markdown
+from reports.regression import compare, compare_history, to_markdown
 
 PROCESSES, CALLS = 3, 30
 
@@ -225,3 +225,67 @@ def test_html_report_renders_in_headless_chromium(table_jobs, make_result, tmp_p
         [browser, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True
     )
     assert shot.stat().st_size > 10_000
+
+
+# --- history mode ---------------------------------------------------------------------------------
+
+
+def nights(table_jobs, make_result, slow_from: int | None, n: int = 8, only_night: int | None = None):
+    tables = []
+    for night in range(n):
+        slow = 1.1 if (slow_from is not None and night >= slow_from) or night == only_night else 1.0
+        tables.append(rows_to_table(run_rows(table_jobs, make_result, 300 + night, slow={"cpu": slow})))
+    return tables
+
+
+def test_history_rules_a_step_change_fires_a_single_noisy_night_does_not(table_jobs, make_result):
+    quiet = compare_history(nights(table_jobs, make_result, None))
+    assert quiet.counts()["regression"] == 0
+
+    step = compare_history(nights(table_jobs, make_result, slow_from=6))  # the last two nights slower
+    flagged = [c for c in step.cells if c.verdict == "regression"]
+    assert flagged and {c.hardware for c in flagged} == {"cpu"}
+    assert all("rule fired: the last 2 runs against the 6 runs before them" in c.reasons[-1] for c in flagged)
+
+    blip = compare_history(nights(table_jobs, make_result, None, only_night=7))  # the last night only
+    assert blip.counts()["regression"] == 0
+    assert any(
+        r.startswith("watch: over the threshold on 1 of the last 2 runs")
+        for c in blip.cells
+        for r in c.reasons
+    )
+
+
+def test_history_rules_a_failure_counts_at_once(table_jobs, make_result):
+    runs = nights(table_jobs, make_result, None, n=4)
+    rows = runs[-1].to_pylist()
+    rows[0]["status"], rows[0]["error"] = "oom", "CUDA out of memory"
+    runs[-1] = rows_to_table(rows)
+    got = compare_history(runs)
+    (cell,) = [c for c in got.cells if c.verdict == "regression"]
+    assert cell.status == ("ok", "oom") and cell.reasons[-1].startswith("rule fired: a failure")
+    with pytest.raises(ValueError, match="at least two runs"):
+        compare_history(runs[:1])
+
+
+def test_report_history_cli(tmp_path, table_jobs, make_result, capsys):
+    history = tmp_path / "nightly"
+    names = [f"2026-11-0{d}T013000Z" for d in range(1, 5)]
+    for i, name in enumerate(names):  # the last two nights 15% slower on A100
+        with closing(ResultSink(history / name)) as sink:
+            for row in run_rows(table_jobs, make_result, 400 + i, slow={"A100": 1.15 if i >= 2 else 1.0}):
+                sink.add(row)
+    newest, third = str(history / names[3]), str(history / names[2])
+    assert main(["report", newest, "--history", str(history), "--fail-on", "regression"]) == 1
+    assert "| resnet | A100 | - |" in capsys.readouterr().out
+    # the third night alone is one night over the threshold: a watch, not a regression
+    out = tmp_path / "third.json"
+    assert (
+        main(["report", third, "--history", str(history), "--fail-on", "regression", "--json", str(out)]) == 0
+    )
+    reasons = [
+        r for c in json.loads(out.read_text())["cells"] if c["hardware"] == "A100" for r in c["reasons"]
+    ]
+    assert any(r.startswith("watch: over the threshold on 1 of the last 2 runs") for r in reasons), reasons
+    assert main(["report", newest, "--history", str(history), "--baseline", third]) == 2
+    assert main(["report", newest, "--history", str(tmp_path / "empty")]) == 2

@@ -1,8 +1,10 @@
 """`orchestrate nightly SWEEP --history DIR`: tonight's run and its comparison with the last one.
 
 Runs the sweep into a new dated directory under DIR (a path or a URI; `DIR/<UTC date>T<time>Z`),
-finds the newest earlier run there that has result rows, compares the two with
-`reports.regression` and writes the reports into tonight's directory (`regression.md`, the
+compares it with the earlier runs there by the history rules of
+`reports.regression.compare_history` (the baseline pools a window of previous runs; a latency,
+compile-time or memory regression must hold on consecutive runs, a failure counts at once) and
+writes the reports into tonight's directory (`regression.md`, the
 summary for a CI comment; `regression.json`, every cell; `regression.html`, the page). The exit status says whether anything
 regressed, for cron and CI. The comparison itself is `orchestrate report NEW --baseline OLD`.
 """
@@ -16,12 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from compiler.statistics import load_thresholds
 from orchestrator.fleet.driver import SweepOptions, SweepSummary, run_sweep
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store.schema import read_results, read_table
 from orchestrator.store.storage import Location
 from reports.html import render_html
-from reports.regression import Comparison, compare, to_json_text, to_markdown
+from reports.regression import Comparison, compare_history, to_json_text, to_markdown
 
 RUN_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{6}Z$")
 REPORT_MD = "regression.md"
@@ -41,14 +44,33 @@ def run_name(now: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime(now))
 
 
-def previous_run(history: Location, exclude: str) -> Location | None:
-    """The newest dated run under `history` other than `exclude` that has result rows."""
+def earlier_runs(history: Location, before: str, limit: int | None = None) -> list[Location]:
+    """The dated runs under `history` older than the name `before` that have result rows, oldest
+    first; the newest `limit` of them."""
+    found = []
     for name in reversed(history.subdirectories()):
-        if RUN_NAME.match(name) and name != exclude:
+        if RUN_NAME.match(name) and name < before:
             candidate = history.join(name)
             if read_results(candidate, columns=["job_id"]).num_rows:
-                return candidate
-    return None
+                found.append(candidate)
+                if limit is not None and len(found) == limit:
+                    break
+    return found[::-1]
+
+
+def previous_run(history: Location, before: str) -> Location | None:
+    """The newest dated run under `history` older than `before` that has result rows."""
+    runs = earlier_runs(history, before, 1)
+    return runs[0] if runs else None
+
+
+def compare_with_history(current: Location, earlier: list[Location], thresholds: Any) -> Comparison:
+    """`current` against the runs before it (oldest first) by the history rules of
+    `reports.regression.compare_history` (a window of runs, consecutive violations)."""
+    runs = [*earlier, current]
+    return compare_history(
+        [read_results(r) for r in runs], thresholds, [read_table(r, "kernel_choices") for r in runs]
+    )
 
 
 def run_nightly(
@@ -62,9 +84,11 @@ def run_nightly(
 ) -> NightlyResult:
     """`opts.out_dir` is replaced by tonight's directory; `task_body` as for `run_sweep`."""
     stream = stream or sys.stderr
+    thresholds = thresholds or load_thresholds()
     name = run_name(now)
     run = history.join(name)
-    previous = previous_run(history, name)
+    earlier = earlier_runs(history, name, thresholds.window_runs + thresholds.consecutive)
+    previous = earlier[-1] if earlier else None
     print(
         f"nightly: {run}" + (f", to compare with {previous}" if previous else " (the first run here)"),
         file=stream,
@@ -74,13 +98,7 @@ def run_nightly(
     summary = run_sweep(spec, opts, stream, task_body=task_body)
     comparison = None
     if previous is not None:
-        comparison = compare(
-            read_results(run),
-            read_results(previous),
-            thresholds,
-            read_table(run, "kernel_choices"),
-            read_table(previous, "kernel_choices"),
-        )
+        comparison = compare_with_history(run, earlier, thresholds)
         run.join(REPORT_MD).write_text(to_markdown(comparison))
         run.join(REPORT_JSON).write_text(to_json_text(comparison))
         run.join(REPORT_HTML).write_text(render_html(comparison, f"Nightly {name} against {previous}"))

@@ -1,5 +1,6 @@
-"""`orchestrate nightly`, two nights on a real local Ray cluster: the first has nothing to
-compare with, the second finds it, writes both reports and exits 1 when its jobs got slower.
+"""`orchestrate nightly`, three nights on a real local Ray cluster: the first has nothing to
+compare with; the second is 20% slower, which one night cannot confirm ("watch"); the third is
+as slow, and the two-night rule fires, with the three reports written.
 
 The jobs themselves are synthetic (a task body that returns a job's result at once, as
 `benchmarks/dispatch.py` uses): what is tested is the nightly's own work (the dated directory,
@@ -56,10 +57,10 @@ def body(slow: float):
     return job
 
 
-def test_two_nights(tmp_path):
+def test_three_nights(tmp_path):
     spec = parse_spec(SWEEP, "nightly.yaml")
     history = checked(tmp_path / "nightly")
-    with ray_session(None):  # one local cluster for both nights (each would start its own)
+    with ray_session(None):  # one local cluster for the three nights (each would start its own)
         nights(spec, history, tmp_path)
 
 
@@ -70,12 +71,20 @@ def nights(spec, history, tmp_path):
     assert first.run.path.endswith("/" + run_name(1_795_000_000)) and read_results(first.run).num_rows == 4
     assert RUN_NAME.match(run_name(1_795_000_000))
 
+    # night 2 is 20% slower: one night over the threshold is only a "watch" (2 consecutive needed)
     opts = SweepOptions(out_dir=history, cpus_per_job=1)
     second = run_nightly(spec, history, opts, None, task_body=body(1.2), now=1_795_086_400)
     assert second.previous is not None and second.previous.path == first.run.path
-    assert second.comparison.counts()["regression"] == 4
-    report = json.loads((tmp_path / "nightly" / second.run.path.rsplit("/", 1)[1] / REPORT_JSON).read_text())
+    assert second.comparison.counts()["regression"] == 0
+    assert all(any(r.startswith("watch:") for r in c.reasons) for c in second.comparison.cells)
+
+    # night 3 is as slow: both nights over the threshold against night 1, so it counts
+    opts = SweepOptions(out_dir=history, cpus_per_job=1)
+    third = run_nightly(spec, history, opts, None, task_body=body(1.2), now=1_795_172_800)
+    assert third.comparison.counts()["regression"] == 4
+    assert all(any(r.startswith("rule fired") for r in c.reasons) for c in third.comparison.cells)
+    report = json.loads((tmp_path / "nightly" / third.run.path.rsplit("/", 1)[1] / REPORT_JSON).read_text())
     assert report["by_model"] == {"mlp": {"regression": ["cpu"], "improvement": []}}
-    assert "## Regression report" in second.run.join(REPORT_MD).read_text()
-    assert "<svg" in second.run.join(REPORT_HTML).read_text()
-    assert previous_run(history, "none").path == second.run.path  # the newest with rows
+    assert "## Regression report" in third.run.join(REPORT_MD).read_text()
+    assert "<svg" in third.run.join(REPORT_HTML).read_text()
+    assert previous_run(history, "9999").path == third.run.path  # the newest with rows
