@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compiler import statistics as cstats
+from orchestrator.store.rows import latest_rows
 
 KEY = ("hardware", "model", "batch_size", "dtype", "config")
 VERDICTS = ("regression", "improvement", "unchanged", "new", "missing")
@@ -107,10 +108,7 @@ def _first_line(text: str | None) -> str:
 
 
 def _latest(table: pa.Table) -> dict[tuple, dict[str, Any]]:
-    rows: dict[tuple, dict[str, Any]] = {}
-    for r in sorted(table.to_pylist(), key=lambda r: (r.get("started_at") is None, r.get("started_at"))):
-        rows[tuple(r[k] for k in KEY)] = r
-    return rows
+    return latest_rows(table.to_pylist(), lambda r: tuple(r[k] for k in KEY))
 
 
 def _winners(choices: pa.Table | None) -> dict[tuple, dict[tuple, str]]:
@@ -263,7 +261,7 @@ def compare_history(
 def _compare_winners(c: CellChange, now: dict[tuple, str], before: dict[tuple, str]) -> None:
     changed = [(op, before[op], now[op]) for op in sorted(set(now) & set(before)) if now[op] != before[op]]
     for (op, shapes), was, is_ in changed[:5]:
-        c.reasons.append(f"autotune winner for {op} {'x'.join(shapes) or ''}: {was} -> {is_}")
+        c.reasons.append(f"autotune winner for {op} ({', '.join(shapes)}): {was} -> {is_}")
     if len(changed) > 5:
         c.reasons.append(f"... and {len(changed) - 5} more autotune winner changes")
 

@@ -289,3 +289,39 @@ def test_report_history_cli(tmp_path, table_jobs, make_result, capsys):
     assert any(r.startswith("watch: over the threshold on 1 of the last 2 runs") for r in reasons), reasons
     assert main(["report", newest, "--history", str(history), "--baseline", third]) == 2
     assert main(["report", newest, "--history", str(tmp_path / "empty")]) == 2
+
+
+def test_autotune_winner_changes_are_reasons_and_the_latest_row_wins(table_jobs, make_result):
+    import pyarrow as pa
+
+    from orchestrator.store.rows import latest_rows
+
+    current, baseline = run_rows(table_jobs, make_result, 11), run_rows(table_jobs, make_result, 12)
+
+    def winners(rows, choice):
+        job = next(r["job_id"] for r in rows if r["job_name"] == "A100/resnet/bs1/fp32/tuned")
+        return pa.Table.from_pylist(
+            [
+                {
+                    "job_id": job,
+                    "op": "mm",
+                    "input_shapes": ["16x768", "768x3072"],
+                    "choice": choice,
+                    "is_winner": True,
+                }
+            ]
+        )
+
+    got = compare(
+        rows_to_table(current),
+        rows_to_table(baseline),
+        None,
+        winners(current, "mm"),
+        winners(baseline, "triton_mm_4"),
+    )
+    (cell,) = [c for c in got.cells if c.name == "A100/resnet/bs1/fp32/tuned"]
+    assert "autotune winner for mm (16x768, 768x3072): triton_mm_4 -> mm" in cell.reasons
+
+    lost = {**current[0], "started_at": None, "status": "hardware_lost"}
+    kept = latest_rows([current[0], lost, {**lost}], lambda r: r["job_name"])
+    assert kept[current[0]["job_name"]]["status"] == "ok"  # a row without a start time is the oldest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -79,3 +80,19 @@ def side_rows(job: Job, result: dict[str, Any], *, run_id: str) -> dict[str, lis
         if rows:
             tables[table] = [check_side_row(table, {**r, **key}) for r in rows]
     return tables
+
+
+def latest_rows(
+    rows: Iterable[dict[str, Any]], key: Callable[[dict[str, Any]], Hashable]
+) -> dict[Hashable, dict[str, Any]]:
+    """One row per `key`: the one whose job started last (a row without a start time, a job lost
+    before it started, counts as the oldest)."""
+
+    def started(row: dict[str, Any]) -> float:
+        when = row.get("started_at")
+        return when.timestamp() if isinstance(when, datetime) else float("-inf")
+
+    found: dict[Hashable, dict[str, Any]] = {}
+    for row in sorted(rows, key=started):
+        found[key(row)] = row
+    return found

@@ -40,6 +40,7 @@ from orchestrator.fleet.inventory import HardwareClass, cluster_classes
 from orchestrator.fleet.inventory import resolve as resolve_classes
 from orchestrator.spec.matrix import select
 from orchestrator.spec.sweep import SweepSpec
+from orchestrator.store.rows import latest_rows
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked
 from orchestrator.tune.presets import Budgets, eligible, preset_document, preset_entry, write_preset_files
@@ -239,10 +240,7 @@ def decide(
 
 
 def _latest(out: Location) -> dict[str, dict[str, Any]]:
-    rows: dict[str, dict[str, Any]] = {}
-    for r in sorted(read_results(out).to_pylist(), key=lambda r: (r["started_at"] is None, r["started_at"])):
-        rows[r["job_id"]] = r
-    return rows
+    return latest_rows(read_results(out).to_pylist(), lambda r: r["job_id"])
 
 
 def _figures(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
