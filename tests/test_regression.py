@@ -230,7 +230,7 @@ def test_html_report_renders_in_headless_chromium(table_jobs, make_result, tmp_p
 # --- history mode ---------------------------------------------------------------------------------
 
 
-def nights(table_jobs, make_result, slow_from: int | None, n: int = 8, only_night: int | None = None):
+def nights(table_jobs, make_result, slow_from: int | None, n: int = 5, only_night: int | None = None):
     tables = []
     for night in range(n):
         slow = 1.1 if (slow_from is not None and night >= slow_from) or night == only_night else 1.0
@@ -242,12 +242,12 @@ def test_history_rules_a_step_change_fires_a_single_noisy_night_does_not(table_j
     quiet = compare_history(nights(table_jobs, make_result, None))
     assert quiet.counts()["regression"] == 0
 
-    step = compare_history(nights(table_jobs, make_result, slow_from=6))  # the last two nights slower
+    step = compare_history(nights(table_jobs, make_result, slow_from=3))  # the last two nights slower
     flagged = [c for c in step.cells if c.verdict == "regression"]
     assert flagged and {c.hardware for c in flagged} == {"cpu"}
-    assert all("rule fired: the last 2 runs against the 6 runs before them" in c.reasons[-1] for c in flagged)
+    assert all("rule fired: the last 2 runs against the 3 runs before them" in c.reasons[-1] for c in flagged)
 
-    blip = compare_history(nights(table_jobs, make_result, None, only_night=7))  # the last night only
+    blip = compare_history(nights(table_jobs, make_result, None, only_night=4))  # the last night only
     assert blip.counts()["regression"] == 0
     assert any(
         r.startswith("watch: over the threshold on 1 of the last 2 runs")
