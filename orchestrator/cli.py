@@ -59,12 +59,21 @@ def _knob_names() -> list[str]:
     return [f"{k.name} ({k.help})" for k in KNOBS]
 
 
+def _not_positive(args, *names: str) -> list[str]:
+    """A message for each of the numeric flags `names` (argparse dests) given but not positive."""
+    problems = []
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            problems.append(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+    return problems
+
+
 def _budgets(args):
     from orchestrator.tune.presets import Budgets
 
-    for flag, value in (("--max-compile-s", args.max_compile_s), ("--max-memory-mb", args.max_memory_mb)):
-        if value is not None and not value > 0:
-            raise ValueError(f"{flag} must be positive, got {value:g}")
+    for problem in _not_positive(args, "max_compile_s", "max_memory_mb"):
+        raise ValueError(problem)
     return Budgets(max_compile_s=args.max_compile_s, max_memory_mb=args.max_memory_mb)
 
 
@@ -567,9 +576,7 @@ def cmd_tune(args) -> int:
         problems.append(
             f"--confirm-repeats must be at least 2 (the interval must span processes), got {args.confirm_repeats}"
         )
-    for flag, value in (("--cpus-per-job", args.cpus_per_job), ("--timeout-cap", args.timeout_cap)):
-        if value is not None and not value > 0:
-            problems.append(f"{flag} must be positive, got {value}")
+    problems += _not_positive(args, "cpus_per_job", "timeout_cap")
     try:
         budgets = _budgets(args)
     except ValueError as exc:
@@ -660,10 +667,9 @@ def cmd_nightly(args) -> int:
     spec = _load(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
-    for flag, value in (("--cpus-per-job", args.cpus_per_job), ("--timeout-cap", args.timeout_cap)):
-        if value is not None and not value > 0:
-            print(f"error: {flag} must be positive, got {value}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+    for problem in _not_positive(args, "cpus_per_job", "timeout_cap"):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         history = checked(args.history)
         check_writable(history)

@@ -173,12 +173,13 @@ def _compare_cell(
         return
     if before["status"] != "ok":
         return
-    ratio = cstats.ratio_interval(_groups(now), _groups(before) + older, paired=False, level=t.level)
+    reference = _groups(before) + older
+    ratio = cstats.ratio_interval(_groups(now), reference, paired=False, level=t.level)
     if ratio.processes:
         c.latency_ratio, c.latency_ci = ratio.estimate, (ratio.low, ratio.high)
         verdict = cstats.latency_verdict(ratio, t)
         if verdict != "unchanged":
-            against = f" against {len(_groups(before)) + len(older)} processes of the window" if older else ""
+            against = f" against {len(reference)} processes of the window" if older else ""
             c.note(
                 verdict,
                 f"compiled {before['compiled_ms']:.3f} -> {now['compiled_ms']:.3f} ms, "

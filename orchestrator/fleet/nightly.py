@@ -58,12 +58,6 @@ def earlier_runs(history: Location, before: str, limit: int | None = None) -> li
     return found[::-1]
 
 
-def previous_run(history: Location, before: str) -> Location | None:
-    """The newest dated run under `history` older than `before` that has result rows."""
-    runs = earlier_runs(history, before, 1)
-    return runs[0] if runs else None
-
-
 def compare_with_history(current: Location, earlier: list[Location], thresholds: Any) -> Comparison:
     """`current` against the runs before it (oldest first) by the history rules of
     `reports.regression.compare_history` (a window of runs, consecutive violations)."""

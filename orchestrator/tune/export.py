@@ -67,18 +67,23 @@ def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[
             f"no result rows of hardware class {hardware!r} under {out}; classes there: {', '.join(classes) or 'none'}"
         )
     ok = [r for r in rows if r["status"] == "ok"]
-    stacks = {json.dumps({k: row_stack(r)[k] for k in STACK_KEYS}, sort_keys=True) for r in ok}
-    if len(stacks) > 1:
-        raise ExportError(
-            f"the {hardware} rows under {out} come from {len(stacks)} software stacks ({'; '.join(sorted(stacks))}); "
-            "a bundle is valid on one: rerun the sweep on one stack into a fresh --out"
-        )
+    _one_stack(ok, f"the {hardware} rows under {out}", "rerun the sweep on one stack into a fresh --out")
     if not ok:
         raise ExportError(f"no {hardware} row under {out} is ok: nothing to export")
     import pyarrow as pa
 
     derived = derive_presets(pa.Table.from_pylist(rows))
     return derived["presets"], derived["defaults"][hardware], row_stack(ok[0])
+
+
+def _one_stack(items: list[dict[str, Any]], what: str, fix: str) -> None:
+    """Refuse rows or preset entries measured on more than one software stack."""
+    stacks = {json.dumps({k: row_stack(i)[k] for k in STACK_KEYS}, sort_keys=True) for i in items}
+    if len(stacks) > 1:
+        raise ExportError(
+            f"{what} come from {len(stacks)} software stacks ({'; '.join(sorted(stacks))}); "
+            f"a bundle is valid on one: {fix}"
+        )
 
 
 def _tuned_plan(out: Location, hardware: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
@@ -95,12 +100,7 @@ def _tuned_plan(out: Location, hardware: str) -> tuple[list[dict[str, Any]], dic
             f"the tune under {out} has no preset for hardware class {hardware!r}; classes there: "
             f"{', '.join(classes) or 'none'}"
         )
-    stacks = {json.dumps({k: row_stack(e)[k] for k in STACK_KEYS}, sort_keys=True) for e in entries}
-    if len(stacks) > 1:
-        raise ExportError(
-            f"the {hardware} presets under {out} come from {len(stacks)} software stacks ({'; '.join(sorted(stacks))}); "
-            "a bundle is valid on one: tune on one stack into a fresh --out"
-        )
+    _one_stack(entries, f"the {hardware} presets under {out}", "tune on one stack into a fresh --out")
     return entries, data["defaults"].get(hardware, {}), row_stack(entries[0])
 
 

@@ -180,6 +180,21 @@ def promote(
     return keep
 
 
+def best_pair(
+    results: list[tuple[Candidate, dict[str, Any] | None]], budgets: Budgets
+) -> tuple[tuple[Candidate, dict[str, Any]] | None, tuple[Candidate, dict[str, Any]] | None, int]:
+    """(fastest eligible stock config, fastest eligible other candidate, how many were eligible),
+    each as (candidate, row); None where there is none."""
+    ok = [(c, r) for c, r in results if r is not None and eligible(r, budgets)]
+
+    def fastest(stock: bool):
+        return min(
+            (cr for cr in ok if cr[0].stock == stock), key=lambda cr: cr[1]["compiled_ms"], default=None
+        )
+
+    return fastest(True), fastest(False), len(ok)
+
+
 def decide(
     cell: Cell,
     rung1: list[tuple[Candidate, dict[str, Any] | None]],
@@ -189,10 +204,7 @@ def decide(
     """The cell's preset entry (None: nothing eligible) and the decision in words.
 
     `confirmation` is (candidate, stock, row of their same-process job) where one ran."""
-    ok = [(c, r) for c, r in rung1 if r is not None and eligible(r, budgets)]
-    stock = min((cr for cr in ok if cr[0].stock), key=lambda cr: cr[1]["compiled_ms"], default=None)
-    tuned = min((cr for cr in ok if not cr[0].stock), key=lambda cr: cr[1]["compiled_ms"], default=None)
-    n = len(ok)
+    stock, tuned, n = best_pair(rung1, budgets)
     if stock is None and tuned is None:
         return None, "no candidate passed its accuracy check within the budgets"
     if stock is None:
@@ -248,10 +260,11 @@ def _figures(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
         return {"status": "missing"}
     keep = ("status", "compiled_ms", "eager_ms", "compile_s", "peak_mem_bytes", "speedup_vs_baseline")
     figures = {k: row.get(k) for k in keep if row.get(k) is not None}
+    excess = budgets.excess(row) if row["status"] == "ok" else None
     if row["status"] != "ok":
         figures["error"] = (row.get("error") or "")[:300]
-    elif budgets.excess(row):
-        figures["over_budget"] = budgets.excess(row)
+    elif excess:
+        figures["over_budget"] = excess
     return figures
 
 
@@ -354,11 +367,7 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
             log[cell.name]["rung1"] = {
                 f"{c.config.name}@{c.dtype}": _figures(r, opts.budgets) for c, r in results
             }
-            ok = [(c, r) for c, r in results if r is not None and eligible(r, opts.budgets)]
-            stock = min((cr for cr in ok if cr[0].stock), key=lambda cr: cr[1]["compiled_ms"], default=None)
-            tuned = min(
-                (cr for cr in ok if not cr[0].stock), key=lambda cr: cr[1]["compiled_ms"], default=None
-            )
+            stock, tuned, _ = best_pair(results, opts.budgets)
             if stock and tuned:  # rung 1's one-process figures rank; only a paired interval decides
                 pairs[cell] = (tuned[0], stock[0])
         measure2 = rung_measure(spec.measure, "confirm", opts.confirm_repeats)

@@ -20,7 +20,7 @@ from orchestrator.fleet.nightly import (
     REPORT_JSON,
     REPORT_MD,
     RUN_NAME,
-    previous_run,
+    earlier_runs,
     run_name,
     run_nightly,
 )
@@ -87,4 +87,4 @@ def nights(spec, history, tmp_path):
     assert report["by_model"] == {"mlp": {"regression": ["cpu"], "improvement": []}}
     assert "## Regression report" in third.run.join(REPORT_MD).read_text()
     assert "<svg" in third.run.join(REPORT_HTML).read_text()
-    assert previous_run(history, "9999").path == third.run.path  # the newest with rows
+    assert earlier_runs(history, "9999")[-1].path == third.run.path  # the newest with rows
