@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import math
 import os
 import shlex
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
@@ -27,6 +29,40 @@ Find the fastest torch.compile settings for your models on every hardware class 
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (the usage block it prints first hides the message)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"error: {message.removeprefix('argument ')} (see `{self.prog} --help`)\n")
+
+
+def _whole(least: int):
+    """An argparse type: a whole number of at least `least`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number above 0 (seconds, MiB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
 def _add_only(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only",
@@ -40,13 +76,13 @@ def _add_only(p: argparse.ArgumentParser) -> None:
 def _add_budgets(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-compile-s",
-        type=float,
+        type=_positive,
         metavar="SECONDS",
         help="budget: a config whose cold compile (first compiled call) took longer is never a preset",
     )
     p.add_argument(
         "--max-memory-mb",
-        type=float,
+        type=_positive,
         metavar="MIB",
         help="budget: a config whose compiled peak memory (CUDA allocator, or process RSS on CPU) was higher "
         "is never a preset",
@@ -59,26 +95,14 @@ def _knob_names() -> list[str]:
     return [f"{k.name} ({k.help})" for k in KNOBS]
 
 
-def _not_positive(args, *names: str) -> list[str]:
-    """A message for each of the numeric flags `names` (argparse dests) given but not positive."""
-    problems = []
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            problems.append(f"--{name.replace('_', '-')} must be positive, got {value:g}")
-    return problems
-
-
 def _budgets(args):
     from orchestrator.tune.presets import Budgets
 
-    for problem in _not_positive(args, "max_compile_s", "max_memory_mb"):
-        raise ValueError(problem)
     return Budgets(max_compile_s=args.max_compile_s, max_memory_mb=args.max_memory_mb)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="orchestrate", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -95,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: what this machine has, e.g. cpu or H100)",
     )
     p.add_argument(
-        "--cpus-per-job", type=int, metavar="N", help="as for `sweep` (changes the slot counts shown)"
+        "--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep` (changes the slot counts shown)"
     )
     _add_only(p)
 
@@ -121,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cpus-per-job",
-        type=int,
+        type=_whole(1),
         metavar="N",
         help="cores each job on a CPU node reserves, and its OMP/compile thread count (default: all cores "
         "of the node, one job at a time, so jobs do not disturb each other's timings)",
@@ -154,14 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-attempts",
-        type=int,
+        type=_whole(1),
         default=3,
         metavar="N",
         help="tries per job when its Ray worker or node dies (default 3); a job's own failure is never retried",
     )
     p.add_argument(
         "--timeout-cap",
-        type=float,
+        type=_positive,
         metavar="SECONDS",
         help="lower every job's time limit to at most this (for a run that must end within a window); "
         "jobs that hit it become `timeout` rows",
@@ -223,10 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sweep", type=Path, help="sweep YAML file")
     p.add_argument("--history", required=True, metavar="DIR", help="where the dated runs live (path or URI)")
     p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
-    p.add_argument("--cpus-per-job", type=int, metavar="N", help="as for `sweep`")
+    p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
     p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
     p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
-    p.add_argument("--timeout-cap", type=float, metavar="SECONDS", help="as for `sweep`")
+    p.add_argument("--timeout-cap", type=_positive, metavar="SECONDS", help="as for `sweep`")
     p.add_argument("--thresholds", metavar="FILE", help="as for `report --baseline`")
     _add_only(p)
 
@@ -283,23 +307,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--eta",
-        type=int,
+        type=_whole(2),
         default=3,
         metavar="N",
         help="rung 0 keeps the best 1/N of each cell's candidates for rung 1 (default 3)",
     )
     p.add_argument(
         "--confirm-repeats",
-        type=int,
+        type=_whole(2),
         default=3,
         metavar="N",
         help="fresh processes that time the candidate against the stock config (default 3, at least 2)",
     )
     _add_budgets(p)
-    p.add_argument("--cpus-per-job", type=int, metavar="N", help="as for `sweep`")
+    p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
     p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
     p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
-    p.add_argument("--timeout-cap", type=float, metavar="SECONDS", help="as for `sweep`")
+    p.add_argument("--timeout-cap", type=_positive, metavar="SECONDS", help="as for `sweep`")
     _add_only(p)
 
     p = sub.add_parser(
@@ -316,7 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", required=True, help="the hardware class to export (e.g. H100, A100, cpu)")
     p.add_argument("--dest", required=True, type=Path, help="a new (or empty) local directory to write")
     p.add_argument(
-        "--cpus", type=int, default=None, metavar="N", help="cores each bundle compile uses (default: all)"
+        "--cpus",
+        type=_whole(1),
+        default=None,
+        metavar="N",
+        help="cores each bundle compile uses (default: all)",
     )
     p.add_argument(
         "--scratch", default=None, help="where the bundle compiles keep their caches (default: $TMPDIR)"
@@ -367,17 +395,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_only(p)
     p.add_argument("--resume", action="store_true", help="as for `sweep`: continue a sweep in --out")
     p.add_argument(
-        "--timeout-cap", type=float, metavar="SECONDS", help="as for `sweep`: cap every job's time limit"
+        "--timeout-cap", type=_positive, metavar="SECONDS", help="as for `sweep`: cap every job's time limit"
     )
     p.add_argument(
-        "--cpus-per-job", type=int, metavar="N", help="as for `sweep`: cores each job on a CPU node reserves"
+        "--cpus-per-job",
+        type=_whole(1),
+        metavar="N",
+        help="as for `sweep`: cores each job on a CPU node reserves",
     )
     p.add_argument(
         "--allow-missing", action="store_true", help="as for `sweep`: run the hardware classes present"
     )
     p.add_argument(
         "--max-attempts",
-        type=int,
+        type=_whole(1),
         metavar="N",
         help="as for `sweep`: tries per job when its worker or node dies",
     )
@@ -459,7 +490,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator.fleet.driver import run_sweep
+    from orchestrator.fleet.driver import check_ray_address, run_sweep
     from orchestrator.fleet.progress import format_duration
     from orchestrator.store.schema import results_path
     from orchestrator.store.storage import StorageError, check_writable, checked
@@ -467,15 +498,7 @@ def cmd_sweep(args) -> int:
     spec = _load(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
-    if args.cpus_per_job is not None and args.cpus_per_job < 1:
-        print("error: --cpus-per-job must be at least 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.max_attempts < 1:
-        print("error: --max-attempts must be at least 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.timeout_cap is not None and args.timeout_cap <= 0:
-        print("error: --timeout-cap must be positive", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    check_ray_address(args.address)  # seconds, not Ray's minute of retries
     try:
         out = checked(args.out or str(Path("runs") / spec.name))
         check_writable(out)
@@ -545,6 +568,7 @@ def _drive(run):
 
 
 def cmd_tune(args) -> int:
+    from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.progress import format_duration
     from orchestrator.store.storage import StorageError, check_writable, checked
     from orchestrator.tune.search import TuneOptions, run_tune
@@ -554,6 +578,7 @@ def cmd_tune(args) -> int:
     spec = _load(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
+    check_ray_address(args.address)  # seconds, not Ray's minute of retries
     problems = []
     precisions = []
     for name in filter(None, (p.strip() for p in args.precisions.split(","))):
@@ -570,18 +595,7 @@ def cmd_tune(args) -> int:
             for k in knobs
             if k not in KNOB_NAMES
         ]
-    if args.eta < 2:
-        problems.append(f"--eta must be at least 2, got {args.eta}")
-    if args.confirm_repeats < 2:
-        problems.append(
-            f"--confirm-repeats must be at least 2 (the interval must span processes), got {args.confirm_repeats}"
-        )
-    problems += _not_positive(args, "cpus_per_job", "timeout_cap")
-    try:
-        budgets = _budgets(args)
-    except ValueError as exc:
-        problems.append(str(exc))
-        budgets = None
+    budgets = _budgets(args)
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
@@ -652,14 +666,20 @@ def cmd_report(args) -> int:
         return EXIT_BAD_INPUT
     if comparing:
         return _compare_runs(args, out, table)
-    path = write_report(out, table)  # before printing: a closed pipe must not cost the file
+    try:
+        path = write_report(out, table)  # before printing: a closed pipe must not cost the file
+    except OSError as exc:  # a read-only output can still be reported on
+        path = None
+        print(f"warning: could not write {out.join('report.md')} ({exc.strerror or exc})", file=sys.stderr)
     print(render(table, markdown=False))
-    print(f"wrote {path}")
+    if path:
+        print(f"wrote {path}")
     return 0
 
 
 def cmd_nightly(args) -> int:
     from compiler.statistics import load_thresholds
+    from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.nightly import run_nightly
     from orchestrator.store.storage import StorageError, check_writable, checked
     from reports.regression import to_markdown
@@ -667,9 +687,7 @@ def cmd_nightly(args) -> int:
     spec = _load(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
-    for problem in _not_positive(args, "cpus_per_job", "timeout_cap"):
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    check_ray_address(args.address)  # seconds, not Ray's minute of retries
     try:
         history = checked(args.history)
         check_writable(history)
@@ -743,6 +761,9 @@ def cmd_presets(args) -> int:
     except (FileNotFoundError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: {args.out}: cannot write the presets there ({exc.strerror or exc})", file=sys.stderr)
+        return EXIT_BAD_INPUT
     for p in data["presets"]:
         vs_default = f"{p['speedup_vs_default']:.2f}x" if p["speedup_vs_default"] else "n/a"
         print(
@@ -765,9 +786,6 @@ def cmd_export(args) -> int:
     from orchestrator.store.storage import StorageError, checked
     from orchestrator.tune.export import ExportError, export
 
-    if args.cpus is not None and args.cpus < 1:
-        print(f"error: --cpus must be at least 1, got {args.cpus}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     try:
         manifest = export(
             checked(args.out),
@@ -812,12 +830,6 @@ def cmd_submit(args) -> int:
     from orchestrator.spec.sweep import SpecError
     from orchestrator.store.storage import redact
 
-    if args.cpus_per_job is not None and args.cpus_per_job < 1:
-        print("error: --cpus-per-job must be at least 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.timeout_cap is not None and args.timeout_cap <= 0:
-        print("error: --timeout-cap must be positive", file=sys.stderr)
-        return EXIT_BAD_INPUT
     extra = [*(["--only", args.only] if args.only else []), *(["--resume"] if args.resume else [])]
     extra += ["--timeout-cap", f"{args.timeout_cap:g}"] if args.timeout_cap is not None else []
     extra += ["--cpus-per-job", str(args.cpus_per_job)] if args.cpus_per_job is not None else []
@@ -905,14 +917,39 @@ COMMANDS = {
 }
 
 
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings of ours (a stray file ignored) as one `warning:` line; others as Python shows them."""
+    from orchestrator.store.integrity import OutputWarning
+
+    if issubclass(category, OutputWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0), or a bad flag (2, already explained on one line)
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     # `kill -USR1 PID`: every thread's stack on stderr, to see where it waits (not where stderr is
     # no file, as under a test's capture)
     with contextlib.suppress(AttributeError, OSError, ValueError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    from orchestrator.fleet.driver import AddressError
+    from orchestrator.store.storage import StorageError
+
+    warnings.showwarning = _print_warning
     try:
         return COMMANDS[args.command](args)
+    except (StorageError, AddressError) as exc:  # a damaged or locked output, a dead --address, ...
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except BrokenPipeError:  # output piped into `head` or a pager that quit: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush is quiet
         return 0
+    finally:
+        warnings.showwarning = _show_warning

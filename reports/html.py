@@ -48,6 +48,9 @@ document.querySelectorAll('table.sortable th').forEach(function (th, col) {
 """
 
 
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
@@ -78,6 +81,54 @@ def bar_chart(title: str, labels: list[str], series: dict[str, list[float | None
                 f"{value:.3f} {_e(unit)}</title></rect>"
                 f'<text x="{label_w + w + 4:.1f}" y="{y + bar - 3}" font-size="10">{value:.2f}</text>'
             )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def trend_chart(title: str, runs: list[str], series: dict[str, list[float | None]], unit: str) -> str:
+    """One line per series over the runs (oldest left), a gap where a run has no value; an inline
+    <svg> with a labelled y range and the first and last run names on the x axis."""
+    left, plot_w, plot_h, top_pad = 60, 520, 160, 20
+    values = [v for vals in series.values() for v in vals if v is not None]
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.5, hi + 0.5
+    step = plot_w / max(1, len(runs) - 1)
+
+    def xy(i: int, v: float) -> str:
+        return f"{left + i * step:.1f},{top_pad + plot_h * (hi - v) / (hi - lo):.1f}"
+
+    legend_h = 14 * len(series)
+    parts = [
+        f"<h3>{_e(title)} ({_e(unit)})</h3>",
+        f'<svg class="chart trend" role="img" width="{left + plot_w + 20}" '
+        f'height="{top_pad + plot_h + 40 + legend_h}" xmlns="http://www.w3.org/2000/svg"><title>{_e(title)}</title>',
+        f'<line x1="{left}" y1="{top_pad}" x2="{left}" y2="{top_pad + plot_h}" stroke="#999"/>',
+        f'<line x1="{left}" y1="{top_pad + plot_h}" x2="{left + plot_w}" y2="{top_pad + plot_h}" stroke="#999"/>',
+        f'<text x="0" y="{top_pad + 4}" font-size="10">{hi:.2f}</text>',
+        f'<text x="0" y="{top_pad + plot_h}" font-size="10">{lo:.2f}</text>',
+        f'<text x="{left}" y="{top_pad + plot_h + 14}" font-size="10">{_e(runs[0])}</text>',
+        f'<text x="{left + plot_w}" y="{top_pad + plot_h + 14}" font-size="10" text-anchor="end">'
+        f"{_e(runs[-1])}</text>",
+    ]
+    for n, (name, vals) in enumerate(series.items()):
+        color = PALETTE[n % len(PALETTE)]
+        segment: list[str] = []
+        for i, v in enumerate([*vals, None]):  # a None ends a segment
+            if v is not None:
+                segment.append(xy(i, v))
+                parts.append(
+                    f'<circle class="point" cx="{xy(i, v).split(",")[0]}" cy="{xy(i, v).split(",")[1]}" r="2.5" '
+                    f'fill="{color}"><title>{_e(name)} {_e(runs[i])}: {v:.3f} {_e(unit)}</title></circle>'
+                )
+            elif segment:
+                parts.append(
+                    f'<polyline class="line" data-series="{_e(name)}" fill="none" stroke="{color}" '
+                    f'stroke-width="1.5" points="{" ".join(segment)}"/>'
+                )
+                segment = []
+        y = top_pad + plot_h + 30 + 14 * n
+        parts.append(f'<text x="{left}" y="{y}" font-size="11" fill="{color}">&#9632; {_e(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -133,6 +184,15 @@ def render_html(comparison: Comparison, title: str = "Regression report") -> str
                 "s",
             )
         )
+    if comparison.trend:
+        runs = [label for label, _ in next(iter(comparison.trend.values()))]
+        out.append(f"<h2>Trend over the last {len(runs)} runs</h2>")
+        by_hw: dict[str, dict[str, list[float | None]]] = defaultdict(dict)
+        for name, points in comparison.trend.items():
+            hw, rest = name.split("/", 1)
+            by_hw[hw][rest] = [v for _, v in points]
+        for hw, series in sorted(by_hw.items()):
+            out.append(trend_chart(f"{hw}: speedup over eager, per run", runs, series, "x"))
     out.append("<h2>Cells</h2><table class='sortable'><thead><tr>")
     for head in ("cell", "verdict", "compiled ms", "current / baseline", "95% CI", "reasons"):
         out.append(f"<th>{head}</th>")

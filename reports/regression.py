@@ -70,6 +70,9 @@ class Comparison:
     environment: dict[str, dict[str, tuple[list[str], list[str]]]]
     """Per hardware class, per versions key: (baseline values, current values) where they differ."""
     thresholds: cstats.Thresholds
+    trend: dict[str, list[tuple[str, float | None]]] = field(default_factory=dict)
+    """History mode: per cell name, (run label, speedup over eager or None where not ok) for every
+    run compared, oldest first (the HTML report's trend charts)."""
 
     def counts(self) -> dict[str, int]:
         found = dict.fromkeys(VERDICTS, 0)
@@ -95,6 +98,7 @@ class Comparison:
             "counts": self.counts(),
             "by_model": self.by_model(),
             "environment": self.environment,
+            "trend": self.trend,
             "cells": [{"name": c.name, **asdict(c)} for c in self.cells],
         }
 
@@ -213,6 +217,7 @@ def compare_history(
     runs: list[pa.Table],
     thresholds: cstats.Thresholds | None = None,
     choices: list[pa.Table | None] | None = None,
+    labels: list[str] | None = None,
 ) -> Comparison:
     """The newest of `runs` (oldest first) against the ones before it, in the manner of PyTorch's
     dashboard: the last `consecutive` runs are each compared with the same reference, the
@@ -256,7 +261,21 @@ def compare_history(
             cell.reasons.append(f"watch: over the threshold on {1 + sum(held)} of the last {k} runs ({rule})")
         else:
             cell.reasons.append(f"rule fired: {rule}, every one over the threshold")
+    newest.trend = _trend(runs, labels or [f"run {i + 1}" for i in range(len(runs))])
     return newest
+
+
+def _trend(runs: list[pa.Table], labels: list[str]) -> dict[str, list[tuple[str, float | None]]]:
+    """Per cell name, each run's speedup over eager (None where the cell was not ok)."""
+    per_run = [_latest(table) for table in runs]
+    trend: dict[str, list[tuple[str, float | None]]] = {}
+    for key in sorted({k for rows in per_run for k in rows}, key=lambda k: tuple(map(str, k))):
+        name = CellChange(*key).name
+        trend[name] = [
+            (label, rows[key]["speedup"] if key in rows and rows[key]["status"] == "ok" else None)
+            for label, rows in zip(labels, per_run, strict=True)
+        ]
+    return trend
 
 
 def _compare_winners(c: CellChange, now: dict[tuple, str], before: dict[tuple, str]) -> None:

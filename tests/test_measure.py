@@ -252,3 +252,15 @@ def test_live_progress_redraws_one_line():
 
 def test_progress_not_live_on_a_non_tty_stream():
     assert Progress(total=1, stream=io.StringIO()).live is False
+
+
+def test_the_slowdown_hook_applies_to_its_classes_only(monkeypatch):
+    from workers.bench import SLOWDOWN_ENV, slowdown_hook
+
+    monkeypatch.delenv(SLOWDOWN_ENV, raising=False)
+    assert slowdown_hook("H100") == 1.0
+    monkeypatch.setenv(SLOWDOWN_ENV, "H100=1.10, cpu=2")
+    assert slowdown_hook("H100") == 1.10 and slowdown_hook("cpu") == 2.0 and slowdown_hook("A100") == 1.0
+    monkeypatch.setenv(SLOWDOWN_ENV, "H100=fast")
+    with pytest.raises(ValueError, match="'fast' is not a number"):
+        slowdown_hook("H100")

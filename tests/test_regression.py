@@ -171,6 +171,47 @@ def hostile_comparison(table_jobs, make_result):
     return compare(rows_to_table(current), rows_to_table(baseline))
 
 
+def hostile_history(table_jobs, make_result):
+    """Three nights, the last slower on cpu, with a hostile model name and run label."""
+    runs = []
+    for night in range(3):
+        rows = run_rows(table_jobs, make_result, 400 + night, slow={"cpu": 1.2 if night == 2 else 1.0})
+        for r in rows:
+            if r["model"] == "mlp":
+                r["model"] = "<script>alert(1)</script>"
+        if night == 1:
+            rows[0]["status"], rows[0]["error"] = "crash", "x"  # a gap in that cell's line
+        runs.append(rows_to_table(rows))
+    return compare_history(runs, labels=["2026-11-20T020000Z", "2026-11-21T020000Z", "<b>night</b>"])
+
+
+def test_history_html_draws_a_trend_line_per_cell_with_gaps_for_failures(table_jobs, make_result):
+    import html.parser
+
+    comparison = hostile_history(table_jobs, make_result)
+    assert len(comparison.trend) == len(table_jobs)
+    assert all(len(points) == 3 for points in comparison.trend.values())
+    page = render_html(comparison)
+    assert "<b>night</b>" not in page and "&lt;b&gt;night&lt;/b&gt;" in page
+    assert "<script>alert(1)</script>" not in page
+
+    class Count(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.trends, self.lines, self.points = 0, 0, 0
+
+        def handle_starttag(self, tag, attrs):
+            self.trends += tag == "svg" and ("class", "chart trend") in attrs
+            self.lines += tag == "polyline"
+            self.points += tag == "circle"
+
+    counted = Count()
+    counted.feed(page)
+    assert counted.trends == 2  # one per hardware class
+    assert counted.points == 3 * len(table_jobs) - 1  # a point per run and cell, but the crash
+    assert counted.lines == len(table_jobs) + 1  # the crashed cell's line is cut in two
+
+
 def test_html_report_escapes_every_string_and_draws_its_charts(table_jobs, make_result):
     import html.parser
 
@@ -209,7 +250,7 @@ def test_html_report_renders_in_headless_chromium(table_jobs, make_result, tmp_p
             "no chromium on this machine (apt-get install chromium): the HTML report was not rendered"
         )
     page = tmp_path / "report.html"
-    page.write_text(render_html(hostile_comparison(table_jobs, make_result)))
+    page.write_text(render_html(hostile_history(table_jobs, make_result)))
     flags = ["--headless", "--no-sandbox", "--disable-gpu"]
     dom = subprocess.run(
         [browser, *flags, "--dump-dom", page.as_uri()],
@@ -218,7 +259,8 @@ def test_html_report_renders_in_headless_chromium(table_jobs, make_result, tmp_p
         timeout=120,
         check=True,
     ).stdout
-    assert dom.count("<svg") == 4 and 'class="bar"' in dom
+    assert dom.count("<svg") == 6 and 'class="bar"' in dom  # speedup, compile time, trend per class
+    assert dom.count('class="chart trend"') == 2 and dom.count("<polyline") == len(table_jobs) + 1
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
     shot = tmp_path / "shot.png"
     subprocess.run(

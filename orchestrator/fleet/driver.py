@@ -26,6 +26,9 @@ from orchestrator.fleet.scheduler import Scheduler
 from orchestrator.spec.matrix import expand, select
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store import runlog
+from orchestrator.store.integrity import find_damaged, quarantine
+from orchestrator.store.lock import OutputLock
+from orchestrator.store.schema import TABLES
 from orchestrator.store.sink import ResultSink
 from orchestrator.store.storage import Location, Target, checked
 from workers.job import Job
@@ -37,6 +40,50 @@ class OutputExistsError(RuntimeError):
 
 class SweepInterrupted(RuntimeError):
     pass
+
+
+class AddressError(ValueError):
+    """A --address that no Ray cluster answers at; the message says what to check."""
+
+
+def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, before Ray starts, when nothing listens at `address` (Ray itself retries a
+    dead address for a minute and then prints a page of log). None and "local" start a private
+    Ray; "auto" must find a cluster started on this machine with `ray start`."""
+    import socket
+
+    if address in (None, "", "local"):
+        return
+    shown = address
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            address = canonicalize_bootstrap_address("auto")
+        except (ConnectionError, ValueError):
+            address = None
+        if not address:
+            raise AddressError(
+                "--address auto: no Ray cluster runs on this machine (start one with `ray start --head`, "
+                "give its address, or leave out --address for a private local Ray)"
+            )
+    target = address.removeprefix("ray://")
+    if "://" in target:
+        raise AddressError(
+            f"--address {shown}: give HOST:PORT (the cluster's GCS, e.g. head:6379) or ray://HOST:10001; "
+            f"an http:// address is the dashboard, which `orchestrate submit` uses"
+        )
+    host, _, port_text = target.rpartition(":")
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise AddressError(f"--address {shown}: expected HOST:PORT, e.g. 10.0.0.5:6379 or ray://head:10001")
+    try:
+        socket.create_connection((host.strip("[]"), int(port_text)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise AddressError(
+            f"--address {shown}: nothing answers at {host}:{port_text} ({reason}); is the cluster up "
+            "(`ray status` on its head node) and the port open from here?"
+        ) from None
 
 
 @dataclass
@@ -173,13 +220,68 @@ def run_sweep(
     `plan` replaces the sweep's job matrix: it gets the cluster's hardware classes and returns
     the jobs to run (`orchestrate tune` plans each rung of its search this way).
 
-    An output or history location that cannot be used raises `storage.StorageError` before
-    Ray starts."""
-    import ray
-
+    Before Ray starts: an output or history location that cannot be used raises
+    `storage.StorageError`, an output another live driver holds `lock.OutputLocked`, a dead
+    `opts.address` `AddressError`. With `opts.resume`, damaged part files are moved into
+    `<out>/quarantine/` first, so their jobs run again (`orchestrator.store.integrity`)."""
     stream = stream or sys.stderr
     out = checked(opts.out_dir)
     history_dirs = [checked(h) for h in opts.history_dirs]
+    check_ray_address(opts.address)
+    lock = OutputLock.acquire(out, opts.argv)  # before anything is read: one writer per output
+    try:
+        if lock.taken_over:
+            print(f"note: {out}: {lock.taken_over}", file=stream)
+        if opts.resume:
+            _quarantine_damage(out, stream)
+        return _run_locked(spec, opts, out, history_dirs, lock, stream, task_body, plan)
+    finally:
+        lock.release()
+
+
+def _check_run_log(out: Location, stream: TextIO) -> None:
+    """A damaged run.json (it only describes runs) is moved aside, so a new one can start."""
+    try:
+        runlog.read_runs(out)
+    except runlog.RunLogError as exc:
+        [(_, dest)] = quarantine(out, [runlog.RUN_FILE])
+        print(f"warning: {exc}\n  moved it to {dest}; a new {runlog.RUN_FILE} starts now", file=stream)
+
+
+def _quarantine_damage(out: Location, stream: TextIO) -> None:
+    """Before a resumed sweep reads which jobs are done: move every damaged part file aside, so
+    its jobs run again; name the strays, which stay where they are and are ignored."""
+    damaged, strays = find_damaged(out, TABLES)
+    for rel in strays:
+        print(
+            f"warning: ignoring {out.join(rel)}: not a part file this tool writes; move it out", file=stream
+        )
+    if not damaged:
+        return
+    moved = quarantine(out, [d.rel for d in damaged])
+    for d, (_, dest) in zip(damaged, moved, strict=True):
+        whose = (
+            "its jobs run again"
+            if d.rel.startswith("results/")
+            else (
+                "the jobs' result rows are intact, so they are not rerun; their rows of this table are lost"
+            )
+        )
+        print(f"warning: {out.join(d.rel)} is damaged ({d.reason}); moved to {dest}: {whose}", file=stream)
+
+
+def _run_locked(
+    spec: SweepSpec,
+    opts: SweepOptions,
+    out: Location,
+    history_dirs: list[Location],
+    lock: OutputLock,
+    stream: TextIO,
+    task_body: Callable[..., dict[str, Any]] | None,
+    plan: Callable[[dict[str, HardwareClass]], list[Job]] | None,
+) -> SweepSummary:
+    import ray
+
     history = History.from_output(out, history_dirs)  # one read: job ids done, and durations
     done_ids = history.job_ids
     if done_ids and not opts.resume:
@@ -187,6 +289,7 @@ def run_sweep(
             f"{out} already holds {len(done_ids)} result rows. Pass --resume to finish that sweep, "
             "or --out to write somewhere else; nothing was changed."
         )
+    _check_run_log(out, stream)
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     t_start = time.monotonic()
     with ray_session(opts.address), _sigterm_as_interrupt():
@@ -244,7 +347,7 @@ def run_sweep(
         scheduler.add(longest_first(todo, history))
         t_dispatch = time.monotonic()
         try:
-            scheduler.run(ray, started=progress.started_job, tick=sink.tick)
+            scheduler.run(ray, started=progress.started_job, tick=lambda: (sink.tick(), lock.refresh()))
         except KeyboardInterrupt:
             cancelled = scheduler.cancel_all(ray)
             sink.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -21,6 +22,7 @@ from typing import Any, TextIO
 from compiler.statistics import load_thresholds
 from orchestrator.fleet.driver import SweepOptions, SweepSummary, run_sweep
 from orchestrator.spec.sweep import SweepSpec
+from orchestrator.store.integrity import DamagedOutputError, OutputWarning
 from orchestrator.store.schema import read_results, read_table
 from orchestrator.store.storage import Location
 from reports.html import render_html
@@ -51,7 +53,12 @@ def earlier_runs(history: Location, before: str, limit: int | None = None) -> li
     for name in reversed(history.subdirectories()):
         if RUN_NAME.match(name) and name < before:
             candidate = history.join(name)
-            if read_results(candidate, columns=["job_id"]).num_rows:
+            try:
+                rows = read_results(candidate, columns=["job_id"]).num_rows
+            except DamagedOutputError as exc:  # tonight's run must not fail for an old run's file
+                warnings.warn(f"skipping {candidate} as a baseline: {exc}", OutputWarning, stacklevel=2)
+                continue
+            if rows:
                 found.append(candidate)
                 if limit is not None and len(found) == limit:
                     break
@@ -63,7 +70,10 @@ def compare_with_history(current: Location, earlier: list[Location], thresholds:
     `reports.regression.compare_history` (a window of runs, consecutive violations)."""
     runs = [*earlier, current]
     return compare_history(
-        [read_results(r) for r in runs], thresholds, [read_table(r, "kernel_choices") for r in runs]
+        [read_results(r) for r in runs],
+        thresholds,
+        [read_table(r, "kernel_choices") for r in runs],
+        labels=[r.path.rstrip("/").rsplit("/", 1)[-1] for r in runs],
     )
 
 

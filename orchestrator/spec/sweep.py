@@ -7,6 +7,7 @@ file and line, so a user fixes a sweep file in one pass and nothing runs on a ba
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,28 @@ from compiler.config import CompileConfig, config_problems
 from orchestrator.spec.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
 from workers.job import PRECISIONS, MeasureSpec, ModelSpec, canonical_precision
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
+"""Names of sweeps, models, configs and hardware classes: they become directory and job names."""
+
+# Values beyond these are typos or fuzz, not sweeps: refused with the limit in the message.
+MAX_BATCH_SIZE = 65536
+"""Far above any batch a single accelerator holds for the models this tool runs."""
+MAX_INPUT_SIZE = 65536
+"""Image side in pixels, or sequence length in tokens."""
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""A week: longer than any one job's compile and timing."""
+MEASURE_LIMITS = {"warmup": 100_000, "iterations": 100_000, "rounds": 1_000, "repeats": 100}
+"""Per measure key: the most any device could finish within a job's time limit."""
+MAX_TIMED_CALLS = 1_000_000
+"""iterations x rounds x repeats: timed calls per side of one cell."""
+MAX_JOBS_PER_CLASS = 100_000
+"""models x batch sizes x dtypes x configs."""
+
+
+def _show(value: Any) -> str:
+    """A value for an error message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:56] + " ..."
 
 
 @dataclass(frozen=True)
@@ -48,6 +70,9 @@ class SpecError(ValueError):
 
     def __init__(self, errors: list[SourceError]):
         self.errors = errors
+        if len(errors) == 1:  # one line: file:line: message
+            super().__init__(str(errors[0]))
+            return
         lines = "\n".join(f"  {e}" for e in errors)
         super().__init__(f"{len(errors)} problem(s) in sweep file:\n{lines}")
 
@@ -91,7 +116,7 @@ def _check_keys(src: LocatedYaml, mapping: dict, allowed: set[str], path: PathKe
     for key in mapping:
         if key not in allowed:
             src.error(
-                path + (key,), f"unknown key {key!r} in {what}; valid keys: {', '.join(sorted(allowed))}"
+                path + (key,), f"unknown key {_show(key)} in {what}; valid keys: {', '.join(sorted(allowed))}"
             )
 
 
@@ -104,10 +129,16 @@ def _is_number(v: Any) -> bool:
 
 
 def _positive_number(src: LocatedYaml, value: Any, path: PathKey, what: str) -> float | None:
+    """A time limit in seconds: positive, finite, at most `MAX_TIMEOUT_S`."""
     if value is None:
         return None
-    if not _is_number(value) or value <= 0:
-        src.error(path, f"{what} must be a positive number, got {value!r}")
+    if not _is_number(value) or not value > 0 or not math.isfinite(value):
+        src.error(path, f"{what} must be a positive number of seconds, got {_show(value)}")
+        return None
+    if value > MAX_TIMEOUT_S:
+        src.error(
+            path, f"{what} {value:g} s is more than a week (at most {MAX_TIMEOUT_S:g} s); is it in seconds?"
+        )
         return None
     return float(value)
 
@@ -129,7 +160,7 @@ def _duplicates(src: LocatedYaml, values: list[tuple[int, Any]], key: str) -> No
     seen: set = set()
     for i, v in values:
         if v in seen:
-            src.error((key, i), f"{v!r} appears twice in {key!r}")
+            src.error((key, i), f"{_show(v)} appears twice in {key!r}")
         seen.add(v)
 
 
@@ -147,7 +178,7 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
         if isinstance(item, str):
             item = {"id": item}
         if not isinstance(item, dict):
-            src.error(path, f"a model is an id string or a mapping with 'id', got {item!r}")
+            src.error(path, f"a model is an id string or a mapping with 'id', got {_show(item)}")
             continue
         _check_keys(src, item, _MODEL_KEYS, path, "a model")
         model_id = item.get("id")
@@ -158,11 +189,12 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
             if not zoo.is_known(model_id):
                 src.error(
                     path + ("id",),
-                    f"malformed python model id {model_id!r}; expected python:package.module:factory",
+                    f"malformed python model id {_show(model_id)}; expected python:package.module:factory",
                 )
             elif not _module_exists(model_id.split(":")[1]):
                 src.error(
-                    path + ("id",), f"module {model_id.split(':')[1]!r} of {model_id!r} is not importable"
+                    path + ("id",),
+                    f"module {_show(model_id.split(':')[1])} of {_show(model_id)} is not importable",
                 )
         elif external.is_external_id(model_id):
             problem = external.check_id(model_id)
@@ -171,18 +203,29 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
         elif not zoo.is_known(model_id):
             src.error(
                 path + ("id",),
-                f"unknown model id {model_id!r}; known ids: {', '.join(zoo.known_model_ids())} "
+                f"unknown model id {_show(model_id)}; known ids: {', '.join(zoo.known_model_ids())} "
                 "(or timm:<name>, torchvision:<name>, or python:package.module:factory for your own model)",
             )
         name = item.get("name", _default_name(model_id))
         if not isinstance(name, str) or not NAME_RE.match(name):
-            src.error(path + ("name",), f"model name {name!r} must be letters, digits and _ . + - only")
+            src.error(
+                path + ("name",), f"model name {_show(name)} must be 1-100 letters, digits and _ . + - only"
+            )
         task = item.get("task")
         if task is not None and task not in tasks:
-            src.error(path + ("task",), f"unknown task {task!r}; valid: {', '.join(tasks)}")
+            src.error(path + ("task",), f"unknown task {_show(task)}; valid: {', '.join(tasks)}")
         input_size = item.get("input_size")
         if input_size is not None and (not _is_int(input_size) or input_size <= 0):
-            src.error(path + ("input_size",), f"input_size must be a positive integer, got {input_size!r}")
+            src.error(
+                path + ("input_size",), f"input_size must be a positive integer, got {_show(input_size)}"
+            )
+            input_size = None
+        elif input_size is not None and input_size > MAX_INPUT_SIZE:
+            src.error(
+                path + ("input_size",),
+                f"input_size {input_size} is beyond any model's input (at most {MAX_INPUT_SIZE} pixels or tokens)",
+            )
+            input_size = None
         overrides = item.get("overrides", {})
         if not isinstance(overrides, dict):
             src.error(path + ("overrides",), "overrides must be a mapping of config attribute -> value")
@@ -230,10 +273,10 @@ def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
         path: PathKey = ("configs", name)
         body = {} if body is None else body
         if not isinstance(body, dict):
-            src.error(path, f"config {name!r} must be a mapping of torch.compile settings")
+            src.error(path, f"config {_show(name)} must be a mapping of torch.compile settings")
             continue
         if not isinstance(name, str) or not NAME_RE.match(name):
-            src.error(path, f"config name {name!r} must be letters, digits and _ . + - only")
+            src.error(path, f"config name {_show(name)} must be 1-100 letters, digits and _ . + - only")
             continue
         _check_keys(src, body, _CONFIG_KEYS, path, f"config {name!r}")
         ok = True
@@ -247,7 +290,7 @@ def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
             ("options", lambda v: isinstance(v, dict), "a mapping"),
         ):
             if key in body and not check(body[key]):
-                src.error(path + (key,), f"{key} must be {kind}, got {body[key]!r}")
+                src.error(path + (key,), f"{key} must be {kind}, got {_show(body[key])}")
                 ok = False
         timeout = _positive_number(src, body.get("timeout_s"), path + ("timeout_s",), "timeout_s")
         if not ok:
@@ -279,14 +322,27 @@ def _measure(src: LocatedYaml, data: Any) -> MeasureSpec:
     values: dict[str, Any] = {}
     for key, low in (("warmup", 0), ("iterations", 1), ("rounds", 1), ("repeats", 1)):
         value = data.get(key, getattr(MeasureSpec, key))
+        high = MEASURE_LIMITS[key]
         if not _is_int(value) or value < low:
-            src.error(("measure", key), f"{key} must be an integer >= {low}, got {value!r}")
+            src.error(("measure", key), f"{key} must be an integer >= {low}, got {_show(value)}")
+        elif value > high:
+            src.error(
+                ("measure", key),
+                f"{key} {value} is more than any job could finish in its time limit (at most {high})",
+            )
         else:
             values[key] = value
+    calls = values.get("iterations", 1) * values.get("rounds", 1) * values.get("repeats", 1)
+    if calls > MAX_TIMED_CALLS:
+        src.error(
+            ("measure",),
+            f"iterations x rounds x repeats = {calls} timed calls per side is more than any job could "
+            f"finish (at most {MAX_TIMED_CALLS})",
+        )
     for key in ("flops", "warm_compile"):
         value = data.get(key, getattr(MeasureSpec, key))
         if not isinstance(value, bool):
-            src.error(("measure", key), f"{key} must be true or false, got {value!r}")
+            src.error(("measure", key), f"{key} must be true or false, got {_show(value)}")
         else:
             values[key] = value
     return MeasureSpec(**values)
@@ -304,7 +360,8 @@ def _build(src: LocatedYaml) -> SweepSpec:
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         src.error(
-            ("name",) if "name" in data else (), "the sweep needs a 'name' of letters, digits and _ . + -"
+            ("name",) if "name" in data else (),
+            "the sweep needs a 'name' of 1-100 letters, digits and _ . + -",
         )
         name = "invalid"
 
@@ -315,7 +372,12 @@ def _build(src: LocatedYaml) -> SweepSpec:
     valid_bs = []
     for i, bs in enumerate(batch_sizes):
         if not _is_int(bs) or bs <= 0:
-            src.error(("batch_sizes", i), f"batch size must be a positive integer, got {bs!r}")
+            src.error(("batch_sizes", i), f"batch size must be a positive integer, got {_show(bs)}")
+        elif bs > MAX_BATCH_SIZE:
+            src.error(
+                ("batch_sizes", i),
+                f"batch size {bs} is larger than any device could hold for one call (at most {MAX_BATCH_SIZE})",
+            )
         else:
             valid_bs.append((i, bs))
     _duplicates(src, valid_bs, "batch_sizes")
@@ -326,7 +388,7 @@ def _build(src: LocatedYaml) -> SweepSpec:
         if canon is None:
             src.error(
                 ("dtypes", i),
-                f"unknown dtype {d!r}; valid: {', '.join(PRECISIONS)} (aliases: float32, bfloat16, float16)",
+                f"unknown dtype {_show(d)}; valid: {', '.join(PRECISIONS)} (aliases: float32, bfloat16, float16)",
             )
         else:
             dtypes.append((i, canon))
@@ -347,7 +409,7 @@ def _build(src: LocatedYaml) -> SweepSpec:
         ):
             src.error(
                 ("hardware",),
-                f"hardware must be 'auto' or a list of classes such as [A100, T4, cpu], got {hardware!r}",
+                f"hardware must be 'auto' or a list of classes such as [A100, T4, cpu], got {_show(hardware)}",
             )
             hardware = "auto"
         else:
@@ -358,6 +420,12 @@ def _build(src: LocatedYaml) -> SweepSpec:
     timeout = _positive_number(src, data.get("timeout_s"), ("timeout_s",), "timeout_s")
     description = data.get("description", "")
 
+    jobs = len(models) * len(valid_bs) * len(dtypes) * len(configs)
+    if jobs > MAX_JOBS_PER_CLASS:
+        src.error(
+            (),
+            f"{jobs} jobs per hardware class is beyond what a fleet finishes (at most {MAX_JOBS_PER_CLASS})",
+        )
     if src.errors:
         raise SpecError(src.errors)
     return SweepSpec(

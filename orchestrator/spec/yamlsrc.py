@@ -2,6 +2,11 @@
 
 PyYAML silently keeps the last of two equal keys; a sweep file with `mode:` twice would run
 something other than what its author reads. Here duplicates are errors with both line numbers.
+
+Whatever the bytes, the result is data or a list of `file:line: message` errors, never an
+exception: a directory, an empty or oversized file, binary or non-UTF-8 bytes, non-printable
+characters, YAML that aliases itself or expands exponentially (an "alias bomb"), nesting deeper
+than Python's stack, and scalars PyYAML cannot construct (a timestamp such as 2024-13-45).
 """
 
 from __future__ import annotations
@@ -14,6 +19,13 @@ import yaml
 
 PathKey = tuple[Any, ...]
 
+MAX_BYTES = 1 << 20
+"""A sweep file is a page of text; anything larger is the wrong file."""
+MAX_VALUES = 100_000
+"""Values after expanding aliases and merge keys; far beyond a real sweep, far below a bomb."""
+MAX_MESSAGE_CHARS = 2000
+"""An error line is cut here: a message quoting a megabyte value must still be one readable line."""
+
 
 @dataclass
 class SourceError:
@@ -25,7 +37,10 @@ class SourceError:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.message}"
+        message = " ".join(str(self.message).split())  # one line, whatever the message quoted
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 5] + " ..."
+        return f"{where}: {message}"
 
 
 @dataclass
@@ -52,30 +67,161 @@ class LocatedYaml:
 
 def load_yaml(file: str | Path) -> LocatedYaml:
     file = str(file)
+    path = Path(file)
+
+    def fail(message: str) -> LocatedYaml:
+        return LocatedYaml(file, None, errors=[SourceError(file, 0, message)])
+
     try:
-        text = Path(file).read_text()
+        if path.is_dir():
+            return fail("is a directory, not a sweep file; give a YAML file such as sweeps/smoke.yaml")
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            return fail(
+                f"{size} bytes is far larger than a sweep file (at most {MAX_BYTES} bytes); is it the right file?"
+            )
+        data = path.read_bytes()
     except OSError as exc:
-        return LocatedYaml(file, None, errors=[SourceError(file, 0, f"cannot read: {exc.strerror or exc}")])
-    return parse_yaml(text, file)
+        return fail(f"cannot read: {exc.strerror or exc}")
+    return parse_yaml(data, file)
 
 
-def parse_yaml(text: str, file: str = "<string>") -> LocatedYaml:
+def _line_col(data: bytes | str, index: int) -> tuple[int, int]:
+    newline = b"\n" if isinstance(data, bytes) else "\n"
+    line_start = data.rfind(newline, 0, index) + 1
+    return data.count(newline, 0, index) + 1, index - line_start + 1
+
+
+def _printable(ch: str) -> bool:
+    """YAML 1.1's printable set (what PyYAML's reader accepts)."""
+    c = ord(ch)
+    return (
+        ch in "\t\n\r"
+        or 0x20 <= c <= 0x7E
+        or c == 0x85
+        or 0xA0 <= c <= 0xD7FF
+        or 0xE000 <= c <= 0xFFFD
+        or 0x10000 <= c <= 0x10FFFF
+    ) and c != 0xFEFF
+
+
+def decode(data: bytes | str, file: str) -> tuple[str | None, SourceError | None]:
+    """The text of a sweep file, or the first reason it is not YAML text (with its line)."""
+    if isinstance(data, bytes):
+        nul = data.find(b"\x00")
+        if nul >= 0:
+            line, col = _line_col(data, nul)
+            return None, SourceError(
+                file, line, f"a NUL byte at column {col}: this is a binary file, not a YAML sweep file"
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line, col = _line_col(data, exc.start)
+            return None, SourceError(
+                file,
+                line,
+                f"byte 0x{data[exc.start]:02x} at column {col} is not UTF-8; save the file as UTF-8 text",
+            )
+    else:
+        text = data
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors write
+    if not text.strip():
+        return None, SourceError(
+            file, 1, "the file is empty; a sweep needs name, models, batch_sizes, configs"
+        )
+    for i, ch in enumerate(text):
+        if not _printable(ch):
+            line, col = _line_col(text, i)
+            what = "a NUL byte" if ch == "\x00" else f"non-printable character U+{ord(ch):04X}"
+            return None, SourceError(file, line, f"{what} at column {col}; remove it (YAML allows only text)")
+    return text, None
+
+
+class _Refused(Exception):
+    """A structure that must not be converted (cyclic or too large), with its line."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+def _expanded_values(root: yaml.Node) -> int:
+    """How many values `root` stands for once every alias and merge key is expanded (counted on
+    the shared node graph, so a bomb is measured without being built); `_Refused` on a cycle."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise _Refused(node.start_mark.line + 1, "an alias refers to a value that contains it (a cycle)")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        active.discard(key)
+        sizes[key] = min(total, MAX_VALUES + 1)
+        return sizes[key]
+
+    return size(root)
+
+
+def parse_yaml(data: bytes | str, file: str = "<string>") -> LocatedYaml:
     out = LocatedYaml(file, None)
-    loader = yaml.SafeLoader(text)
+    text, problem = decode(data, file)
+    if problem is not None:
+        out.errors.append(problem)
+        return out
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:  # the reader's own checks, should `decode` let something by
+        out.errors.append(_yaml_error(file, exc))
+        return out
     try:
         node = loader.get_single_node()
         if node is None:
             out.errors.append(SourceError(file, 1, "the file is empty"))
             return out
         out.lines[()] = node.start_mark.line + 1
+        if _expanded_values(node) > MAX_VALUES:
+            raise _Refused(
+                node.start_mark.line + 1,
+                f"more than {MAX_VALUES} values once its aliases are expanded (an alias bomb?); "
+                "a sweep file needs a few hundred",
+            )
         out.data = _convert(node, (), loader, out)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        out.errors.append(SourceError(file, mark.line + 1 if mark else 0, f"invalid YAML: {problem}"))
+        out.errors.append(_yaml_error(file, exc))
+    except _Refused as exc:
+        out.errors.append(SourceError(file, exc.line, exc.message))
+    except RecursionError:
+        out.errors.append(SourceError(file, 1, "nested too deeply to read (thousands of levels)"))
     finally:
         loader.dispose()
     return out
+
+
+def _yaml_error(file: str, exc: yaml.YAMLError) -> SourceError:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return SourceError(file, mark.line + 1 if mark else 0, f"invalid YAML: {problem}")
+
+
+def _construct(node: yaml.Node, loader: yaml.SafeLoader) -> Any:
+    """A scalar's value; `_Refused` where PyYAML's constructor fails with a non-YAML error (a
+    timestamp such as 2024-13-45 raises ValueError inside it)."""
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.YAMLError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _Refused(node.start_mark.line + 1, f"cannot read the value {node.value!r:.60}: {exc}") from None
 
 
 def _convert(node: yaml.Node, path: PathKey, loader: yaml.SafeLoader, out: LocatedYaml) -> Any:
@@ -84,10 +230,18 @@ def _convert(node: yaml.Node, path: PathKey, loader: yaml.SafeLoader, out: Locat
         result: dict[Any, Any] = {}
         first_line: dict[Any, int] = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            # a list or mapping as a key is refused below, without building it
+            key = _construct(key_node, loader) if isinstance(key_node, yaml.ScalarNode) else None
             line = key_node.start_mark.line + 1
             if not isinstance(key, (str, int, float, bool)):
-                out.errors.append(SourceError(out.file, line, f"mapping key must be a scalar, got {key!r}"))
+                shown = (
+                    "a list or mapping"
+                    if key is None and not isinstance(key_node, yaml.ScalarNode)
+                    else repr(key)
+                )
+                out.errors.append(
+                    SourceError(out.file, line, f"a mapping key must be a name or number, got {shown:.60}")
+                )
                 continue
             if key in result:
                 out.errors.append(
@@ -106,4 +260,4 @@ def _convert(node: yaml.Node, path: PathKey, loader: yaml.SafeLoader, out: Locat
             out.lines[path + (i,)] = item.start_mark.line + 1
             items.append(_convert(item, path + (i,), loader, out))
         return items
-    return loader.construct_object(node, deep=True)
+    return _construct(node, loader)

@@ -15,7 +15,7 @@ from importlib import metadata
 from typing import Any
 
 from orchestrator.spec.sweep import SweepSpec
-from orchestrator.store.storage import Target, redact, resolve
+from orchestrator.store.storage import StorageError, Target, redact, resolve
 from workers.job import software_stack
 
 RUN_FILE = "run.json"
@@ -31,11 +31,27 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+class RunLogError(StorageError):
+    """A run.json that cannot be read; the message names it and the fix."""
+
+
 def read_runs(out_dir: Target) -> list[dict[str, Any]]:
+    """The entries of `<out>/run.json` ([] when it is missing); `RunLogError` when it is damaged."""
     path = resolve(out_dir).join(RUN_FILE)
     if not path.exists():
         return []
-    return json.loads(path.read_text())["runs"]
+    try:
+        runs = json.loads(path.read_bytes().decode("utf-8"))["runs"]
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise ValueError("'runs' is not a list of objects")
+    except (ValueError, KeyError, TypeError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise RunLogError(
+            f"{path}: damaged ({type(exc).__name__}: {reason}); it only describes earlier runs (the rows "
+            "are in results/): `orchestrate sweep SWEEP --out OUT --resume` moves it into quarantine/ and "
+            "starts a new one"
+        ) from None
+    return runs
 
 
 def _write(out_dir: Target, runs: list[dict[str, Any]]) -> None:

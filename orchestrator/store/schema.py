@@ -437,24 +437,67 @@ def results_path(out_dir: Target) -> Location:
 
 def read_table(out_dir: Target, table: str, columns: list[str] | None = None) -> pa.Table:
     """Every row of one table of an output directory (a local path or a URI), in its canonical
-    schema (empty if none). Dot-files (a local write in progress) are skipped."""
+    schema (empty if none). Dot-files (a local write in progress) are skipped; stray files are
+    ignored with a `StrayFileWarning`; a damaged part file raises `DamagedOutputError` naming it
+    (`orchestrator.store.integrity`), rather than answering from part of the table."""
     import pyarrow.dataset as ds
+
+    from orchestrator.store.integrity import (
+        DamagedFile,
+        DamagedOutputError,
+        list_parts,
+        part_problem,
+        scan_options,
+        warn_strays,
+    )
 
     schema = TABLES[table]
     path = table_path(out_dir, table)
-    if not path.is_dir():
+    parts, strays = list_parts(path)
+    warn_strays(path, strays)
+    if not parts:
         empty = schema.empty_table()
         return empty.select(columns) if columns else empty
     partitioning = ds.partitioning(pa.schema([schema.field(c) for c in PARTITION_COLUMNS]), flavor="hive")
-    dataset = ds.dataset(
-        path.path,
-        filesystem=path.fs,
-        format="parquet",
-        partitioning=partitioning,
-        schema=schema,
-        ignore_prefixes=[".", "_"],
-    )
-    return dataset.to_table(columns=columns)
+    try:
+        dataset = ds.dataset(
+            [p.path for p in parts],
+            filesystem=path.fs,
+            format=ds.ParquetFileFormat(default_fragment_scan_options=scan_options()),
+            partitioning=partitioning,
+            partition_base_dir=path.path,
+            schema=schema,
+        )
+        return dataset.to_table(columns=columns)
+    except (OSError, pa.ArrowException) as exc:
+        root = path.path.rstrip("/")
+        damaged = [
+            DamagedFile(p, f"{table}{p.path[len(root) :]}", problem)
+            for p in parts
+            if (problem := part_problem(p, schema))
+        ]
+        if not damaged:
+            raise
+        out = resolve(out_dir)
+        raise DamagedOutputError(
+            out,
+            damaged,
+            f"`orchestrate sweep {_sweep_file(out)} --out {out} --resume` moves damaged files into "
+            f"{out.join('quarantine')} and runs their jobs again; or move them aside yourself",
+        ) from exc
+
+
+def _sweep_file(out: Location) -> str:
+    """The sweep file of the newest run in `out`'s run.json, for a command to suggest; else SWEEP."""
+    import contextlib
+
+    from orchestrator.store.runlog import RunLogError, read_runs
+
+    with contextlib.suppress(RunLogError, OSError):
+        for run in reversed(read_runs(out)):
+            if run.get("spec_file"):
+                return str(run["spec_file"])
+    return "SWEEP"
 
 
 def read_results(out_dir: Target, columns: list[str] | None = None) -> pa.Table:

@@ -126,7 +126,7 @@ def _write_local(part_dir: Path, name: str, table: pa.Table) -> None:
     part_dir.mkdir(parents=True, exist_ok=True)
     tmp = part_dir / f".{name}"
     with open(tmp, "wb") as f:
-        pq.write_table(table, f)
+        pq.write_table(table, f, write_page_checksum=True)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, part_dir / name)
@@ -136,7 +136,7 @@ def _write_local(part_dir: Path, name: str, table: pa.Table) -> None:
 def _write_object(path: Location, table: pa.Table) -> None:
     """Encoded in memory first, so a failure to encode sends nothing; then one whole object."""
     buffer = pa.BufferOutputStream()
-    pq.write_table(table, buffer)
+    pq.write_table(table, buffer, write_page_checksum=True)
     path.write_bytes(buffer.getvalue().to_pybytes())
 
 

@@ -260,13 +260,18 @@ def check_writable(loc: Location) -> None:
         if loc.is_local:  # probe the nearest existing directory: create nothing
             existing = next(p for p in [loc.local_path, *loc.local_path.parents] if p.exists())
             if not existing.is_dir():
-                raise NotADirectoryError(f"{existing} is a file")
+                raise StorageError(
+                    f"{loc}: {'it' if existing == loc.local_path else existing} is a regular file, not a "
+                    "directory; an output is a directory (created if missing): pick another path"
+                )
             (existing / name).write_bytes(b"")
             (existing / name).unlink()
         else:
             probe = loc.join(name)
             probe.write_bytes(b"")
             probe.fs.delete_file(probe.path)
+    except StorageError:
+        raise
     except (OSError, ValueError) as exc:
         scheme = (loc.uri or "").split("://", 1)[0].lower()
         hint = _HINTS.get(scheme, "pick a directory you can write to, or fix its permissions")

@@ -266,7 +266,7 @@ def write_preset_files(out_dir: Target, data: dict[str, Any]) -> Path | str:
     (a reader never sees half a file); returns where the JSON went."""
     out = resolve(out_dir)
     sink = pa.BufferOutputStream()
-    pq.write_table(presets_table(data["presets"]), sink)
+    pq.write_table(presets_table(data["presets"]), sink, write_page_checksum=True)
     out.join(PRESETS_TABLE_FILE).write_bytes(sink.getvalue().to_pybytes())
     path = out.join(PRESETS_FILE)
     path.write_text(json.dumps(data, indent=2, default=str))

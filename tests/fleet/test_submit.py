@@ -104,7 +104,7 @@ def test_bad_sweep_file_is_refused_before_any_client(tmp_path, no_client, capsys
         jobs.submit(bad, UNREACHABLE)
     assert main(["submit", str(bad), "--address", UNREACHABLE]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: 1 problem(s) in sweep file") and "reach" not in err
+    assert err.startswith(f"error: {bad}:3: batch size") and "reach" not in err
 
 
 def test_sweep_outside_the_project_is_refused(tmp_path, no_client, capsys):

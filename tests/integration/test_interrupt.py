@@ -64,5 +64,6 @@ def test_ctrl_c_cancels_running_jobs_keeps_rows_and_says_how_to_resume(sweep_fil
     # The resumed sweep runs only what is missing (the hanging job, now with a short limit).
     resumed = orchestrate("sweep", str(sweep), "--out", str(out), "--resume", "--timeout-cap", "5")
     assert "1 already done, 1 to run" in resumed.stderr
+    assert "took over the lock" not in resumed.stderr  # the interrupted driver released its lock
     statuses = dict(zip(*read_results(out, columns=["model", "status"]).to_pydict().values(), strict=True))
     assert statuses == {"mlp": "ok", "hang": "timeout"}

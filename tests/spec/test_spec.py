@@ -254,7 +254,7 @@ def test_unknown_key_in_model_entry():
     [
         ("{name: x}", "model needs an 'id'"),
         ("42", "a model is an id string or a mapping"),
-        ("{id: hf:microsoft/resnet-50, name: 'a b'}", "model name 'a b' must be letters"),
+        ("{id: hf:microsoft/resnet-50, name: 'a b'}", "model name 'a b' must be 1-100 letters"),
         ("{id: hf:microsoft/resnet-50, task: dance}", "unknown task 'dance'"),
         ("{id: hf:microsoft/resnet-50, input_size: 0}", "input_size must be a positive integer"),
         ("{id: hf:microsoft/resnet-50, overrides: [1]}", "overrides must be a mapping"),

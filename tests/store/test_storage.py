@@ -234,7 +234,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(capsys, tmp
     out = blocker / "run"
     assert main(["sweep", str(SMOKE), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"error: {out}: cannot write there" in err
+    assert f"error: {out}: {blocker} is a regular file, not a directory" in err
     assert blocker.read_text() == "not a directory"
 
 

@@ -1,0 +1,149 @@
+"""Damaged output directories: which files of a table are its parts, which are damaged, which
+are strays, and moving damaged ones aside (quarantine) instead of deleting them.
+
+A table folder holds `hardware=<class>/part-<uuid>.parquet` files written whole by the sink.
+Anything else found there is classified, never guessed at:
+
+- names starting with `.` or `_` (a write in progress, `_SUCCESS` markers): skipped silently;
+- any other file that is not `hardware=<class>/<name>.parquet`: a *stray* (a note someone left,
+  a copy in the wrong folder), ignored with a warning that names it;
+- a part that cannot be read whole (truncated, overwritten, a page whose CRC fails, columns of
+  the wrong type): *damaged*. Readers refuse to answer from an incomplete table and name the
+  file; `orchestrate sweep --resume` moves it to `<out>/quarantine/<time>/` and runs its jobs
+  again (their rows went with it).
+
+Part files are written with page checksums (`write_page_checksum`), and read with verification,
+so a flipped bit in a data page is found, not read as a wrong latency.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from orchestrator.store.storage import Location, StorageError
+
+QUARANTINE_DIR = "quarantine"
+PART_DIR_RE = re.compile(r"^hardware=[^/]+$")
+MAX_REASON_CHARS = 200
+
+
+class OutputWarning(UserWarning):
+    """A problem in an output directory that is worked around (the CLI prints it as one line)."""
+
+
+class StrayFileWarning(OutputWarning):
+    """A file in a table folder that this tool did not write; it is ignored."""
+
+
+@dataclass(frozen=True)
+class DamagedFile:
+    loc: Location
+    rel: str
+    """Its path inside the output directory, e.g. results/hardware=cpu/part-1f2e.parquet."""
+    reason: str
+
+
+class DamagedOutputError(StorageError):
+    """A table with part files that cannot be read; the message names them and the fix."""
+
+    def __init__(self, out: Location, damaged: list[DamagedFile], fix: str):
+        self.out = out
+        self.damaged = damaged
+        names = "; ".join(f"{d.rel} ({d.reason})" for d in damaged[:5])
+        more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
+        super().__init__(f"{out}: damaged part file(s): {names}{more}. {fix}")
+
+
+def scan_options():
+    import pyarrow.dataset as ds
+
+    return ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+
+
+def list_parts(table_dir: Location) -> tuple[list[Location], list[str]]:
+    """(the part files under `table_dir`, the stray files as paths relative to it), sorted."""
+    import pyarrow.fs as pafs
+
+    if not table_dir.is_dir():
+        return [], []
+    root = table_dir.path.rstrip("/")
+    infos = table_dir.fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    parts, strays = [], []
+    for info in sorted(infos, key=lambda i: i.path):
+        if info.type != pafs.FileType.File:
+            continue
+        rel = info.path[len(root) :].lstrip("/")
+        pieces = rel.split("/")
+        if any(p.startswith((".", "_")) for p in pieces):
+            continue
+        if len(pieces) == 2 and PART_DIR_RE.match(pieces[0]) and pieces[1].endswith(".parquet"):
+            parts.append(table_dir.join(*pieces))
+        else:
+            strays.append(rel)
+    return parts, strays
+
+
+def warn_strays(table_dir: Location, strays: list[str]) -> None:
+    for rel in strays:
+        warnings.warn(
+            f"ignoring {table_dir.join(rel)}: not a part file this tool writes (those are "
+            "hardware=<class>/<name>.parquet); move it out of the output directory",
+            StrayFileWarning,
+            stacklevel=3,
+        )
+
+
+def part_problem(loc: Location, schema: pa.Schema) -> str | None:
+    """Why the part file `loc` cannot be read whole into `schema`, or None if it can."""
+    import pyarrow.parquet as pq
+
+    try:
+        data = loc.read_bytes()
+        if not data:
+            return "empty file (0 bytes)"
+        pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+        table = pf.read()
+        wanted = {f.name: f.type for f in schema}
+        for field in table.schema:
+            if field.name in wanted and field.name != "hardware":
+                table.column(field.name).cast(wanted[field.name])
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return reason[:MAX_REASON_CHARS]
+    return None
+
+
+def find_damaged(out: Location, tables: dict[str, pa.Schema]) -> tuple[list[DamagedFile], list[str]]:
+    """Every damaged part file of every table of `out` (each read whole), and every stray file
+    (relative to `out`)."""
+    damaged, strays = [], []
+    for table, schema in tables.items():
+        table_dir = out.join(table)
+        parts, stray = list_parts(table_dir)
+        strays += [f"{table}/{s}" for s in stray]
+        for part in parts:
+            problem = part_problem(part, schema)
+            if problem:
+                rel = part.path[len(table_dir.path.rstrip("/")) + 1 :]
+                damaged.append(DamagedFile(part, f"{table}/{rel}", problem))
+    return damaged, strays
+
+
+def quarantine(out: Location, rels: list[str], stamp: str | None = None) -> list[tuple[str, Location]]:
+    """Move the files `rels` (relative to `out`) to `out/quarantine/<stamp>/`, keeping their
+    relative paths; return (rel, new location) for each. Nothing is deleted."""
+    stamp = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    moved = []
+    for rel in rels:
+        src = out.join(*rel.split("/"))
+        dest = out.join(QUARANTINE_DIR, stamp, *rel.split("/"))
+        if dest.is_local:
+            dest.local_path.parent.mkdir(parents=True, exist_ok=True)
+        dest.fs.move(src.path, dest.path)
+        moved.append((rel, dest))
+    return moved

@@ -1,0 +1,205 @@
+"""One writer per output directory: `<out>/.orchestrate.lock`.
+
+Two drivers writing the same output would both skip the same finished jobs and both run the rest
+(two rows per job), and each deletes the other's half-written part files on start. So a sweep
+takes the lock before it reads anything, and a second one is refused with a message that names
+the first (pid, host, start time, command).
+
+A killed driver cannot release its lock, so a lock is taken over when its holder is gone: on the
+same host at once (the holder's pid is not running, or is a different process that reused the
+pid); from another host when its heartbeat, rewritten every `HEARTBEAT_S` while the holder runs,
+is older than `STALE_S`.
+
+Locally the lock file is created with O_EXCL, which one process wins. On an object store there
+is no exclusive create in `pyarrow.fs`: the lock is written, read back after a moment, and kept
+only if it still holds our token. Two drivers starting within that moment on the same URI could
+both proceed; runs started seconds apart are refused as locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.store.storage import Location, StorageError, Target, redact, resolve
+
+LOCK_FILE = ".orchestrate.lock"
+HEARTBEAT_S = 30.0
+STALE_S = 120.0
+"""A lock from another host whose heartbeat is older than this is left by a dead driver."""
+SETTLE_S = 1.0
+"""On an object store: wait this long before reading the lock back to see who won."""
+
+
+class OutputLocked(StorageError):
+    """The output directory is in use by another live driver; the message names it."""
+
+
+def _create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+@dataclass
+class OutputLock:
+    """Held from `acquire` to `release` (or use it as a context manager)."""
+
+    loc: Location
+    token: str
+    info: dict[str, Any]
+    _beat: float = 0.0
+
+    @classmethod
+    def acquire(cls, out: Target, command: list[str] | str | None = None) -> OutputLock:
+        """Take the lock of `out`, or raise `OutputLocked` naming its live holder."""
+        out = resolve(out)
+        loc = out.join(LOCK_FILE)
+        pid = os.getpid()
+        info = {
+            "token": uuid.uuid4().hex,
+            "pid": pid,
+            "pid_started": _create_time(pid),
+            "host": socket.gethostname(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "heartbeat": time.time(),
+            "command": redact(" ".join(command) if isinstance(command, list) else (command or "")),
+        }
+        for _ in range(3):  # a stale lock moved aside, then one more try; a race lost, once more
+            holder = _read(loc)
+            if holder is not None:
+                why = _stale(holder, loc)
+                if why is None:
+                    raise OutputLocked(_busy_message(out, holder))
+                _take_over(loc, holder)
+            if _create(loc, info):
+                lock = cls(loc, info["token"], info, time.monotonic())
+                if holder is not None:
+                    lock.taken_over = f"took over the lock of {_who(holder)}: {why}"
+                return lock
+        raise OutputLocked(_busy_message(out, _read(loc) or {}))
+
+    taken_over: str | None = None
+    """Why an earlier holder's lock was replaced (its driver is gone), for the log."""
+
+    def refresh(self) -> None:
+        """Rewrite the heartbeat, at most every `HEARTBEAT_S` (call it often)."""
+        if time.monotonic() - self._beat < HEARTBEAT_S:
+            return
+        self._beat = time.monotonic()
+        self.info["heartbeat"] = time.time()
+        with contextlib.suppress(OSError):
+            holder = _read(self.loc)
+            if holder is None or holder.get("token") == self.token:
+                self.loc.write_text(json.dumps(self.info))
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            holder = _read(self.loc)
+            if holder is not None and holder.get("token") == self.token:
+                self.loc.fs.delete_file(self.loc.path)
+
+    def __enter__(self) -> OutputLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read(loc: Location) -> dict[str, Any] | None:
+    """The holder's record; None if there is no lock; {} for a lock file that is not ours."""
+    try:
+        text = loc.read_bytes().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    except OSError:
+        if not loc.exists():
+            return None
+        raise
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _mtime(loc: Location) -> float | None:
+    info = loc.fs.get_file_info(loc.path)
+    return info.mtime.timestamp() if info.mtime is not None else None
+
+
+def _stale(holder: dict[str, Any], loc: Location) -> str | None:
+    """Why `holder`'s lock is left over from a dead driver, or None while it may be alive."""
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        started = _create_time(holder["pid"])
+        if started is None:
+            return f"pid {holder['pid']} is not running"
+        if holder.get("pid_started") is not None and abs(started - holder["pid_started"]) > 1.0:
+            return f"pid {holder['pid']} is now another process"
+        return None
+    beat = holder.get("heartbeat")
+    if not isinstance(beat, (int, float)):
+        beat = _mtime(loc)  # a lock file we cannot parse: judge by its age
+    if beat is None:
+        return None
+    age = time.time() - beat
+    return f"no heartbeat for {age:.0f} s (over {STALE_S:g} s)" if age > STALE_S else None
+
+
+def _take_over(loc: Location, holder: dict[str, Any]) -> None:
+    """Remove a stale lock; a concurrent taker may have removed it first, which is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        if loc.is_local:
+            aside = loc.local_path.with_name(f"{LOCK_FILE}.stale-{uuid.uuid4().hex[:8]}")
+            os.rename(loc.local_path, aside)  # only one taker's rename succeeds
+            aside.unlink(missing_ok=True)
+        else:
+            loc.fs.delete_file(loc.path)
+
+
+def _create(loc: Location, info: dict[str, Any]) -> bool:
+    """Create the lock file holding `info`; False when another driver got there first."""
+    data = json.dumps(info).encode()
+    if loc.is_local:
+        path = loc.local_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    if loc.exists():
+        return False
+    loc.write_bytes(data)
+    time.sleep(SETTLE_S)
+    return (_read(loc) or {}).get("token") == info["token"]
+
+
+def _who(holder: dict[str, Any]) -> str:
+    if not holder:
+        return "an unreadable lock file"
+    return (
+        f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} (started {holder.get('started_at', '?')})"
+    )
+
+
+def _busy_message(out: Location, holder: dict[str, Any]) -> str:
+    command = holder.get("command")
+    return (
+        f"{out} is in use by another orchestrate driver: {_who(holder)}"
+        + (f", running `{command}`" if command else "")
+        + f". Wait for it to finish, or pass another --out. If it was killed, its lock ({LOCK_FILE}) is "
+        f"taken over automatically: at once on {holder.get('host') or 'its host'}, from other hosts after "
+        f"{STALE_S:g} s without its heartbeat."
+    )

@@ -1,0 +1,169 @@
+"""Damaged output directories on hand-built tables: truncated, emptied, bit-flipped and mistyped
+part files are named (never read as part of an answer), strays are ignored with a warning, and
+quarantine moves files aside without losing a byte. The same cases on a real sweep's output, with
+`sweep --resume`, are in tests/integration/test_damaged_output.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.store import runlog
+from orchestrator.store.integrity import (
+    DamagedOutputError,
+    StrayFileWarning,
+    find_damaged,
+    list_parts,
+    quarantine,
+)
+from orchestrator.store.rows import make_row
+from orchestrator.store.schema import TABLES, read_results
+from orchestrator.store.sink import ResultSink
+from orchestrator.store.storage import resolve
+
+
+@pytest.fixture
+def out(tmp_path, table_jobs, make_result):
+    """An output with four cpu jobs, one part file each."""
+    out = tmp_path / "out"
+    sink = ResultSink(out)
+    for name in ("cpu/mlp/bs1/fp32/default", "cpu/mlp/bs1/fp32/ro", "cpu/mlp/bs4/fp32/default"):
+        sink.add(make_row(table_jobs[name], make_result(), run_id="r1", wall_s=1.0))
+        sink.flush()
+    sink.add(make_row(table_jobs["cpu/mlp/bs4/fp32/ro"], make_result(), run_id="r1", wall_s=1.0))
+    sink.close()
+    return out
+
+
+def parts(out):
+    return sorted((out / "results" / "hardware=cpu").glob("part-*.parquet"))
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_a_data_byte(path):
+    """One bit of the first data page: the footer and the file length stay as they were."""
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def mistype(path):
+    """A file with the right names and the wrong type (a latency as text)."""
+    table = pq.read_table(path).set_column(0, "job_id", pa.array([1]))  # job_id as an integer
+    table = table.drop_columns(["compiled_ms"]).append_column("compiled_ms", pa.array(["fast"]))
+    pq.write_table(table, path)
+
+
+DAMAGE = {
+    "truncated": (truncate, "Parquet"),
+    "emptied": (lambda p: p.write_bytes(b""), "empty file"),
+    "a flipped bit": (flip_a_data_byte, ""),
+    "mistyped": (mistype, ""),
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_damaged_part_is_named_not_read_around(out, kind):
+    damage, reason = DAMAGE[kind]
+    bad = parts(out)[1]
+    damage(bad)
+    with pytest.raises(DamagedOutputError) as info:
+        read_results(out)
+    message = str(info.value)
+    assert f"results/hardware=cpu/{bad.name}" in message and reason in message
+    assert "--resume" in message and "quarantine" in message
+    assert [d.loc.path for d in info.value.damaged] == [str(bad)]
+    found, strays = find_damaged(resolve(out), TABLES)
+    assert [d.rel for d in found] == [f"results/hardware=cpu/{bad.name}"] and strays == []
+
+
+def test_checksums_catch_the_bit_flip_that_plain_parquet_reads_as_data(out):
+    bad = parts(out)[0]
+    flip_a_data_byte(bad)
+    pq.read_table(bad, page_checksum_verification=False)  # without checksums: "fine"
+    with pytest.raises(DamagedOutputError):
+        read_results(out)
+
+
+def test_strays_are_ignored_with_a_warning_naming_each(out):
+    (out / "results" / "notes.txt").write_text("ran on the new driver")
+    (out / "results" / "hardware=cpu" / "README").write_text("x")
+    (out / "results" / "copy").mkdir()
+    (out / "results" / "copy" / "part-1.parquet").write_bytes(parts(out)[0].read_bytes())
+    (out / "results" / "hardware=cpu" / ".part-inflight.parquet").write_bytes(b"half")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = read_results(out)
+    assert table.num_rows == 4
+    named = sorted(str(w.message).split(":")[0] for w in caught if w.category is StrayFileWarning)
+    assert named == sorted(
+        f"ignoring {out}/results/{rel}" for rel in ("copy/part-1.parquet", "hardware=cpu/README", "notes.txt")
+    )
+
+
+def test_quarantine_moves_files_whole_and_the_rest_reads(out):
+    bad = parts(out)[2]
+    truncate(bad)
+    content = bad.read_bytes()
+    found, _ = find_damaged(resolve(out), TABLES)
+    [(rel, dest)] = quarantine(resolve(out), [d.rel for d in found], stamp="T1")
+    assert rel == f"results/hardware=cpu/{bad.name}"
+    assert dest.path == str(out / "quarantine" / "T1" / "results" / "hardware=cpu" / bad.name)
+    assert not bad.exists() and (out / "quarantine" / "T1" / rel).read_bytes() == content
+    assert read_results(out).num_rows == 3  # quarantine/ is not a table folder
+
+
+def test_report_and_presets_name_the_damaged_file_and_the_fix(out, capsys, no_ray):
+    bad = parts(out)[0]
+    truncate(bad)
+    for command in (["report", str(out)], ["presets", str(out)]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"error: {out}: damaged part file(s): results/"), err
+        assert bad.name in err and "--resume" in err
+    assert bad.exists(), "a reader must not move or delete anything"
+
+
+def test_report_prints_a_stray_as_one_warning_line(out, capsys, no_ray):
+    (out / "results" / "notes.txt").write_text("x")
+    assert main(["report", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: ignoring {out}/results/notes.txt: not a part file" in err
+    assert "Warning" not in err  # our line, not Python's warnings format
+
+
+@pytest.mark.parametrize(
+    "text", ["{not json", '{"runs": 5}', "[]", '{"runs": [1]}', "\x00\x01", '{"other": []}']
+)
+def test_a_damaged_run_json_is_named(tmp_path, text):
+    (tmp_path / "run.json").write_text(text)
+    with pytest.raises(runlog.RunLogError) as info:
+        runlog.read_runs(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}/run.json: damaged") and "--resume" in str(info.value)
+
+
+def test_damaged_parts_on_s3_are_named_and_quarantined(s3_bucket, table_jobs, make_result):
+    import pyarrow.fs as pafs
+
+    uri = s3_bucket.uri("run")
+    sink = ResultSink(uri)
+    for name in ("cpu/mlp/bs1/fp32/default", "cpu/mlp/bs1/fp32/ro"):
+        sink.add(make_row(table_jobs[name], make_result(), run_id="r1"))
+        sink.flush()
+    loc = resolve(uri)
+    files, _ = list_parts(loc.join("results"))
+    files[0].write_bytes(files[0].read_bytes()[:100])
+    with pytest.raises(DamagedOutputError, match=files[0].path.rsplit("/", 1)[-1]):
+        read_results(uri)
+    found, _ = find_damaged(loc, TABLES)
+    quarantine(loc, [d.rel for d in found], stamp="T")
+    assert read_results(uri).num_rows == 1
+    moved = loc.join("quarantine", "T", found[0].rel)
+    assert loc.fs.get_file_info(moved.path).type == pafs.FileType.File

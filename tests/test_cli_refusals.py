@@ -1,0 +1,139 @@
+"""Bad flag values, unusable outputs and dead addresses: one `error:` line, exit 2, before Ray
+starts and before anything is written. (Each is tried on a real sweep output as well, in
+tests/integration/test_damaged_output.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "sweeps" / "smoke.yaml"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+FLAG_CASES = {
+    "--cpus-per-job 0": (["--cpus-per-job", "0"], "error: --cpus-per-job: must be at least 1, got 0"),
+    "--max-attempts -1": (["--max-attempts", "-1"], "error: --max-attempts: must be at least 1, got -1"),
+    "--max-attempts 1.5": (
+        ["--max-attempts", "1.5"],
+        "error: --max-attempts: expected a whole number, got '1.5'",
+    ),
+    "--timeout-cap abc": (["--timeout-cap", "abc"], "error: --timeout-cap: expected a number, got 'abc'"),
+    "--timeout-cap nan": (
+        ["--timeout-cap", "nan"],
+        "error: --timeout-cap: must be a positive number, got 'nan'",
+    ),
+    "--timeout-cap -5": (
+        ["--timeout-cap", "-5"],
+        "error: --timeout-cap: must be a positive number, got '-5'",
+    ),
+    "--address with nothing listening": (
+        ["--address", "127.0.0.1:{port}"],
+        "error: --address 127.0.0.1:{port}: nothing answers at 127.0.0.1:{port} (Connection refused)",
+    ),
+    "--address ray:// with nothing listening": (
+        ["--address", "ray://127.0.0.1:{port}"],
+        "error: --address ray://127.0.0.1:{port}: nothing answers at 127.0.0.1:{port}",
+    ),
+    "--address a dashboard URL": (
+        ["--address", "http://127.0.0.1:8265"],
+        "error: --address http://127.0.0.1:8265: give HOST:PORT",
+    ),
+    "--address without a port": (["--address", "headnode"], "error: --address headnode: expected HOST:PORT"),
+    "--unknown-flag": (["--turbo"], "error: unrecognized arguments: --turbo"),
+}
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "case"),
+    [
+        (command, case)
+        for command in ("sweep", "tune", "nightly")
+        for case in FLAG_CASES
+        if command == "sweep" or "--max-attempts" not in case  # a flag of sweep only
+    ],
+)
+def test_bad_flag_values_are_one_line_before_ray(case, command, tmp_path, capsys, no_ray):
+    port = closed_port()
+    flags, expected = FLAG_CASES[case]
+    flags = [f.format(port=port) for f in flags]
+    out = tmp_path / "out"
+    target = ["--history", str(out)] if command == "nightly" else ["--out", str(out)]
+    assert main([command, str(SMOKE), *target, *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(expected.format(port=port)), line
+    assert not out.exists()
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody can write: a read-only tmpfs as root (root ignores file modes), a
+    mode-555 directory otherwise."""
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"running as root without mount permission, so no read-only directory: {done.stderr!r}")
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            subprocess.run(["umount", str(path)], check=False)
+
+
+def test_a_read_only_output_is_one_line_before_ray(read_only_dir, capsys, no_ray):
+    out = read_only_dir / "run"
+    assert main(["sweep", str(SMOKE), "--out", str(out)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {out}: cannot write there ("), line
+    assert "Read-only file system" in line or "Permission denied" in line, line
+
+
+def test_an_out_that_is_a_regular_file_is_one_line(tmp_path, capsys, no_ray):
+    target = tmp_path / "results.txt"
+    target.write_text("keep me")
+    assert main(["sweep", str(SMOKE), "--out", str(target)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == (
+        f"error: {target}: it is a regular file, not a directory; an output is a directory "
+        "(created if missing): pick another path"
+    )
+    assert target.read_text() == "keep me"
+
+
+def test_address_auto_without_a_local_cluster_is_one_line(tmp_path, capsys, no_ray, monkeypatch):
+    from ray._private.services import find_bootstrap_address, find_gcs_addresses
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if find_gcs_addresses() or find_bootstrap_address(None):
+        pytest.skip("a Ray cluster runs on this machine, so --address auto finds one")
+    assert main(["sweep", str(SMOKE), "--out", str(tmp_path / "out"), "--address", "auto"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: --address auto: no Ray cluster runs on this machine (start one with")
