@@ -9,6 +9,14 @@ candidate's name, kind and configuration, its time, its rank and whether it won.
 timings came from Inductor's autotune cache instead of a fresh benchmark say so (`from_cache`):
 Inductor counts each fresh benchmark in `counters["inductor"]["select_algorithm_autotune"]`.
 
+The fastest candidate is not always the kernel in the generated code: with
+`benchmark_epilogue_fusion` (on by default under max-autotune) Inductor keeps the op as a
+`MultiTemplateBuffer` and decides during fusion whether a template fused with the op's epilogue
+beats the fastest kernel followed by a separate epilogue kernel. The recorder watches those
+decisions (`MultiTemplateBuffer.finalize_as_triton_caller(s)` for a template, the scheduler's
+`_replace_node` for an extern kernel) and marks the candidate finally emitted (`emitted`); an op
+selected without a MultiTemplateBuffer emits its winner.
+
 An FX-graph-cache hit skips autotuning altogether, so a warm compile records nothing; the rows
 are the cold compile's. The saver's arity changed across torch versions; extra arguments are
 accepted and ignored.
@@ -76,6 +84,10 @@ class KernelChoiceRecorder:
     rows: list[dict[str, Any]] = field(default_factory=list)
     ops: int = 0
     _autotunes_seen: int = 0
+    _op_of_choices: dict[frozenset[int], int] = field(default_factory=dict)
+    _emitted: dict[int, str | None] = field(default_factory=dict)
+    """op_index -> the emitted candidate's name (None: an extern kernel, the fastest extern)."""
+    _patches: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     @staticmethod
     def _fresh_autotunes() -> int:
@@ -88,10 +100,77 @@ class KernelChoiceRecorder:
 
         self._autotunes_seen = self._fresh_autotunes()
         select_algorithm.add_feedback_saver(self._save)
+        self._watch_finalization()
         return self
+
+    def _watch_finalization(self) -> None:
+        """Wrap the places where Inductor settles a MultiTemplateBuffer's kernel (undone on exit)."""
+        from torch._inductor import ir, scheduler
+
+        recorder = self
+
+        def op_of(multi: Any) -> int | None:
+            with contextlib.suppress(Exception):
+                return recorder._op_of_choices.get(frozenset(id(c) for c in multi.choices))
+            return None
+
+        def wrap(owner: Any, name: str, note: Any) -> None:
+            original = getattr(owner, name, None)
+            if original is None:
+                return
+
+            def wrapper(*args, **kwargs):
+                with contextlib.suppress(Exception):
+                    note(*args, **kwargs)
+                return original(*args, **kwargs)
+
+            self._patches.append((owner, name, original))
+            setattr(owner, name, wrapper)
+
+        def as_template(multi, caller, *_):
+            op = op_of(multi)
+            if op is not None:
+                recorder._emitted[op] = str(getattr(caller, "name", caller))
+
+        def as_templates(multi, callers, *_):
+            as_template(multi, callers.get(None) or next(iter(callers.values())))
+
+        def as_extern(sched, out_buffer, multi, *_):
+            op = op_of(multi)
+            if op is not None:
+                recorder._emitted[op] = None
+
+        wrap(ir.MultiTemplateBuffer, "finalize_as_triton_caller", as_template)
+        wrap(ir.MultiTemplateBuffer, "finalize_as_triton_callers", as_templates)
+        wrap(scheduler.Scheduler, "_replace_node", as_extern)
+
+    def _mark_emitted(self) -> None:
+        """Set `emitted` on every row: the settled candidate of a MultiTemplateBuffer (an extern
+        settlement is the fastest extern, as Inductor picks it), else the winner."""
+        by_op: dict[int, list[dict[str, Any]]] = {}
+        for row in self.rows:
+            by_op.setdefault(row["op_index"], []).append(row)
+        for op, rows in by_op.items():
+            for row in rows:
+                row["fusion_benchmarked"] = op in self._emitted
+            if op not in self._emitted:
+                for row in rows:
+                    row["emitted"] = row["is_winner"]
+                continue
+            name = self._emitted[op]
+            if name is None:
+                externs = [r for r in rows if r["kind"] == "extern" and r["time_ms"] is not None]
+                name = min(externs, key=lambda r: r["time_ms"])["choice"] if externs else None
+            for row in rows:
+                row["emitted"] = None if name is None else row["choice"] == name
 
     def __exit__(self, *exc) -> None:
         from torch._inductor import select_algorithm
+
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+        self._patches.clear()
+        self._mark_emitted()
 
         savers = getattr(select_algorithm.get_algorithm_selector_cache(), "feedback_saver_fns", None)
         if isinstance(savers, list) and self._save in savers:
@@ -108,6 +187,7 @@ class KernelChoiceRecorder:
         shapes = [_shape(n, "get_size") for n in input_nodes]
         strides = [_shape(n, "get_stride") for n in input_nodes]
         dtypes = [_dtype(n) for n in input_nodes]
+        self._op_of_choices[frozenset(id(c) for c in choices)] = op_index
         timed = [(c, float(timings[c])) for c in choices if c in timings] or list(timings.items())
         finite = sorted((t, i) for i, (_, t) in enumerate(timed) if math.isfinite(t))
         rank = {i: r for r, (_, i) in enumerate(finite, start=1)}

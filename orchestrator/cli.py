@@ -822,6 +822,17 @@ def cmd_kernels(args) -> int:
         )
         return EXIT_BAD_INPUT
     print(render(summarize(rows)))
+    ops: dict[tuple, list] = {}
+    for r in rows:
+        ops.setdefault((r["job_id"], r["op_index"]), []).append(r)
+    known = [o for o in ops.values() if any(r.get("emitted") is not None for r in o)]
+    differ = sum(1 for o in known if any(r.get("emitted") and not r["is_winner"] for r in o))
+    if known:
+        benchmarked = sum(1 for o in known if any(r.get("fusion_benchmarked") for r in o))
+        print(
+            f"{benchmarked} of {len(known)} autotuned ops went through Inductor's epilogue-fusion "
+            f"benchmarking; {differ} of them emitted another kernel than the fastest"
+        )
     return 0
 
 
@@ -922,12 +933,15 @@ def _print_warning(message, category, filename, lineno, file=None, line=None) ->
     from orchestrator.store.integrity import OutputWarning
 
     if issubclass(category, OutputWarning):
-        print(f"warning: {message}", file=sys.stderr)
+        if str(message) not in _warned:  # once per command, however often the table is read
+            _warned.add(str(message))
+            print(f"warning: {message}", file=sys.stderr)
     else:
         _show_warning(message, category, filename, lineno, file, line)
 
 
 _show_warning = warnings.showwarning
+_warned: set[str] = set()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -942,7 +956,9 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.fleet.driver import AddressError
     from orchestrator.store.storage import StorageError
 
+    _always_show_output_warnings()
     warnings.showwarning = _print_warning
+    _warned.clear()
     try:
         return COMMANDS[args.command](args)
     except (StorageError, AddressError) as exc:  # a damaged or locked output, a dead --address, ...
@@ -953,3 +969,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         warnings.showwarning = _show_warning
+
+
+def _always_show_output_warnings() -> None:
+    """Python shows a warning once per code location; ours name files, so each command shows its
+    own (deduplicated by `_print_warning`), not only the first command of a process."""
+    from orchestrator.store.integrity import OutputWarning
+
+    warnings.filterwarnings("always", category=OutputWarning)

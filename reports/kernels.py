@@ -3,7 +3,9 @@
 One line per (hardware class, op, input shapes, input dtypes): how many times the compiled
 graphs autotuned that signature, how many candidates were timed, the winner (its kind, name and
 tile configuration) and its time, the fastest extern (ATen/library) and the fastest template
-candidate, and how much faster the winner was than the fastest extern kernel. Autotune-cache
+candidate, how much faster the winner was than the fastest extern kernel, and the kernel emitted
+into the generated code where epilogue-fusion benchmarking chose another than the winner (`=`
+where it is the winner; `-` for rows written before `emitted` was recorded). Autotune-cache
 hits (`from_cache`) reuse the first timing of a signature, so the times are the first fresh
 benchmark's where there is one.
 
@@ -38,6 +40,7 @@ HEADER = [
     "best extern ms",
     "best template ms",
     "extern / winner",
+    "emitted",
 ]
 
 
@@ -76,6 +79,7 @@ def summarize(rows: list[Row]) -> list[Row]:
         op_rows = (fresh or instances)[0]
         winners = [r for r in op_rows if r["is_winner"]]
         winner = winners[0] if winners else None
+        emitted = [r for r in op_rows if r.get("emitted")]
         extern = _best(op_rows, template=False)
         out.append(
             {
@@ -92,6 +96,7 @@ def summarize(rows: list[Row]) -> list[Row]:
                 "extern_over_winner": extern / winner["time_ms"]
                 if winner and extern and winner["time_ms"]
                 else None,
+                "emitted": emitted[0] if emitted else None,
             }
         )
     return out
@@ -99,6 +104,15 @@ def summarize(rows: list[Row]) -> list[Row]:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.4f}"
+
+
+def _emitted(s: Row) -> str:
+    e, w = s.get("emitted"), s["winner"]
+    if e is None:
+        return "-"
+    if w is not None and e["choice"] == w["choice"]:
+        return "="
+    return f"{e['kind']}: {e['choice']} (epilogue fusion)"
 
 
 def render(summary: list[Row]) -> str:
@@ -118,6 +132,7 @@ def render(summary: list[Row]) -> str:
             _ms(s["best_extern_ms"]),
             _ms(s["best_template_ms"]),
             "-" if s["extern_over_winner"] is None else f"{s['extern_over_winner']:.2f}x",
+            _emitted(s),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

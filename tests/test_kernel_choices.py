@@ -5,6 +5,7 @@ carried to the `kernel_choices` table by the sink, and queried as the README sho
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pyarrow.compute as pc
 import pytest
@@ -52,6 +53,46 @@ def test_the_recorder_flags_timings_from_the_autotune_cache():
     assert [r["op_index"] for r in recorder.rows] == [0, 0, 1, 1]
 
 
+class ExternKernelCaller:  # choice_kind goes by the class name, as for Inductor's own callers
+    def __init__(self, name):
+        self.name = name
+
+
+class TritonTemplateCaller(ExternKernelCaller):
+    pass
+
+
+def test_an_epilogue_fusion_settlement_marks_the_emitted_kernel_not_the_fastest():
+    """Inductor settles a MultiTemplateBuffer during fusion: here the template, fused with its
+    epilogue, is emitted though the extern kernel was faster unfused. The recorder sees the call
+    before Inductor's own method (which refuses these stand-ins with an AssertionError)."""
+    from torch._inductor import ir
+
+    class Node:
+        def get_size(self):
+            return (8, 8)
+
+    ext, tem = ExternKernelCaller("extern_mm"), TritonTemplateCaller("triton_mm_3")
+    ext2, tem2 = ExternKernelCaller("extern_addmm"), TritonTemplateCaller("triton_addmm_1")
+    with KernelChoiceRecorder() as recorder:
+        recorder._save({ext: 0.10, tem: 0.12}, "mm", [Node(), Node()], [ext, tem])
+        recorder._save({ext2: 0.20, tem2: 0.15}, "addmm", [Node(), Node()], [ext2, tem2])
+        with pytest.raises(AssertionError):
+            ir.MultiTemplateBuffer.finalize_as_triton_caller(SimpleNamespace(choices=[ext, tem]), tem)
+    assert (
+        ir.MultiTemplateBuffer.finalize_as_triton_caller.__name__ == "finalize_as_triton_caller"
+    )  # unwrapped
+    by_choice = {r["choice"]: r for r in recorder.rows}
+    assert by_choice["extern_mm"]["is_winner"] and not by_choice["extern_mm"]["emitted"]
+    assert by_choice["triton_mm_3"]["emitted"] and not by_choice["triton_mm_3"]["is_winner"]
+    # settled without a MultiTemplateBuffer: the winner is what is emitted
+    assert by_choice["triton_addmm_1"]["emitted"] and by_choice["triton_addmm_1"]["is_winner"]
+    assert not by_choice["extern_addmm"]["emitted"]
+    assert (
+        by_choice["triton_mm_3"]["fusion_benchmarked"] and not by_choice["extern_addmm"]["fusion_benchmarked"]
+    )
+
+
 @pytest.fixture(scope="module")
 def tuned_job() -> Job:
     return Job(
@@ -90,6 +131,7 @@ def test_a_tuned_job_reports_its_choices_and_the_sink_writes_them(tuned_job, tun
     )
     assert set(choices.column("hardware").to_pylist()) == {"cpu"}
     assert pc.sum(choices.column("is_winner")).as_py() == 1
+    assert pc.sum(choices.column("emitted")).as_py() == 1  # one kernel in the generated code
 
     # The README's query: which GEMM kernel won for this shape on this hardware class.
     wins = choices.filter(

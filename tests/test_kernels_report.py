@@ -68,3 +68,16 @@ def test_tiles_of_configs_that_are_not_templates():
     assert tiles('{"backend": "extern"}') == ""
     assert tiles("not json") == "" and tiles(None) == ""
     assert tiles('{"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 2}') == "16x32x128 w2"
+
+
+def test_the_emitted_kernel_is_shown_where_epilogue_fusion_chose_another():
+    rows = [
+        {**_row(0, "mm", "extern", 0.10, True), "emitted": False},
+        {**_row(0, "triton_mm_4", "triton_template", 0.12, False), "emitted": True},
+        {**_row(1, "mm", "extern", 0.2, True, shapes=("3152x768", "768x3072")), "emitted": True},
+        _row(2, "mm", "extern", 0.3, True, shapes=("1x1", "1x1")),  # written before `emitted` existed
+    ]
+    text = render(summarize(rows))
+    fused, old, same = text.splitlines()[2:]  # sorted by shapes: 16x768, 1x1, 3152x768
+    assert fused.endswith("| 1.00x | triton_template: triton_mm_4 (epilogue fusion) |")
+    assert same.endswith("| = |") and old.endswith("| - |")

@@ -229,26 +229,27 @@ def run_sweep(
     history_dirs = [checked(h) for h in opts.history_dirs]
     check_ray_address(opts.address)
     lock = OutputLock.acquire(out, opts.argv)  # before anything is read: one writer per output
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # this run's quarantine folder
     try:
         if lock.taken_over:
             print(f"note: {out}: {lock.taken_over}", file=stream)
         if opts.resume:
-            _quarantine_damage(out, stream)
-        return _run_locked(spec, opts, out, history_dirs, lock, stream, task_body, plan)
+            _quarantine_damage(out, stream, stamp)
+        return _run_locked(spec, opts, out, history_dirs, lock, stream, stamp, task_body, plan)
     finally:
         lock.release()
 
 
-def _check_run_log(out: Location, stream: TextIO) -> None:
+def _check_run_log(out: Location, stream: TextIO, stamp: str) -> None:
     """A damaged run.json (it only describes runs) is moved aside, so a new one can start."""
     try:
         runlog.read_runs(out)
     except runlog.RunLogError as exc:
-        [(_, dest)] = quarantine(out, [runlog.RUN_FILE])
+        [(_, dest)] = quarantine(out, [runlog.RUN_FILE], stamp)
         print(f"warning: {exc}\n  moved it to {dest}; a new {runlog.RUN_FILE} starts now", file=stream)
 
 
-def _quarantine_damage(out: Location, stream: TextIO) -> None:
+def _quarantine_damage(out: Location, stream: TextIO, stamp: str) -> None:
     """Before a resumed sweep reads which jobs are done: move every damaged part file aside, so
     its jobs run again; name the strays, which stay where they are and are ignored."""
     damaged, strays = find_damaged(out, TABLES)
@@ -258,7 +259,7 @@ def _quarantine_damage(out: Location, stream: TextIO) -> None:
         )
     if not damaged:
         return
-    moved = quarantine(out, [d.rel for d in damaged])
+    moved = quarantine(out, [d.rel for d in damaged], stamp)
     for d, (_, dest) in zip(damaged, moved, strict=True):
         whose = (
             "its jobs run again"
@@ -277,6 +278,7 @@ def _run_locked(
     history_dirs: list[Location],
     lock: OutputLock,
     stream: TextIO,
+    stamp: str,
     task_body: Callable[..., dict[str, Any]] | None,
     plan: Callable[[dict[str, HardwareClass]], list[Job]] | None,
 ) -> SweepSummary:
@@ -289,7 +291,7 @@ def _run_locked(
             f"{out} already holds {len(done_ids)} result rows. Pass --resume to finish that sweep, "
             "or --out to write somewhere else; nothing was changed."
         )
-    _check_run_log(out, stream)
+    _check_run_log(out, stream, stamp)
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     t_start = time.monotonic()
     with ray_session(opts.address), _sigterm_as_interrupt():

@@ -266,6 +266,19 @@ _KERNEL_CHOICE_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("rank", pa.int32(), "1 for the fastest candidate of the op"),
     ("is_winner", pa.bool_(), "the candidate autotuning picked (exactly one per op)"),
     ("from_cache", pa.bool_(), "the timings came from Inductor's autotune cache, not a fresh benchmark"),
+    (
+        "emitted",
+        pa.bool_(),
+        "this candidate's kernel is the one in the generated code (exactly one per op): the winner, or "
+        "another where Inductor's epilogue-fusion benchmarking chose it (a template fused with the op's "
+        "epilogue beating the fastest kernel plus a separate epilogue kernel); null where unknown",
+    ),
+    (
+        "fusion_benchmarked",
+        pa.bool_(),
+        "the op was settled by that epilogue-fusion benchmarking (a MultiTemplateBuffer), so `emitted` "
+        "could differ from the winner; false: selected at once, the winner emitted",
+    ),
 ]
 
 
@@ -337,7 +350,7 @@ _PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -346,6 +359,7 @@ with a newer schema reads older files with the columns they lack as nulls (`read
 - 2: `kernel_choices`; results gain `freezing`, the phase times, clocks and repeats columns.
 - 3: `triton_kernels`, the `presets` table; results gain `channels_last` and the `baseline_*`
   columns of a tune's confirmation jobs.
+- 4: `kernel_choices` gains `emitted` (the candidate in the generated code) and `fusion_benchmarked`.
 """
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 

@@ -160,6 +160,7 @@ def test_max_autotune_records_triton_and_aten_candidates_with_one_winner_per_op(
     for op_index in {r["op_index"] for r in rows}:
         op_rows = [r for r in rows if r["op_index"] == op_index]
         assert [r["is_winner"] for r in op_rows].count(True) == 1, op_rows
+        assert [r["emitted"] for r in op_rows].count(True) == 1, op_rows  # the kernel in the code
         assert all(r["time_ms"] is None or r["time_ms"] > 0 for r in op_rows)
     assert any(
         '"BLOCK_M"' in r["config"] or "num_warps" in r["config"]
