@@ -118,6 +118,18 @@ def part_problem(loc: Location, schema: pa.Schema) -> str | None:
     return None
 
 
+def damaged_parts(
+    table_dir: Location, table: str, parts: list[Location], schema: pa.Schema
+) -> list[DamagedFile]:
+    """The files among `parts` (of the table folder `table_dir`) that cannot be read whole."""
+    root = table_dir.path.rstrip("/")
+    return [
+        DamagedFile(part, f"{table}/{part.path[len(root) + 1 :]}", problem)
+        for part in parts
+        if (problem := part_problem(part, schema))
+    ]
+
+
 def find_damaged(out: Location, tables: dict[str, pa.Schema]) -> tuple[list[DamagedFile], list[str]]:
     """Every damaged part file of every table of `out` (each read whole), and every stray file
     (relative to `out`)."""
@@ -126,11 +138,7 @@ def find_damaged(out: Location, tables: dict[str, pa.Schema]) -> tuple[list[Dama
         table_dir = out.join(table)
         parts, stray = list_parts(table_dir)
         strays += [f"{table}/{s}" for s in stray]
-        for part in parts:
-            problem = part_problem(part, schema)
-            if problem:
-                rel = part.path[len(table_dir.path.rstrip("/")) + 1 :]
-                damaged.append(DamagedFile(part, f"{table}/{rel}", problem))
+        damaged += damaged_parts(table_dir, table, parts, schema)
     return damaged, strays
 
 

@@ -457,10 +457,9 @@ def read_table(out_dir: Target, table: str, columns: list[str] | None = None) ->
     import pyarrow.dataset as ds
 
     from orchestrator.store.integrity import (
-        DamagedFile,
         DamagedOutputError,
+        damaged_parts,
         list_parts,
-        part_problem,
         scan_options,
         warn_strays,
     )
@@ -484,12 +483,7 @@ def read_table(out_dir: Target, table: str, columns: list[str] | None = None) ->
         )
         return dataset.to_table(columns=columns)
     except (OSError, pa.ArrowException) as exc:
-        root = path.path.rstrip("/")
-        damaged = [
-            DamagedFile(p, f"{table}{p.path[len(root) :]}", problem)
-            for p in parts
-            if (problem := part_problem(p, schema))
-        ]
+        damaged = damaged_parts(path, table, parts, schema)
         if not damaged:
             raise
         out = resolve(out_dir)
