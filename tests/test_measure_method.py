@@ -6,7 +6,6 @@ advances by a chosen latency), so they are exact and cannot flake; a few use rea
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import statistics
@@ -544,7 +543,10 @@ def mlp_job() -> Job:
         batch_size=2,
         dtype="fp32",
         config=CompileConfig(name="default"),  # Inductor
-        measure=MeasureSpec(warmup=2, iterations=6, rounds=3, warm_compile=True),
+        # two processes: the first compiles cold and times, the second compiles against its cache
+        # and times again (the warm-compile-only process of `warm_compile: true` is the seed-model
+        # integration test's)
+        measure=MeasureSpec(warmup=2, iterations=6, rounds=3, repeats=2),
         timeout_s=300,
     )
 
@@ -557,7 +559,7 @@ def mlp_result(mlp_job) -> dict:
 def test_real_job_measures_everything(mlp_result):
     r = mlp_result
     assert r["status"] == "ok", r.get("error")
-    assert len(r["eager_samples_ms"]) == len(r["compiled_samples_ms"]) == 6
+    assert len(r["eager_samples_ms"]) == len(r["compiled_samples_ms"]) == 12
     assert all(s > 0 for s in r["eager_samples_ms"] + r["compiled_samples_ms"])
     assert r["eager_ms"] == pytest.approx(statistics.median(r["eager_samples_ms"]))
     assert r["compiled_ms"] == pytest.approx(statistics.median(r["compiled_samples_ms"]))
@@ -593,7 +595,7 @@ def test_real_job_becomes_a_results_row(mlp_job, mlp_result):
     for key in MEASUREMENT_COLUMNS:
         if key != "started_at":
             assert got[key] == pytest.approx(mlp_result[key]), key
-    assert len(got["eager_samples_ms"]) == len(got["compiled_samples_ms"]) == 6
+    assert len(got["eager_samples_ms"]) == len(got["compiled_samples_ms"]) == 12
     assert got["started_at"].isoformat() == mlp_result["started_at"]
 
 
@@ -607,7 +609,7 @@ def test_real_job_row_has_its_efficiency(mlp_job, mlp_result):
 def test_real_job_phases_account_for_its_processes(mlp_result):
     r = mlp_result
     phases = sum(r[f"phase_{p}_s"] for p in PHASES)
-    # the cold process and the warm-compile process, from spawn to exit: all of their time,
+    # the cold process and the warm one, from spawn to exit: all of their time,
     # within the runner's 0.1 s polling per process
     assert r["job_processes"] == 2
     assert phases == pytest.approx(r["subprocess_s"], abs=0.3)
@@ -615,14 +617,8 @@ def test_real_job_phases_account_for_its_processes(mlp_result):
     assert r["cpu_pinned"] is True and r["cpu_affinity"] in {str(c) for c in os.sched_getaffinity(0)}
 
 
-@pytest.fixture(scope="module")
-def mlp_repeats_result(mlp_job) -> dict:
-    job = dataclasses.replace(mlp_job, measure=MeasureSpec(warmup=2, iterations=6, rounds=3, repeats=2))
-    return run_job(job, threads=1)
-
-
-def test_real_job_with_repeats_times_in_two_fresh_processes(mlp_repeats_result):
-    r = mlp_repeats_result
+def test_real_job_with_repeats_times_in_two_fresh_processes(mlp_result):
+    r = mlp_result
     assert r["status"] == "ok", r.get("error")
     assert r["repeats"] == 2 and r["job_processes"] == 2 and r["ci_scope"] == "processes"
     assert r["samples_per_repeat"] == [6, 6]
@@ -640,9 +636,8 @@ def test_real_job_with_repeats_times_in_two_fresh_processes(mlp_repeats_result):
     assert r["rmse_compiled"] is not None and r["flops"] == MLP_FLOPS  # from the first process
 
 
-def test_real_job_with_repeats_becomes_a_results_row(mlp_job, mlp_repeats_result):
-    job = dataclasses.replace(mlp_job, measure=MeasureSpec(warmup=2, iterations=6, rounds=3, repeats=2))
-    got = rows_to_table([make_row(job, mlp_repeats_result, run_id="r1", wall_s=60.0)]).to_pylist()[0]
+def test_real_job_with_repeats_becomes_a_results_row(mlp_job, mlp_result):
+    got = rows_to_table([make_row(mlp_job, mlp_result, run_id="r1", wall_s=60.0)]).to_pylist()[0]
     assert got["samples_per_repeat"] == [6, 6] and len(got["repeat_compile_s"]) == 2
     assert got["ci_scope"] == "processes" and got["repeats"] == 2
     nulls = [c for c in MEASUREMENT_COLUMNS if got[c] is None]

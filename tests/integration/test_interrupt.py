@@ -1,5 +1,5 @@
 """Ctrl-C in the middle of a sweep: running jobs are cancelled, finished rows stay readable, and
-the message says how to resume; the resumed sweep then completes the plan."""
+the message says how to resume, and the lock is released for that resume."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import time
 
 import pytest
 
+from orchestrator.store.lock import LOCK_FILE
 from orchestrator.store.schema import read_results
-from tests.integration.conftest import bench_processes, orchestrate, start_sweep
+from tests.integration.conftest import bench_processes, start_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -61,9 +62,6 @@ def test_ctrl_c_cancels_running_jobs_keeps_rows_and_says_how_to_resume(sweep_fil
         time.sleep(0.5)
     assert not bench_processes(str(scratch)), "the cancelled job's process is still running"
 
-    # The resumed sweep runs only what is missing (the hanging job, now with a short limit).
-    resumed = orchestrate("sweep", str(sweep), "--out", str(out), "--resume", "--timeout-cap", "5")
-    assert "1 already done, 1 to run" in resumed.stderr
-    assert "took over the lock" not in resumed.stderr  # the interrupted driver released its lock
-    statuses = dict(zip(*read_results(out, columns=["model", "status"]).to_pydict().values(), strict=True))
-    assert statuses == {"mlp": "ok", "hang": "timeout"}
+    # The interrupted driver released its lock: a resume starts at once without a takeover.
+    # (What a resume then runs, only the missing jobs, is test_output_safety's SIGKILL case.)
+    assert not (out / LOCK_FILE).exists()
