@@ -22,12 +22,12 @@ pytestmark = pytest.mark.integration
 GPU_CLASSES = ("A100", "T4")
 
 
-def make_cluster(a100_nodes: int = 2):
+def make_cluster():
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     nodes: dict[str, list] = {"A100": [], "T4": [], "cpu": []}
-    for cls, count in (("A100", a100_nodes), ("T4", 1)):
+    for cls, count in (("A100", 2), ("T4", 1)):
         for _ in range(count):
             nodes[cls].append(
                 cluster.add_node(
