@@ -389,3 +389,47 @@ def test_model_class_of_every_registered_id_is_the_class_build_uses():
         cls = zoo.model_class(model_id)
         assert isinstance(cls, type) and issubclass(cls, torch.nn.Module), model_id
     assert type(small_model(RESNET)) is zoo.model_class(RESNET)
+
+
+def test_a_python_model_job_and_a_plain_sweep_never_import_transformers(tmp_path):
+    """transformers and the hf registry cost about 2 s of imports per job process and per CLI
+    call, Inductor 2 s more: a python: model's job process and a sweep without hf: ids must not
+    load transformers (it loads on first use of an hf: id), and validating configs without a mode
+    or options must not load Inductor."""
+    import subprocess
+    import sys
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        "name: s\nmodels: [{id: 'python:workers.toy:mlp', name: mlp}]\nbatch_sizes: [1]\n"
+        "configs: {default: {}}\nhardware: [cpu]\n"
+    )
+    code = (
+        "import sys, torch\n"
+        "from workers import bench, zoo\n"
+        "from orchestrator.spec.sweep import load_spec\n"
+        f"assert len(load_spec({str(sweep)!r}).models) == 1\n"
+        "assert 'torch._inductor' not in sys.modules\n"
+        "assert zoo.is_known('python:workers.toy:mlp') and not zoo.is_known('timm:x')\n"
+        "import json, pathlib\n"
+        "from compiler.config import CompileConfig\n"
+        "from workers.job import Job, MeasureSpec, ModelSpec\n"
+        "job = Job(sweep='s', hardware='cpu', device='cpu', batch_size=1, dtype='fp32', timeout_s=60,\n"
+        "          model=ModelSpec(id='python:workers.toy:mlp', name='mlp'), measure=MeasureSpec(),\n"
+        "          config=CompileConfig(name='default'))\n"
+        f"d = pathlib.Path({str(tmp_path)!r})\n"
+        "(d / 'job.json').write_text(json.dumps(job.to_dict()))\n"
+        "bench.JobRun(d / 'job.json', d / 'result.json').imports()  # the job process's first phase\n"
+        "model, inputs = zoo.load_python_factory('python:workers.toy:mlp')(2, None, None)\n"
+        "assert len(zoo.output_tensors(model(**inputs))) == 1\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'"
+        " or m == 'workers.hf_models'))\n"
+        "assert zoo.is_known('hf:microsoft/resnet-50') and 'transformers' in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_model_outputs_keep_their_field_order_once_transformers_is_loaded():
+    out = ImageClassifierOutput(logits=torch.ones(1), loss=torch.zeros(1))  # field order: loss, logits
+    assert [t.item() for t in zoo.output_tensors(out)] == [0.0, 1.0]

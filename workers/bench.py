@@ -201,15 +201,15 @@ class JobRun:
     # --- the two entry points -------------------------------------------------------------------
 
     def imports(self) -> None:
-        """torch and the model's code (transformers and its modeling module); the compile stack
-        comes in `compile_imports`."""
+        """torch and the model's code (for an hf: id transformers and its modeling module; a
+        python: model imports neither); the compile stack comes in `compile_imports`."""
         self.enter("imports")
         import torch  # noqa: F401
 
         from compiler import env
-        from workers import external, zoo  # noqa: F401  (transformers, timm, torchvision)
+        from workers import external, zoo  # noqa: F401
 
-        if self.job.model.id in zoo.known_model_ids():
+        if self.job.model.id.startswith("hf:") and zoo.is_known(self.job.model.id):
             zoo.model_class(self.job.model.id)
 
         self.result.update(env.describe(self.job.device))

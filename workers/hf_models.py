@@ -34,6 +34,8 @@ from transformers import (
     ViTConfig,
 )
 
+from workers.zoo import Task  # the zoo imports this module on first use of an hf: id
+
 try:  # transformers >= 5 gives MaskFormer's decoder a config class of its own
     from transformers.models.maskformer.configuration_maskformer import MaskFormerDetrConfig
 except ImportError:  # pragma: no cover - transformers 4.x
@@ -44,13 +46,6 @@ try:
 except ImportError:  # pragma: no cover - older huggingface_hub
     _ConfigFieldError = TypeError
 
-Task = Literal[
-    "image-classification",
-    "image-segmentation",
-    "object-detection",
-    "zero-shot-object-detection",
-    "other",
-]
 
 InputKind = Literal["pixels", "pixels+mask", "pixels+text"]
 """What ``make_inputs`` produces: pixel_values; plus pixel_mask (DETR, MaskFormer families, as their

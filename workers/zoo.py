@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import keyword
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import torch
-import transformers
-from transformers.utils import ModelOutput
 
-from workers.hf_models import SPECS, HFModelSpec, Task
+if TYPE_CHECKING:
+    from workers.hf_models import HFModelSpec
+
+# transformers and workers.hf_models (about 2 s of imports on a 2-core machine) load on first use
+# of an hf: id, so a process that only runs python:, timm: or torchvision: models never pays them.
 
 __all__ = [
     "SMALL_IMAGE_SIZE",
@@ -42,6 +46,15 @@ __all__ = [
     "load_pretrained",
     "load_python_factory",
     "output_tensors",
+]
+
+
+Task = Literal[
+    "image-classification",
+    "image-segmentation",
+    "object-detection",
+    "zero-shot-object-detection",
+    "other",
 ]
 
 
@@ -115,13 +128,17 @@ class Registry(Generic[T]):
 
 def build_default_registry() -> Registry[HFModelSpec]:
     """A fresh registry holding every checkpoint of ``workers.hf_models.SPECS``."""
+    from workers.hf_models import SPECS
+
     registry: Registry[HFModelSpec] = Registry("model id", UnknownModelError)
     for spec in SPECS:
         registry.register(spec.model_id, spec)
     return registry
 
 
-_REGISTRY = build_default_registry()
+@functools.cache
+def _registry() -> Registry[HFModelSpec]:
+    return build_default_registry()
 
 
 def _entry(spec: HFModelSpec) -> ModelEntry:
@@ -137,23 +154,27 @@ def _entry(spec: HFModelSpec) -> ModelEntry:
 
 def known_model_ids() -> list[str]:
     """Every registered ``hf:`` id, sorted."""
-    return _REGISTRY.names()
+    return _registry().names()
 
 
 def get_entry(model_id: str) -> ModelEntry:
     """The registered entry of an ``hf:`` id; UnknownModelError (listing the known ids) otherwise."""
-    return _entry(_REGISTRY.get(model_id))
+    return _entry(_registry().get(model_id))
 
 
 def model_class(model_id: str) -> type:
     """The transformers class of a registered ``hf:`` id; importing it loads the model's code
     (transformers imports modeling modules lazily: about 2 s on a 2-core machine)."""
-    return getattr(transformers, _REGISTRY.get(model_id).model_class)
+    import transformers
+
+    return getattr(transformers, _registry().get(model_id).model_class)
 
 
 def is_known(model_id: str) -> bool:
     """True for registered ids and for well-formed ``python:<dotted.module>:<identifier>`` ids."""
-    return model_id in _REGISTRY or _parse_python_id(model_id) is not None
+    if isinstance(model_id, str) and model_id.startswith("hf:"):
+        return model_id in _registry()
+    return _parse_python_id(model_id) is not None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -305,9 +326,11 @@ def load_pretrained(model_id_or_dir: str, local_dir: str) -> torch.nn.Module:
     the checkpoint's model type; for anything else the class is ``config.architectures[0]``.
     Never touches the network. Weights load as float32, in eval mode.
     """
+    import transformers
+
     config = transformers.AutoConfig.from_pretrained(local_dir, local_files_only=True)
-    if model_id_or_dir in _REGISTRY:
-        spec = _REGISTRY.get(model_id_or_dir)
+    if model_id_or_dir in _registry():
+        spec = _registry().get(model_id_or_dir)
         expected = spec.config_class.model_type
         if config.model_type != expected:
             raise ValueError(
@@ -347,7 +370,7 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
 def _collect_tensors(value: Any, found: list[torch.Tensor]) -> None:
     if isinstance(value, torch.Tensor):
         found.append(value)
-    elif isinstance(value, ModelOutput):
+    elif _is_model_output(value):
         for item in value.values():
             _collect_tensors(item, found)
     elif isinstance(value, Mapping):
@@ -359,3 +382,11 @@ def _collect_tensors(value: Any, found: list[torch.Tensor]) -> None:
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
             _collect_tensors(getattr(value, f.name), found)
+
+
+def _is_model_output(value: Any) -> bool:
+    """An HF ModelOutput (a mapping whose field order matters); without transformers imported
+    there can be none."""
+    utils = sys.modules.get("transformers.utils")
+    output_type = getattr(utils, "ModelOutput", None)
+    return output_type is not None and isinstance(value, output_type)
