@@ -11,8 +11,8 @@ and guards to the bundle. This script measures, per model, in fresh processes wi
   cold-dynamo  as cold, with caching_precompile on: its bundle holds Dynamo's entry too
   dynamo       the same after loading that bundle, caching_precompile on during torch.compile
 
-and for every process whether the first compiled output matches eager (the precision's tolerance,
-`compiler.measure`) and whether a second call at twice the batch size (a recompile) works.
+and for every process whether the first compiled output matches eager (fp32 tolerance,
+`compiler.measure.compare_outputs`) and whether a second call at twice the batch size (a recompile) works.
 Times run from `torch.compile` to the end of the first call; loading the bundle is not included
 (about 0.05 s for 20 MB).
 
