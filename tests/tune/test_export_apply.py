@@ -25,7 +25,7 @@ from compiler.apply import (
 from compiler.hardware import accelerator_type, hardware_class, software_stack
 from orchestrator.store.rows import make_row
 from orchestrator.store.sink import ResultSink
-from orchestrator.tune.export import export, plan_export
+from orchestrator.tune.export import bundle_caveat, export, plan_export
 from orchestrator.tune.presets import class_defaults
 from workers import toy
 
@@ -108,6 +108,18 @@ def test_export_refuses_before_compiling(results_dir, tmp_path, table_jobs, make
     sink.close()
     with pytest.raises(ExportError, match="2 software stacks"):
         plan_export(results_dir, "cpu")
+
+
+def test_the_export_says_when_a_bundle_cannot_skip_aot_autograd():
+    from compiler.config import CompileConfig
+
+    frozen, plain = CompileConfig(name="f", freezing=True), CompileConfig(name="p")
+    full = {"inductor": 1, "aot_autograd": 1, "autotune": 18}
+    assert bundle_caveat(plain, full) == "" and bundle_caveat(frozen, full) == ""
+    caveat = bundle_caveat(frozen, {"inductor": 1, "autotune": 17})  # an H200 freezing preset's bundle
+    assert "no AOTAutograd entry (freezing" in caveat and "re-runs AOTAutograd" in caveat
+    other = bundle_caveat(plain, {"inductor": 1})  # no entry for another reason: said, not blamed on freezing
+    assert other and "(freezing" not in other
 
 
 def test_hardware_class_names_gpus_as_ray_does():
