@@ -52,11 +52,9 @@ def build(model_id: str, batch_size: int, small: bool, device: str):
         from workers import zoo
 
         entry = zoo.get_entry(model_id)
-        overrides = dict(zoo.SMALL_OVERRIDES.get(model_id, {})) if small else {}
-        size = zoo.SMALL_IMAGE_SIZE if small else 224
-        torch.manual_seed(0)
-        model = entry.build(overrides)
-        inputs = {"pixel_values": torch.randn(batch_size, 3, size, size)}
+        model = entry.build(dict(zoo.SMALL_OVERRIDES.get(model_id, {})) if small else {})  # seeded
+        size = zoo.SMALL_IMAGE_SIZE if small else entry.image_size
+        inputs = entry.make_inputs(model, batch_size, size, torch.Generator().manual_seed(0))
     model = model.eval().to(device)
     return model, {k: v.to(device) for k, v in inputs.items()}
 
@@ -133,6 +131,8 @@ def main() -> int:
     if args.child:
         child(args.child[0], args.child[1], args.batch_size, args.small, args.mode, args.bundle)
         return 0
+    from workers.runner import job_environment
+
     rows = []
     print(
         f"torch.compile(mode={args.mode!r}), batch {args.batch_size}; seconds from torch.compile to the first output"
@@ -148,13 +148,8 @@ def main() -> int:
         for model_id in args.models.split(","):
             got = {}
             for mode in MODES:
-                with tempfile.TemporaryDirectory() as cache:
-                    env = {
-                        **os.environ,
-                        "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
-                        "TRITON_CACHE_DIR": f"{cache}/triton",
-                        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                    }
+                with tempfile.TemporaryDirectory() as cache:  # empty caches, as a sweep's job gets them
+                    env = job_environment(Path(cache), os.cpu_count() or 1)
                     cmd = [sys.executable, __file__, "--child", mode, model_id, "--bundle", bundle]
                     cmd += ["--batch-size", str(args.batch_size)] + (["--small"] if args.small else [])
                     cmd += ["--mode", args.mode] if args.mode else []
