@@ -1,14 +1,22 @@
-"""Cold compile against compile with the exported bundle, each in a fresh process.
+"""Cold compile against the exported bundle and package, each in a fresh process; and the
+package's latency against the preset's.
 
 For every preset of an export directory (`orchestrate export ... --dest DIR`) that has a bundle,
-two fresh processes with empty Inductor and Triton caches build the model (random weights, as the
+fresh processes with empty Inductor and Triton caches build the model (random weights, as the
 sweep did) and time its first call: `cold` compiles the preset's config with `torch.compile`,
-`bundle` goes through `compiler.apply.compile_tuned`, which verifies and loads the bundle first.
-Imports (torch, Dynamo, Inductor) and, on CPU, the C++ compiler's ISA probe happen before the
-timer in both. Prints one line per preset: both first-call times, their ratio (target on GPUs:
-at least 5x) and the cache hits and misses of the bundled process.
+`bundle` goes through `compiler.apply.compile_tuned(use_package=False)`, which verifies and loads
+the bundle first, and, where the preset has an AOTInductor package, `package` goes through
+`compile_tuned` with it (from verifying the package to the end of its first call, CUDA-graph
+capture included). Imports (torch, Dynamo, Inductor) and, on CPU, the C++ compiler's ISA probe
+happen before the timer in all. The `package` process then also compiles the preset with
+`torch.compile` (from the bundle) and times both on the same inputs, interleaved in rounds
+(`compiler.measure.interleaved`): preset / package latency with its paired interval over the
+`--repeats` processes (`compiler.statistics.paired_speedup`; above 1: the package is faster).
 
-    python benchmarks/bundle.py DIR [--repeats 2] [--save FILE.json]
+Prints one line per preset: the first-call times, cold / bundle and cold / package (target on
+GPUs: at least 5x), both latencies and their ratio.
+
+    python benchmarks/bundle.py DIR [--repeats 2] [--iterations 200] [--cells vit,bs16] [--save FILE.json]
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compiler.statistics import paired_speedup  # noqa: E402
 
-def child(mode: str, export_dir: str, index: int) -> None:
+
+def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
     import torch
     import torch._dynamo  # noqa: F401
     import torch._inductor.compile_fx  # noqa: F401
@@ -85,11 +95,21 @@ def child(mode: str, export_dir: str, index: int) -> None:
         from compiler.apply import compile_tuned
 
         t0 = time.perf_counter()
-        _, applied = compile_tuned(model, inputs, export_dir, model_name=entry["model"], dtype=entry["dtype"])
+        packaged, applied = compile_tuned(
+            model,
+            inputs,
+            export_dir,
+            model_name=entry["model"],
+            dtype=entry["dtype"],
+            use_package=mode == "package",
+        )
         out["first_call_s"] = applied.compile_s
         out["with_load_s"] = time.perf_counter() - t0
-        out["match"], out["bundle"] = applied.match, applied.bundle
+        out["match"], out["bundle"], out["package"] = applied.match, applied.bundle, applied.package
+        out["warnings"] = applied.warnings
     out["counters"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
+    if mode == "package" and applied.package == "loaded":
+        out.update(latencies(model, packaged, input_sets, export_dir, entry, device, iterations))
     try:  # where the first call's compile went, per Dynamo/Inductor function
         out["compile_times"] = str(torch._dynamo.utils.compile_times(repr="str", aggregate=True))[:3000]
     except Exception as exc:
@@ -97,27 +117,94 @@ def child(mode: str, export_dir: str, index: int) -> None:
     print("RESULT " + json.dumps(out))
 
 
+def latencies(model, packaged, input_sets, export_dir, entry, device, iterations) -> dict:
+    """The preset through torch.compile (from the bundle) and the package, timed on the same inputs
+    in interleaved rounds in this process."""
+    import torch
+
+    from compiler import measure
+    from compiler.apply import compile_tuned
+    from workers.bench import _call
+
+    preset, _ = compile_tuned(
+        model, input_sets[0], export_dir, model_name=entry["model"], dtype=entry["dtype"], use_package=False
+    )
+    n = len(input_sets)
+
+    def preset_call(i):
+        if device == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # CUDA-graph outputs live until the next step
+        return _call(preset, input_sets[i % n])
+
+    def package_call(i):
+        return _call(packaged, input_sets[i % n])
+
+    with torch.no_grad():
+        for call in (preset_call, package_call):
+            measure.warmup_until_stable(call, device, min_calls=10)
+        preset_ms, package_ms = measure.interleaved(
+            [preset_call, package_call], device, iterations, rounds=10
+        )
+        reference = [
+            t.clone()
+            for t in torch.utils._pytree.tree_leaves(_call(model, input_sets[1 % n]))
+            if isinstance(t, torch.Tensor)
+        ]
+        got = [
+            t.clone()
+            for t in torch.utils._pytree.tree_leaves(package_call(1 % n))
+            if isinstance(t, torch.Tensor)
+        ]
+    cmp = measure.compare_outputs(reference, got, entry["dtype"])
+    return {
+        "preset_ms": preset_ms,
+        "package_ms": package_ms,
+        "package_matches_eager_other_inputs": cmp.ok,
+        "package_max_rel_err": cmp.max_rel_err,
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export_dir")
     p.add_argument("--repeats", type=int, default=1, help="fresh-process pairs per preset (default 1)")
     p.add_argument("--save", type=Path, help="write every measurement to this JSON file")
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=200,
+        help="timed calls of each side in a package process (default 200)",
+    )
+    p.add_argument(
+        "--cells",
+        help="only presets whose cell (model/bsN/dtype/config) contains one of these comma-separated words",
+    )
     p.add_argument("--child", nargs=2, metavar=("MODE", "INDEX"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.child[0], args.export_dir, int(args.child[1]))
+        child(args.child[0], args.export_dir, int(args.child[1]), args.iterations)
         return 0
     presets = json.loads((Path(args.export_dir) / "presets.json").read_text())
     entries = [e for e in presets["presets"] if e.get("bundle")]
     rows = []
     print(f"{len(entries)} presets with bundles in {args.export_dir} ({presets['hardware']})", flush=True)
-    print("| cell | cold first call s | with bundle s | cold / bundle | bundled process's cache counters |")
-    print("|---|---|---|---|---|")
-    for i, _ in enumerate(entries):
-        got = {"cold": [], "bundle": []}
+    print(
+        "| cell | cold first call s | with bundle s | with package s | cold / bundle | cold / package "
+        "| preset ms | package ms | preset / package [95% CI] |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for i, entry in enumerate(entries):
+        cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
+        if args.cells and not any(word in cell for word in args.cells.split(",")):
+            continue
+        modes = ("cold", "bundle", "package") if entry.get("package") else ("cold", "bundle")
+        got: dict[str, list[float]] = {m: [] for m in modes}
         info = {}
+        preset_ms: list[float] = []
+        package_ms: list[float] = []
+        sizes: list[int] = []
         for _ in range(args.repeats):
-            for mode in ("cold", "bundle"):
+            for mode in modes:
                 with tempfile.TemporaryDirectory() as cache:
                     env = {
                         **os.environ,
@@ -125,25 +212,39 @@ def main() -> int:
                         "TRITON_CACHE_DIR": f"{cache}/triton",
                         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                     }
-                    proc = subprocess.run(
-                        [sys.executable, __file__, args.export_dir, "--child", mode, str(i)],
-                        capture_output=True,
-                        text=True,
-                        env=env,
-                    )
+                    cmd = [sys.executable, __file__, args.export_dir, "--child", mode, str(i)]
+                    cmd += ["--iterations", str(args.iterations)]
+                    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if line is None:
                     print(f"{mode} process for preset {i} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
                     continue
                 result = json.loads(line[len("RESULT ") :])
-                got[mode].append(result["first_call_s"])
+                if result.get("first_call_s") is not None:
+                    got[mode].append(result["first_call_s"])
+                if result.get("package_ms"):
+                    preset_ms += result["preset_ms"]
+                    package_ms += result["package_ms"]
+                    sizes.append(len(result["package_ms"]))
                 info[mode] = result
                 rows.append(result)
-        cold = statistics.median(got["cold"]) if got["cold"] else float("nan")
-        warm = statistics.median(got["bundle"]) if got["bundle"] else float("nan")
-        cell = (info.get("cold") or info.get("bundle") or {}).get("cell", str(i))
-        counters = (info.get("bundle") or {}).get("counters")
-        print(f"| {cell} | {cold:.2f} | {warm:.2f} | {cold / warm:.1f}x | {counters} |", flush=True)
+        med = {m: statistics.median(v) if v else float("nan") for m, v in got.items()}
+        cold = med["cold"]
+        if preset_ms:
+            iv = paired_speedup(preset_ms, package_ms, sizes)
+            latency = (
+                f"{statistics.median(preset_ms):.3f} | {statistics.median(package_ms):.3f} | "
+                f"{iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}]"
+            )
+        else:
+            why = (info.get("package") or {}).get("package") or entry.get("package_error") or "no package"
+            latency = f"- | - | {why}"
+        pkg = med.get("package", float("nan"))
+        print(
+            f"| {cell} | {cold:.2f} | {med['bundle']:.2f} | {pkg:.2f} | {cold / med['bundle']:.1f}x | "
+            f"{cold / pkg:.1f}x | {latency} |",
+            flush=True,
+        )
         if args.save:  # after every preset: a run cut short keeps what it measured
             args.save.write_text(json.dumps(rows, indent=1))
     return 0

@@ -73,8 +73,14 @@ class Applied:
     bundle_file: str | None = None
     cache_artifacts: dict[str, int] = field(default_factory=dict)
     """Artifacts the bundle put into the local caches, by cache (inductor, aot_autograd, ...)."""
+    package: str = "none"
+    """The preset's AOTInductor package: `loaded` (the returned model runs it), `refused` (sha256
+    mismatch), `failed` (it would not load or its outputs differed from eager: see `warnings`),
+    `skipped` (another input signature, `use_package=False`, or not the exact cell), `none`."""
+    package_file: str | None = None
     compile_s: float | None = None
-    """Wall time of the first call (the compile), when example inputs were run."""
+    """Wall time of the first call (the compile), when example inputs were run; with a package,
+    from verifying it to the end of its first call (and CUDA-graph capture)."""
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,7 +89,10 @@ class Applied:
     def summary(self) -> str:
         what = self.config.get("name") if self.config else "torch.compile defaults"
         compile_s = f", first call {self.compile_s:.2f} s" if self.compile_s is not None else ""
-        return f"{self.hardware}: {self.match} preset {what!r} (bundle {self.bundle}){compile_s}"
+        return (
+            f"{self.hardware}: {self.match} preset {what!r} (package {self.package}, bundle {self.bundle})"
+            f"{compile_s}"
+        )
 
 
 def sha256_file(path: Path) -> str:
@@ -194,6 +203,7 @@ def compile_tuned(
     batch_size: int | None = None,
     dtype: str | None = None,
     run_example: bool = True,
+    use_package: bool = True,
     strict: bool = False,
 ) -> tuple[Any, Applied]:
     """Compile `model` with the preset exported to `source` (a directory or a URI) for this
@@ -208,6 +218,11 @@ def compile_tuned(
     first call changes it would otherwise trace other graphs and miss the bundle) and once
     compiled, so the compile (and the bundle's cache hits) happen here; `compile_s` times the
     compiled call.
+    With `use_package`, an exact cell whose export holds an AOTInductor package (`compiler.aoti`)
+    for these inputs' signature is served from it: verified, loaded with this model's weights, run
+    once against eager (always, whatever `run_example` says: a package whose outputs differ is not
+    used) and returned as a `compiler.aoti.PackagedModel`, which compiles the preset with
+    `torch.compile` for any other input signature. Otherwise the bundle and `torch.compile`.
     With `strict`, what would be a fallback raises `ExportError` instead."""
     import torch
 
@@ -268,8 +283,10 @@ def compile_tuned(
     config = CompileConfig.from_dict({"name": entry.get("config", "preset"), **entry["compile"]})
     applied.config = config.to_dict()
 
-    bundle = entry.get("bundle")
-    if bundle:
+    def load_bundle() -> None:
+        bundle = entry.get("bundle")
+        if not bundle or applied.bundle != "none":
+            return
         applied.bundle_file = str(root / bundle)
         try:
             data = _verified(root, manifest, bundle)
@@ -277,7 +294,7 @@ def compile_tuned(
             if strict:
                 raise
             applied.bundle = "refused"
-            warn(f"compile_tuned: {exc}; compiling without the bundle", stacklevel=3)
+            warn(f"compile_tuned: {exc}; compiling without the bundle", stacklevel=5)
         else:
             info = torch.compiler.load_cache_artifacts(data)
             applied.bundle = "loaded"
@@ -300,16 +317,117 @@ def compile_tuned(
             cast = target
     model = config.prepare_model(model)
     config.apply_globals()
-    compiled = torch.compile(model, **config.compile_kwargs())
-    if cast is not None:
-        model, compiled = CastInputs(model, cast), CastInputs(compiled, cast)
+
+    def compile_preset() -> Any:
+        load_bundle()
+        return torch.compile(model, **config.compile_kwargs())
+
+    def cast_note() -> None:
         warn(
             f"compile_tuned: the preset runs in {policy}: the model's weights were cast to {cast} and the "
             "returned model casts floating-point inputs to it",
-            stacklevel=3,
+            stacklevel=4,
         )
+
+    if entry.get("package"):
+        if use_package and applied.match == "exact":
+            packaged = _packaged(
+                model, example_inputs, cast, entry, root, manifest, applied, compile_preset, warn, strict
+            )
+            if packaged is not None:
+                if cast is not None:
+                    packaged = CastInputs(packaged, cast)
+                    cast_note()
+                return packaged, applied
+        else:
+            applied.package = "skipped"
+
+    compiled = compile_preset()
+    if cast is not None:
+        model, compiled = CastInputs(model, cast), CastInputs(compiled, cast)
+        cast_note()
     _first_call(model, compiled)
     return compiled, applied
+
+
+def _packaged(
+    model: Any,
+    example_inputs: Any,
+    cast: Any,
+    entry: dict[str, Any],
+    root: Path,
+    manifest: dict[str, Any],
+    applied: Applied,
+    compile_preset: Any,
+    warn: Any,
+    strict: bool,
+) -> Any:
+    """The preset's package loaded with `model`'s weights and checked against eager on the example
+    inputs, or None (with `applied.package` and a warning saying why) to compile instead."""
+    import torch
+
+    from compiler import aoti
+    from compiler.measure import compare_outputs
+
+    args, kwargs = aoti.split_inputs(example_inputs)
+    if cast is not None:
+        caster = CastInputs(None, cast)
+        args, kwargs = tuple(map(caster._cast, args)), {k: caster._cast(v) for k, v in kwargs.items()}
+    if aoti.signature(args, kwargs) != entry.get("package_inputs"):
+        applied.package = "skipped"
+        return None
+    applied.package_file = str(root / entry["package"])
+    with torch.no_grad():  # the reference the package must reproduce
+        reference = model(*args, **kwargs)
+    device = next(
+        (t.device for t in torch.utils._pytree.tree_leaves(reference) if isinstance(t, torch.Tensor)), None
+    )
+    t0 = time.perf_counter()
+    try:
+        data = _verified(root, manifest, entry["package"])
+    except ExportError as exc:
+        if strict:
+            raise
+        applied.package = "refused"
+        warn(f"compile_tuned: {exc}; compiling the preset instead", stacklevel=4)
+        return None
+    try:
+        with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
+            path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
+            path.write_bytes(data)
+            packaged = aoti.PackagedModel.load(
+                path, model, entry["package_inputs"], bool(entry.get("package_cudagraphs")), compile_preset
+            )
+        packaged.capture(args, kwargs)
+        with torch.no_grad():
+            out = packaged(*args, **kwargs)
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - t0
+    except Exception as exc:  # a package that will not load here: the preset compiles instead
+        applied.package = "failed"
+        warn(
+            f"compile_tuned: {applied.package_file}: {type(exc).__name__}: {exc}; compiling the preset instead",
+            stacklevel=4,
+        )
+        return None
+    leaves = torch.utils._pytree.tree_leaves
+    cmp = compare_outputs(
+        [t for t in leaves(reference) if isinstance(t, torch.Tensor)],
+        [t for t in leaves(out) if isinstance(t, torch.Tensor)],
+        applied.precision or "fp32",
+    )
+    if not cmp.ok:
+        applied.package = "failed"
+        warn(
+            f"compile_tuned: {applied.package_file}: its outputs differ from eager ({cmp.detail}); compiling "
+            "the preset instead",
+            stacklevel=4,
+        )
+        return None
+    applied.package = "loaded"
+    applied.compile_s = elapsed
+    return packaged
 
 
 def _param_dtype(model: Any):

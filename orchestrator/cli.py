@@ -333,9 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write DEST/presets.json (per model, batch size and dtype the fastest ok config of the "
         "class, and per dtype a class default for models never swept), DEST/bundles/*.bin (a cold compile of "
         "each preset in a fresh process, saved with torch.compiler.save_cache_artifacts) and DEST/manifest.json "
-        "(the class, the software stack, the sha256 of every file). Runs on a node of that class with the stack "
-        "the sweep ran on, and refuses anything else before compiling. Load it in production with "
-        "compiler.apply.compile_tuned.",
+        "(the class, the software stack, the sha256 of every file), and DEST/packages/*.pt2: each preset compiled "
+        "ahead of time for its batch size (AOTInductor, without weights), built in the same process, which "
+        "compiler.apply.compile_tuned loads with the serving model's weights instead of tracing and compiling. "
+        "Runs on a node of that class with the stack the sweep ran on, and refuses anything else before "
+        "compiling. Load it in production with compiler.apply.compile_tuned.",
     )
     p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
     p.add_argument("--hardware", required=True, help="the hardware class to export (e.g. H100, A100, cpu)")
@@ -349,6 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--scratch", default=None, help="where the bundle compiles keep their caches (default: $TMPDIR)"
+    )
+    p.add_argument(
+        "--no-packages",
+        action="store_true",
+        help="bundles only: skip the AOTInductor packages (each adds an export and an ahead-of-time compile, "
+        "10-60 s, to the preset's bundle job)",
     )
 
     p = sub.add_parser(
@@ -794,13 +802,18 @@ def cmd_export(args) -> int:
             args.dest,
             threads=args.cpus,
             scratch_root=args.scratch,
+            packages=not args.no_packages,
             log=lambda line: print(line, flush=True),
         )
     except (ExportError, StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     bundles = sum(1 for f in manifest["files"] if f.startswith("bundles/"))
-    print(f"wrote {args.dest}: presets.json, {bundles} bundles, manifest.json (stack: {manifest['stack']})")
+    packages = sum(1 for f in manifest["files"] if f.startswith("packages/"))
+    print(
+        f"wrote {args.dest}: presets.json, {bundles} bundles, {packages} packages, manifest.json "
+        f"(stack: {manifest['stack']})"
+    )
     return 0
 
 

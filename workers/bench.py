@@ -279,10 +279,11 @@ class JobRun:
         except Exception as exc:
             self.fail("compile_error", exc)
 
-    def run_bundle(self, bundle: Path) -> None:
+    def run_bundle(self, bundle: Path, package: Path | None = None) -> None:
         """Compile the job's config cold and write the compile caches it filled to `bundle`
         (`torch.compiler.save_cache_artifacts()`: Inductor's FX graphs, AOTAutograd, autotuning),
-        for `orchestrate export`."""
+        for `orchestrate export`; then, with `package`, build the config as an AOTInductor package
+        there (`compiler.aoti`; a package that fails leaves `package_error`, the bundle stands)."""
         import torch
 
         self.imports()
@@ -317,6 +318,26 @@ class JobRun:
             bundle_bytes=len(data),
             bundle_artifacts={k: len(v) for k, v in info.artifacts.items()},
         )
+        if package is not None:
+            self.build_package(model, input_sets[0], package)
+
+    def build_package(self, model, inputs, package: Path) -> None:
+        from compiler import aoti
+
+        self.enter("package")
+        cfg = self.job.config
+        why = aoti.packageable(cfg)
+        if why:
+            self.result["package_error"] = f"not packaged: {why}"
+            return
+        try:  # the compiled model may hold the module: export a copy laid out as the config says
+            info = aoti.build_package(cfg.prepare_model(copy.deepcopy(model)), inputs, cfg, package)
+        except Exception as exc:
+            self.result["package_error"] = (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:500] if str(exc) else ''}"
+            )
+            return
+        self.result.update(info)
 
     def check_against_eager(self, reference, compiled_out) -> None:
         from compiler import measure
@@ -640,18 +661,20 @@ def _switching_precision(call, own: str, other: str):
     return run
 
 
-USAGE = "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE] JOB.json RESULT.json"
+USAGE = "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE [--package FILE]] JOB.json RESULT.json"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warm = bool(argv) and argv[0] == "--warm"
     repeat = 1
-    bundle = None
+    bundle = package = None
     if warm:
         argv = argv[1:]
     elif len(argv) >= 2 and argv[0] == "--bundle":
         bundle, argv = Path(argv[1]), argv[2:]
+        if len(argv) >= 2 and argv[0] == "--package":
+            package, argv = Path(argv[1]), argv[2:]
     elif len(argv) >= 2 and argv[0] == "--repeat":
         if not argv[1].isdigit() or int(argv[1]) < 2:
             print(f"--repeat takes a process number >= 2, got {argv[1]!r}\n{USAGE}", file=sys.stderr)
@@ -671,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         if warm:
             run.run_warm()
         elif bundle is not None:
-            run.run_bundle(bundle)
+            run.run_bundle(bundle, package)
         else:
             run.run(repeat)
     except BaseException as exc:  # a bug in this file must still become a row

@@ -232,17 +232,20 @@ def run_job(
     return result
 
 
-def build_bundle(job: Job, dest: Path, threads: int, scratch_root: str | None = None) -> dict[str, Any]:
+def build_bundle(
+    job: Job, dest: Path, threads: int, scratch_root: str | None = None, package: Path | None = None
+) -> dict[str, Any]:
     """Compile `job`'s config cold in a fresh process with empty caches and write the caches it
-    filled to `dest` (a compile-cache bundle, `workers.bench --bundle`); return the process's
-    result (`status`, `compile_s`, `bundle_bytes`, `bundle_artifacts`, ...)."""
+    filled to `dest` (a compile-cache bundle, `workers.bench --bundle`), then, with `package`,
+    its AOTInductor package there; return the process's result (`status`, `compile_s`,
+    `bundle_bytes`, `bundle_artifacts`, `package_*` or `package_error`, ...)."""
     scratch, job_file, log_file, env = _job_scratch(job, threads, scratch_root, "bundle")
     try:
         with affinity.core_lease(threads) as cores:
             _pin(env, cores)
-            dest = Path(dest).resolve()
-            return _run_bench(
-                ["--bundle", str(dest)], job_file, scratch / "result.json", log_file, env, job.timeout_s
-            )
+            flags = ["--bundle", str(Path(dest).resolve())]
+            if package is not None:
+                flags += ["--package", str(Path(package).resolve())]
+            return _run_bench(flags, job_file, scratch / "result.json", log_file, env, job.timeout_s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -8,6 +8,10 @@ DEST/
                    the class's cells (for models never swept)
   bundles/*.bin    `torch.compiler.save_cache_artifacts()` of a cold compile of the preset, made
                    here, in a fresh process with empty caches
+  packages/*.pt2   with `packages=True` (the default): the preset compiled ahead of time for its
+                   batch size (`compiler.aoti`: AOTInductor, no weights inside), built in the same
+                   process after the bundle; `compile_tuned` serves an exact cell from it without
+                   tracing or compiling
 
 A bundle is only valid on the class and stack it was built on, so the export runs on a node of
 that class with the stack the presets were measured on, and refuses anything else before it
@@ -36,6 +40,7 @@ from orchestrator.tune.search import TUNE_FILE
 from workers.job import Job, MeasureSpec, ModelSpec
 
 BUNDLES = "bundles"
+PACKAGES = "packages"
 
 
 def _model_specs(out: Target) -> dict[str, ModelSpec]:
@@ -61,9 +66,25 @@ def bundle_caveat(config: CompileConfig, artifacts: dict[str, int]) -> str:
     )
 
 
-def _bundle_name(entry: dict[str, Any]) -> str:
+def _bundle_name(entry: dict[str, Any], folder: str = BUNDLES, suffix: str = ".bin") -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in entry["model"])
-    return f"{BUNDLES}/{safe}-bs{entry['batch_size']}-{entry['dtype']}.bin"
+    return f"{folder}/{safe}-bs{entry['batch_size']}-{entry['dtype']}{suffix}"
+
+
+def _package_line(entry: dict[str, Any], package: str | None, result: dict[str, Any]) -> str:
+    """Record the package's outcome in `entry`; the export line's words for it."""
+    if package is None:
+        return ""
+    if result.get("package_bytes"):
+        entry["package"] = package
+        for key in ("package_inputs", "package_cudagraphs", "package_compile_s"):
+            entry[key] = result.get(key)
+        return (
+            f", package {result['package_bytes'] / 1e6:.1f} MB in {result.get('package_compile_s', 0):.1f} s"
+        )
+    entry["package"] = None
+    entry["package_error"] = result.get("package_error") or "the export process made no package"
+    return f", no package ({entry['package_error'][:200]})"
 
 
 def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
@@ -124,6 +145,7 @@ def export(
     *,
     threads: int | None = None,
     scratch_root: str | None = None,
+    packages: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Write `dest` (see the module docstring); return the manifest."""
@@ -148,6 +170,8 @@ def export(
     if dest.exists() and any(dest.iterdir()):
         raise ExportError(f"{dest} is not empty; export into a new directory (nothing there was changed)")
     (dest / BUNDLES).mkdir(parents=True, exist_ok=True)
+    if packages:
+        (dest / PACKAGES).mkdir(parents=True, exist_ok=True)
     threads = threads or max(1, os.cpu_count() or 1)
     t_start = time.monotonic()
     for i, entry in enumerate(entries, 1):
@@ -168,7 +192,8 @@ def export(
             timeout_s=config.effective_timeout(None),
         )
         rel = _bundle_name(entry)
-        result = build_bundle(job, dest / rel, threads, scratch_root)
+        package = _bundle_name(entry, PACKAGES, ".pt2") if packages else None
+        result = build_bundle(job, dest / rel, threads, scratch_root, dest / package if package else None)
         cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
         entry["model_spec"] = dataclasses.asdict(spec)
         if result.get("status") == "ok":
@@ -177,7 +202,9 @@ def export(
             entry["bundle_artifacts"] = result.get("bundle_artifacts")
             log(
                 f"[{i}/{len(entries)}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
-                f"{result.get('compile_s', 0):.1f} s (elapsed {time.monotonic() - t_start:.0f} s)"
+                f"{result.get('compile_s', 0):.1f} s"
+                + _package_line(entry, package, result)
+                + f" (elapsed {time.monotonic() - t_start:.0f} s)"
                 + bundle_caveat(config, result.get("bundle_artifacts") or {})
             )
         else:

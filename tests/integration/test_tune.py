@@ -1,9 +1,10 @@
 """The loop on the CPU class, for real: `orchestrate tune` searches an MLP's cell on a private
 local Ray (every candidate compiled cold in its own process, the best confirmed against the stock
-config in the same processes); `orchestrate export` compiles the tuned preset cold and bundles
-its caches; a serving process with empty caches (and neither Ray nor the orchestrator imported)
-loads the bundle through `compiler.apply.compile_tuned` and compiles from it, faster than a
-plain cold compile in the same conditions."""
+config in the same processes); `orchestrate export` compiles the tuned preset cold, bundles
+its caches and builds its AOTInductor package; a serving process with empty caches (and neither
+Ray nor the orchestrator imported) loads the package through `compiler.apply.compile_tuned` with
+the model's own weights and compiles nothing; another loads the bundle and compiles from it,
+faster than a plain cold compile in the same conditions."""
 
 from __future__ import annotations
 
@@ -41,8 +42,17 @@ if sys.argv[1] == "plain":
 else:
     from compiler.apply import compile_tuned
 
-    compiled, applied = compile_tuned(model, inputs, sys.argv[2], model_name="mlp")
+    with torch.no_grad():  # weights of its own: the package must serve them, not the export's
+        for p in model.parameters():
+            p.mul_(-1.5)
+    use_package = sys.argv[1] == "tuned"
+    compiled, applied = compile_tuned(model, inputs, sys.argv[2], model_name="mlp", use_package=use_package)
     out = applied.to_dict()
+    out["counters_first_call"] = dict(counters["inductor"])
+    with torch.no_grad():
+        out["matches_eager"] = torch.allclose(compiled(**inputs), model(**inputs), rtol=1e-4, atol=1e-4)
+        _, other = toy.mlp(2)  # another batch size: the package hands it to torch.compile
+        out["other_batch_matches_eager"] = torch.allclose(compiled(**other), model(**other), rtol=1e-4, atol=1e-4)
 out["counters"] = dict(counters["inductor"])
 out["modules"] = sorted(m for m in sys.modules if m.split(".")[0] in ("ray", "orchestrator"))
 print(json.dumps(out, default=str))
@@ -61,8 +71,8 @@ def serve(tmp_path, *args):
         text=True,
         env=env,
         cwd=os.getcwd(),
-        check=True,
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -119,18 +129,36 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     presets = json.loads((dest / PRESETS).read_text())
     (entry,) = presets["presets"]
     assert entry["config"] == preset["config"] and entry["bundle"] == "bundles/mlp-bs4-fp32.bin"
-    assert set(manifest["files"]) == {PRESETS, entry["bundle"]}
+    assert entry["package"] == "packages/mlp-bs4-fp32.pt2", entry.get("package_error")
+    assert entry["package_inputs"] == [[[4, 128], "float32", "cpu"]] and entry["package_cudagraphs"] is False
+    assert set(manifest["files"]) == {PRESETS, entry["bundle"], entry["package"]}
     assert all(sha256_file(dest / f) == h for f, h in manifest["files"].items())
     assert manifest["hardware"] == "cpu" and manifest["stack"]["torch"] == presets["stack"]["torch"]
 
-    tuned = serve(tmp_path, "tuned", str(dest))
+    packaged = serve(tmp_path, "tuned", str(dest))
+    tuned = serve(tmp_path, "bundle", str(dest))
     plain = serve(tmp_path, "plain")
-    assert tuned["modules"] == [] and tuned["match"] == "exact" and tuned["bundle"] == "loaded", tuned
-    assert tuned["config"]["options"] == json.loads(preset["compile"])["options"]
+    for applied in (packaged, tuned):
+        assert applied["modules"] == [] and applied["match"] == "exact", applied
+        assert applied["config"]["options"] == json.loads(preset["compile"])["options"]
+        assert applied["matches_eager"] and applied["other_batch_matches_eager"], applied
+
+    assert packaged["package"] == "loaded" and packaged["bundle"] == "none", packaged
+    assert packaged["counters_first_call"] == {}, packaged  # nothing traced or compiled
+    # the other batch size went to torch.compile with the preset (matches_eager above)
+    assert packaged["counters"].get("fxgraph_cache_miss", 0) >= 1
+
+    assert tuned["package"] == "skipped" and tuned["bundle"] == "loaded", tuned
     assert tuned["cache_artifacts"].get("inductor", 0) >= 1
-    assert tuned["counters"].get("fxgraph_cache_hit", 0) >= 1 and not tuned["counters"].get(
-        "fxgraph_cache_miss"
-    )
+    first = tuned["counters_first_call"]
+    assert first.get("fxgraph_cache_hit", 0) >= 1 and not first.get("fxgraph_cache_miss"), first
     assert plain["counters"].get("fxgraph_cache_miss", 0) >= 1
-    print("first call with the bundle", tuned["compile_s"], "plain", plain["compile_s"])
-    assert tuned["compile_s"] < plain["compile_s"], (tuned["compile_s"], plain["compile_s"])
+    print(
+        "first call: package",
+        packaged["compile_s"],
+        "bundle",
+        tuned["compile_s"],
+        "plain",
+        plain["compile_s"],
+    )
+    assert packaged["compile_s"] < tuned["compile_s"] < plain["compile_s"], (packaged, tuned, plain)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from compiler import aoti
 from compiler.apply import (
     MANIFEST,
     PRESETS,
@@ -22,6 +23,7 @@ from compiler.apply import (
     find_preset,
     sha256_file,
 )
+from compiler.config import CompileConfig
 from compiler.hardware import accelerator_type, hardware_class, software_stack
 from orchestrator.store.rows import make_row
 from orchestrator.store.sink import ResultSink
@@ -142,8 +144,11 @@ def test_hardware_class_names_gpus_as_ray_does():
 # --- apply on hand-made export directories -----------------------------------------------------
 
 
-def write_export(dest: Path, *, hardware: str | None = None, bundle: bytes | None = None) -> Path:
-    """A minimal export of toy mlp bs4 fp32 (config `default`), optionally with a bundle file."""
+def write_export(
+    dest: Path, *, hardware: str | None = None, bundle: bytes | None = None, package: bytes | None = None
+) -> Path:
+    """A minimal export of toy mlp bs4 fp32 (config `default`), optionally with a bundle file and a
+    package file (for the mlp's bs4 input signature)."""
     stack = software_stack()
     entry = {
         "model": "mlp",
@@ -152,6 +157,9 @@ def write_export(dest: Path, *, hardware: str | None = None, bundle: bytes | Non
         "config": "default",
         "compile": {"backend": "inductor", "mode": None, "fullgraph": False, "dynamic": None, "options": {}},
         "bundle": "bundles/mlp.bin" if bundle is not None else None,
+        "package": "packages/mlp.pt2" if package is not None else None,
+        "package_inputs": [[[4, 128], "float32", "cpu"]],
+        "package_cudagraphs": False,
     }
     default = {
         **entry,
@@ -164,6 +172,9 @@ def write_export(dest: Path, *, hardware: str | None = None, bundle: bytes | Non
     if bundle is not None:
         (dest / "bundles").mkdir()
         (dest / "bundles" / "mlp.bin").write_bytes(bundle)
+    if package is not None:
+        (dest / "packages").mkdir()
+        (dest / "packages" / "mlp.pt2").write_bytes(package)
     files = {str(p.relative_to(dest)): sha256_file(p) for p in dest.rglob("*") if p.is_file()}
     manifest = {"format": 1, "hardware": hardware or hardware_class(), "stack": stack, "files": files}
     (dest / MANIFEST).write_text(json.dumps(manifest))
@@ -192,6 +203,56 @@ def test_a_tampered_bundle_is_refused_never_loaded(tmp_path):
     assert applied.match == "exact" and applied.bundle == "refused" and applied.config["name"] == "default"
     with pytest.raises(ExportError, match="does not match the manifest"):
         compile_tuned(model, inputs, dest, model_name="mlp", run_example=False, strict=True)
+
+
+def test_a_tampered_package_is_refused_never_loaded(tmp_path):
+    dest = write_export(tmp_path / "exp", package=b"a shared library")
+    (dest / "packages" / "mlp.pt2").write_bytes(b"a shared library, swapped")  # after the manifest
+    model, inputs = toy.mlp(4)
+    with pytest.warns(PresetFallbackWarning, match="packages/mlp.pt2: sha256 .* does not match the manifest"):
+        compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
+    assert applied.package == "refused" and applied.match == "exact" and compiled is not model
+    with pytest.raises(ExportError, match="does not match the manifest"):
+        compile_tuned(model, inputs, dest, model_name="mlp", run_example=False, strict=True)
+
+
+def test_a_package_that_will_not_load_falls_back_to_the_preset(tmp_path):
+    dest = write_export(tmp_path / "exp", package=b"hashed, but no package")
+    model, inputs = toy.mlp(4)
+    with pytest.warns(PresetFallbackWarning, match="packages/mlp.pt2: .*compiling the preset instead"):
+        compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
+    assert applied.package == "failed" and applied.config["name"] == "default"
+    with torch.no_grad():
+        assert torch.allclose(compiled(**inputs), model(**inputs), atol=1e-5)
+
+
+def test_a_package_serves_only_its_input_signature(tmp_path):
+    dest = write_export(tmp_path / "exp", package=b"never read")
+    model, inputs = toy.mlp(4)
+    _, applied = compile_tuned(
+        model, inputs, dest, model_name="mlp", batch_size=4, run_example=False, use_package=False
+    )
+    assert applied.package == "skipped"
+    _, applied = compile_tuned(
+        model, {"x": inputs["x"].double()}, dest, model_name="mlp", batch_size=4, run_example=False
+    )
+    assert applied.package == "skipped" and not applied.warnings  # another dtype: the preset compiles
+
+
+def test_package_options_expand_the_mode_and_take_cuda_graphs_out():
+    options, cudagraphs = aoti.package_options(
+        CompileConfig(
+            name="p", mode="max-autotune", options={"coordinate_descent_tuning": True}, freezing=True
+        )
+    )
+    assert cudagraphs and "triton.cudagraphs" not in options
+    assert options["max_autotune"] and options["coordinate_descent_tuning"] and options["freezing"]
+    assert (
+        options["aot_inductor.package_constants_in_so"] is False
+    )  # the caller's weights, never the export's
+    assert aoti.package_options(CompileConfig(name="d"))[1] is False
+    assert aoti.packageable(CompileConfig(name="d", dynamic=True)).startswith("dynamic=True")
+    assert aoti.packageable(CompileConfig(name="e", backend="eager")).startswith("backend 'eager'")
 
 
 def test_a_tampered_preset_file_falls_back_to_plain_compile(tmp_path):

@@ -1,0 +1,243 @@
+"""A preset compiled ahead of time: AOTInductor packages, built at export, loaded by `compile_tuned`.
+
+A compile-cache bundle (`torch.compiler.save_cache_artifacts()`) spares Inductor's code
+generation and autotuning, but every process that applies it still traces the model with Dynamo,
+builds guards and loads (or, with freezing, re-runs) AOTAutograd: on an H200 that left 3.3 s of a
+12.4 s cold start (`docs/results/h200-tune.md`). An AOTInductor package is the preset's compiled
+graph as a shared library: `torch.export` then `torch._inductor.aoti_compile_and_package` with the
+preset's Inductor options, for one input signature (the preset's batch size). Loading it skips
+Dynamo, AOTAutograd and Inductor altogether.
+
+The package holds no weights (`aot_inductor.package_constants_in_so=False`): the process that
+applies it loads the caller's own parameters and buffers into it by name, and any folding of
+weights the preset does (freezing: BatchNorm into convolutions, pre-transposed linears) runs
+from them at load (`aot_inductor.use_runtime_constant_folding=True`), so no value of the
+exporting process's random weights is baked in. A preset that runs under CUDA graphs (its mode's
+or its options' `triton.cudagraphs`) is replayed from one graph captured around the package at
+load, as `mode="reduce-overhead"` replays its own: the returned outputs are overwritten by the
+next call.
+
+`PackagedModel` serves the package's input signature and hands any other to a fallback (the
+preset through `torch.compile`, built on first need).
+
+This module imports neither Ray nor the orchestrator package.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from compiler.config import CompileConfig
+
+PACKAGE_OPTIONS = {
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.use_runtime_constant_folding": True,
+}
+"""Inductor options every package is built with: no weights inside, weight folding at load."""
+
+
+def packageable(config: CompileConfig) -> str:
+    """Why `config` cannot be built as a package, or "" when it can."""
+    if config.backend != "inductor":
+        return f"backend {config.backend!r} (packages are Inductor's)"
+    if config.dynamic:
+        return "dynamic=True (a package serves one input signature)"
+    return ""
+
+
+def package_options(config: CompileConfig) -> tuple[dict[str, Any], bool]:
+    """(Inductor options for `aoti_compile_and_package`, whether the preset runs under CUDA
+    graphs): the preset's mode expanded to its options (`torch._inductor.list_mode_options`), its
+    own options over them, its global `freezing`, and `PACKAGE_OPTIONS`. CUDA graphs are not an
+    AOTInductor option: `PackagedModel` captures one around the package instead."""
+    from compiler.config import inductor_modes
+
+    options: dict[str, Any] = {}
+    if config.mode:
+        options.update(inductor_modes().get(config.mode, {}))
+    options.update(config.options or {})
+    cudagraphs = bool(options.pop("triton.cudagraphs", False))
+    if config.freezing:
+        options["freezing"] = True
+    options.update(PACKAGE_OPTIONS)
+    return options, cudagraphs
+
+
+def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    """(args, kwargs) of a call with `example_inputs` (a dict of keyword arguments, a tuple or list
+    of positional ones, or one tensor), as `compiler.apply` calls models."""
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}
+
+
+def signature(args: tuple, kwargs: dict) -> list[list[Any]]:
+    """The tensors of a call, flattened: [[shape, dtype, device type], ...] (JSON-able)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    return [
+        [list(t.shape), str(t.dtype).removeprefix("torch."), t.device.type]
+        for t in pytree.tree_leaves((args, kwargs))
+        if isinstance(t, torch.Tensor)
+    ]
+
+
+def scramble_weights(model: Any, seed: int = 0) -> None:
+    """Give every floating-point parameter and buffer distinct random values in [0.5, 1.5) (in
+    place): a package built from weights of one value (BatchNorm's ones and zeros at init) could
+    have folded them; its constants must stay the caller's to fill."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point():
+                t.copy_(torch.rand(t.shape, generator=gen, dtype=torch.float32).to(t) + 0.5)
+
+
+def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: Path) -> dict[str, Any]:
+    """Export `model` at `example_inputs` and compile it with `config` into the AOTInductor
+    package `path` (written whole or not at all); return `package_export_s`, `package_compile_s`,
+    `package_bytes`, `package_inputs` (the signature it serves) and `package_cudagraphs`. The
+    process's precision policy must already be set. Scrambles the model's weights."""
+    import os
+
+    import torch
+
+    why = packageable(config)
+    if why:
+        raise ValueError(f"no package for config {config.name!r}: {why}")
+    options, cudagraphs = package_options(config)
+    args, kwargs = split_inputs(example_inputs)
+    scramble_weights(model)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        program = torch.export.export(model, args, kwargs, strict=False)
+    t1 = time.perf_counter()
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp.pt2")  # (torch wants the .pt2 suffix)
+    with torch.no_grad():
+        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=options)
+    os.replace(tmp, path)
+    return {
+        "package_export_s": t1 - t0,
+        "package_compile_s": time.perf_counter() - t1,
+        "package_bytes": path.stat().st_size,
+        "package_inputs": signature(args, kwargs),
+        "package_cudagraphs": cudagraphs,
+    }
+
+
+class PackageError(RuntimeError):
+    """A package that cannot serve this model (its weights do not fit it, its outputs differ)."""
+
+
+class PackagedModel:
+    """The caller's model compiled ahead of time: calls with the package's input signature run the
+    package (replaying its CUDA graph where the preset uses CUDA graphs); any other signature goes
+    to `fallback()` (built once, on first need, with a warning)."""
+
+    def __init__(
+        self,
+        runner: Any,
+        inputs: list[list[Any]],
+        cudagraphs: bool,
+        fallback: Callable[[], Callable[..., Any]],
+    ):
+        self.runner = runner
+        self.inputs = inputs
+        self.cudagraphs = cudagraphs
+        self._fallback_factory = fallback
+        self._fallback: Callable[..., Any] | None = None
+        self._graph: Any = None
+        self._static_inputs: list[Any] = []
+        self._static_out: Any = None
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        model: Any,
+        inputs: list[list[Any]],
+        cudagraphs: bool,
+        fallback: Callable[[], Callable[..., Any]],
+    ) -> PackagedModel:
+        """Load the package at `path` (its bytes already verified) and fill its constants with
+        `model`'s parameters and buffers; raises PackageError when they do not match by name,
+        shape and dtype."""
+        import torch
+
+        runner = torch._inductor.aoti_load_package(str(path))
+        named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        wanted = runner.get_constant_fqns()
+        # constants the package folds at load (freezing) are named _FOLDED_CONST_*: not the caller's
+        missing = [n for n in wanted if n not in named and not n.startswith("_FOLDED_CONST_")]
+        if missing:
+            raise PackageError(
+                f"{path}: the package needs {len(missing)} weights this model does not have "
+                f"(e.g. {', '.join(missing[:3])}): it was built for another architecture"
+            )
+        try:
+            runner.load_constants({n: named[n] for n in wanted if n in named}, check_full_update=True)
+        except RuntimeError as exc:
+            raise PackageError(f"{path}: this model's weights do not fit the package: {exc}") from exc
+        return cls(runner, inputs, cudagraphs, fallback)
+
+    def capture(self, args: tuple, kwargs: dict) -> None:
+        """Warm the package up on these inputs (the first run folds the weights) and, for a CUDA
+        graph preset, capture one graph of it with static copies of them."""
+        import torch
+        import torch.utils._pytree as pytree
+
+        with torch.no_grad():
+            self.runner(*args, **kwargs)
+        if not self.cudagraphs:
+            return
+        static_args, static_kwargs = pytree.tree_map(
+            lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs)
+        )
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(2):
+                self.runner(*static_args, **static_kwargs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), torch.no_grad():
+            self._static_out = self.runner(*static_args, **static_kwargs)
+        self._graph = graph
+        self._static_inputs = [
+            t for t in pytree.tree_leaves((static_args, static_kwargs)) if isinstance(t, torch.Tensor)
+        ]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        import torch.utils._pytree as pytree
+
+        if signature(args, kwargs) != self.inputs:
+            return self._fall_back()(*args, **kwargs)
+        if self._graph is None:
+            with torch.no_grad():
+                return self.runner(*args, **kwargs)
+        flat = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        for static, value in zip(self._static_inputs, flat, strict=True):
+            static.copy_(value)
+        self._graph.replay()
+        return self._static_out
+
+    def _fall_back(self) -> Callable[..., Any]:
+        if self._fallback is None:
+            warnings.warn(
+                f"compile_tuned: the package serves inputs {self.inputs}; compiling the preset with "
+                "torch.compile for another input signature",
+                stacklevel=3,
+            )
+            self._fallback = self._fallback_factory()
+        return self._fallback
