@@ -353,6 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--scratch", default=None, help="where the bundle compiles keep their caches (default: $TMPDIR)"
     )
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="carry on an export into DEST that was interrupted (killed, timed out): the presets it finished "
+        "are kept, the others built",
+    )
+    p.add_argument(
         "--no-packages",
         action="store_true",
         help="bundles only: skip the AOTInductor packages (each adds an export and an ahead-of-time compile, "
@@ -803,6 +809,7 @@ def cmd_export(args) -> int:
             threads=args.cpus,
             scratch_root=args.scratch,
             packages=not args.no_packages,
+            resume=args.resume,
             log=lambda line: print(line, flush=True),
         )
     except (ExportError, StorageError) as exc:

@@ -15,7 +15,9 @@ DEST/
 
 A bundle is only valid on the class and stack it was built on, so the export runs on a node of
 that class with the stack the presets were measured on, and refuses anything else before it
-compiles. The manifest is written last: a directory without one is an interrupted export.
+compiles. The manifest is written last: a directory without one is an interrupted export, and
+`.progress.json` there (every preset finished so far, rewritten after each) lets `resume=True`
+carry on where it stopped instead of compiling those presets again.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from workers.job import Job, MeasureSpec, ModelSpec
 
 BUNDLES = "bundles"
 PACKAGES = "packages"
+PROGRESS = ".progress.json"
 
 
 def _model_specs(out: Target) -> dict[str, ModelSpec]:
@@ -69,6 +72,10 @@ def bundle_caveat(config: CompileConfig, artifacts: dict[str, int]) -> str:
 def _bundle_name(entry: dict[str, Any], folder: str = BUNDLES, suffix: str = ".bin") -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in entry["model"])
     return f"{folder}/{safe}-bs{entry['batch_size']}-{entry['dtype']}{suffix}"
+
+
+def _cell(entry: dict[str, Any]) -> str:
+    return f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
 
 
 def _package_line(entry: dict[str, Any], package: str | None, result: dict[str, Any]) -> str:
@@ -146,9 +153,12 @@ def export(
     threads: int | None = None,
     scratch_root: str | None = None,
     packages: bool = True,
+    resume: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Write `dest` (see the module docstring); return the manifest."""
+    """Write `dest` (see the module docstring); return the manifest. With `resume`, an interrupted
+    export into `dest` (of the same source, class and package choice) goes on from its last
+    finished preset."""
     from workers.runner import build_bundle
 
     entries, defaults, stack = plan_export(out, hardware)
@@ -167,14 +177,41 @@ def export(
         )
     specs = _model_specs(out)
     dest = Path(dest)
+    key = {"source": str(out), "hardware": hardware, "packages": packages}
+    done: dict[str, dict[str, Any]] = {}
     if dest.exists() and any(dest.iterdir()):
-        raise ExportError(f"{dest} is not empty; export into a new directory (nothing there was changed)")
+        progress = dest / PROGRESS
+        if not resume or not progress.exists() or (dest / MANIFEST).exists():
+            what = "a finished export" if (dest / MANIFEST).exists() else "not an interrupted export"
+            hint = "" if resume else ", or add --resume if an export into it was interrupted"
+            raise ExportError(
+                f"{dest} is not empty ({what}); export into a new directory{hint} (nothing there was changed)"
+            )
+        saved = json.loads(progress.read_text())
+        if saved.get("key") != key:
+            raise ExportError(
+                f"{progress}: that export was of {saved.get('key')}, this one is of {key}; resume it with the "
+                "same arguments, or export into a new directory"
+            )
+        done = {_cell(e): e for e in saved.get("entries", [])}
+        log(f"resuming the export into {dest}: {len(done)} of {len(entries)} presets already done")
     (dest / BUNDLES).mkdir(parents=True, exist_ok=True)
     if packages:
         (dest / PACKAGES).mkdir(parents=True, exist_ok=True)
     threads = threads or max(1, os.cpu_count() or 1)
     t_start = time.monotonic()
+    finished: list[dict[str, Any]] = []
+
+    def save_progress() -> None:
+        tmp = dest / f"{PROGRESS}.tmp"
+        tmp.write_text(json.dumps({"key": key, "entries": finished}, default=str))
+        os.replace(tmp, dest / PROGRESS)
+
     for i, entry in enumerate(entries, 1):
+        if _cell(entry) in done:
+            entries[i - 1] = entry = done[_cell(entry)]
+            finished.append(entry)
+            continue
         if entry.get("model_spec"):
             spec = ModelSpec(**entry["model_spec"])
         else:
@@ -194,7 +231,7 @@ def export(
         rel = _bundle_name(entry)
         package = _bundle_name(entry, PACKAGES, ".pt2") if packages else None
         result = build_bundle(job, dest / rel, threads, scratch_root, dest / package if package else None)
-        cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
+        cell = _cell(entry)
         entry["model_spec"] = dataclasses.asdict(spec)
         if result.get("status") == "ok":
             entry["bundle"] = rel
@@ -213,6 +250,8 @@ def export(
                 f"{result.get('status')}: {(result.get('error') or '').splitlines()[0][:300]}"
             )
             log(f"[{i}/{len(entries)}] {cell}: no bundle ({entry['bundle_error']})")
+        finished.append(entry)
+        save_progress()
     presets = {
         "format": EXPORT_FORMAT,
         "hardware": hardware,
@@ -221,10 +260,12 @@ def export(
         "defaults": defaults,
     }
     (dest / PRESETS).write_text(json.dumps(presets, indent=1, sort_keys=True, default=str) + "\n")
+    for stray in [p for p in dest.rglob(".*") if p.is_file() and p.name != PROGRESS]:
+        stray.unlink()  # the temporary file of a job killed mid-write, on an earlier try
     files = {
         str(p.relative_to(dest)): sha256_file(p)
         for p in sorted(dest.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name not in (MANIFEST, PROGRESS)
     }
     manifest = {
         "format": EXPORT_FORMAT,
@@ -237,4 +278,5 @@ def export(
     tmp = dest / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, dest / MANIFEST)
+    (dest / PROGRESS).unlink(missing_ok=True)
     return manifest

@@ -112,6 +112,39 @@ def test_export_refuses_before_compiling(results_dir, tmp_path, table_jobs, make
         plan_export(results_dir, "cpu")
 
 
+def test_an_interrupted_export_resumes_without_compiling_what_it_finished(results_dir, tmp_path):
+    """Both presets finished before the (simulated) kill: the resumed export compiles nothing and
+    writes the manifest over exactly the files it had made; a stale temporary file is dropped."""
+    from orchestrator.tune.export import PROGRESS
+
+    dest = tmp_path / "dest"
+    (dest / "bundles").mkdir(parents=True)
+    entries, _, _ = plan_export(results_dir, "cpu")
+    finished = []
+    for entry in entries:
+        name = f"bundles/{entry['model']}.bin"
+        (dest / name).write_bytes(entry["model"].encode())
+        finished.append({**entry, "bundle": name, "package": None})
+    (dest / "bundles" / ".resnet.bin.tmp").write_bytes(b"half written")
+    key = {"source": str(results_dir), "hardware": "cpu", "packages": True}
+    (dest / PROGRESS).write_text(json.dumps({"key": key, "entries": finished}))
+
+    with pytest.raises(ExportError, match="not empty .*add --resume"):
+        export(results_dir, "cpu", dest)
+    with pytest.raises(ExportError, match="resume it with the same arguments"):
+        export(results_dir, "cpu", dest, resume=True, packages=False)
+    lines = []
+    manifest = export(results_dir, "cpu", dest, resume=True, log=lines.append)
+    assert lines == ["resuming the export into " + str(dest) + ": 2 of 2 presets already done"]
+    assert set(manifest["files"]) == {PRESETS, "bundles/mlp.bin", "bundles/resnet.bin"}
+    assert not (dest / PROGRESS).exists() and not (dest / "bundles" / ".resnet.bin.tmp").exists()
+    assert [e["bundle"] for e in json.loads((dest / PRESETS).read_text())["presets"]] == [
+        f"bundles/{e['model']}.bin" for e in entries
+    ]
+    with pytest.raises(ExportError, match="a finished export"):
+        export(results_dir, "cpu", dest, resume=True)
+
+
 def test_the_export_says_when_a_bundle_cannot_skip_aot_autograd():
     from compiler.config import CompileConfig
 
