@@ -212,12 +212,27 @@ def main() -> int:
                         "TRITON_CACHE_DIR": f"{cache}/triton",
                         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                     }
-                    cmd = [sys.executable, __file__, args.export_dir, "--child", mode, str(i)]
+                    cmd = [
+                        sys.executable,
+                        "-X",
+                        "faulthandler",
+                        __file__,
+                        args.export_dir,
+                        "--child",
+                        mode,
+                        str(i),
+                    ]
                     cmd += ["--iterations", str(args.iterations)]
                     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if line is None:
-                    print(f"{mode} process for preset {i} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+                    said = "\n".join(
+                        x for x in proc.stderr.splitlines() if "Warning" not in x and "return cls" not in x
+                    )
+                    print(
+                        f"{mode} process for preset {i} failed (exit {proc.returncode}):\n{said[-3000:]}",
+                        file=sys.stderr,
+                    )
                     continue
                 result = json.loads(line[len("RESULT ") :])
                 if result.get("first_call_s") is not None:

@@ -20,6 +20,12 @@ next call.
 `PackagedModel` serves the package's input signature and hands any other to a fallback (the
 preset through `torch.compile`, built on first need).
 
+A package is only shipped if a fresh interpreter on the exporting node loaded it (`probe_load`):
+on the H200 with torch 2.11.0+cu130 `aoti_load_package` kills the process with SIGSEGV for every
+package tried (with and without weights inside, with and without runtime folding), and a
+serving process must never meet that. There the export keeps the bundle and records why the
+preset has no package.
+
 This module imports neither Ray nor the orchestrator package.
 """
 
@@ -104,7 +110,8 @@ def scramble_weights(model: Any, seed: int = 0) -> None:
 
 def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: Path) -> dict[str, Any]:
     """Export `model` at `example_inputs` and compile it with `config` into the AOTInductor
-    package `path` (written whole or not at all); return `package_export_s`, `package_compile_s`,
+    package `path` (written whole, and only once a fresh process loaded it: `probe_load`; else
+    PackageError); return `package_export_s`, `package_compile_s`, `package_probe_s`,
     `package_bytes`, `package_inputs` (the signature it serves) and `package_cudagraphs`. The
     process's precision policy must already be set. Scrambles the model's weights."""
     import os
@@ -125,10 +132,16 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
     tmp = path.with_name(f".{path.stem}.tmp.pt2")  # (torch wants the .pt2 suffix)
     with torch.no_grad():
         torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=options)
+    t2 = time.perf_counter()
+    why = probe_load(tmp)
+    if why:
+        tmp.unlink(missing_ok=True)
+        raise PackageError(why)
     os.replace(tmp, path)
     return {
         "package_export_s": t1 - t0,
-        "package_compile_s": time.perf_counter() - t1,
+        "package_compile_s": t2 - t1,
+        "package_probe_s": time.perf_counter() - t2,
         "package_bytes": path.stat().st_size,
         "package_inputs": signature(args, kwargs),
         "package_cudagraphs": cudagraphs,
@@ -136,7 +149,34 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
 
 
 class PackageError(RuntimeError):
-    """A package that cannot serve this model (its weights do not fit it, its outputs differ)."""
+    """A package that cannot serve this model (its weights do not fit it, its outputs differ), or
+    that a fresh process could not load."""
+
+
+PROBE = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1]).get_constant_fqns()"
+
+
+def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
+    """Load the package at `path` in a fresh interpreter (running `code` with `path` as its
+    argument); "" when it loaded, else why not (the loader raising, the process killed by a
+    signal, a timeout)."""
+    import signal
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return f"loading it in a fresh process did not finish in {timeout_s:.0f} s"
+    if proc.returncode == 0:
+        return ""
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        return f"loading it killed a fresh process ({name}): aoti_load_package crashes on this stack"
+    said = [x for x in proc.stderr.strip().splitlines() if x.strip()]
+    return f"loading it in a fresh process failed: {said[-1][:300] if said else f'exit {proc.returncode}'}"
 
 
 class PackagedModel:
@@ -175,7 +215,10 @@ class PackagedModel:
         import torch
 
         runner = torch._inductor.aoti_load_package(str(path))
-        named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        named = {  # every name of a tied weight: the package may ask for any of them
+            **dict(model.named_parameters(remove_duplicate=False)),
+            **dict(model.named_buffers(remove_duplicate=False)),
+        }
         wanted = runner.get_constant_fqns()
         # constants the package folds at load (freezing) are named _FOLDED_CONST_*: not the caller's
         missing = [n for n in wanted if n not in named and not n.startswith("_FOLDED_CONST_")]

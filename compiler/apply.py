@@ -8,11 +8,14 @@
 An export directory (`orchestrate export OUT --hardware CLASS --dest DIR`) holds `manifest.json`
 (the hardware class, the software stack it was built on and the sha256 of every file),
 `presets.json` (per model, batch size and precision: the compile config that won; and a
-per-class default for models never swept) and `bundles/*.bin`, compile-cache bundles from
-`torch.compiler.save_cache_artifacts()` made on that class by compiling each preset.
+per-class default for models never swept), `bundles/*.bin`, compile-cache bundles from
+`torch.compiler.save_cache_artifacts()` made on that class by compiling each preset, and
+`packages/*.pt2`, each preset compiled ahead of time for its batch size (`compiler.aoti`).
 
 `compile_tuned` checks that this process runs on the class and stack the export was built for,
-picks the preset (the exact cell, else the class default), verifies the bundle's sha256 against
+picks the preset (the exact cell, else the class default), serves an exact cell from its package
+when the example inputs have the package's signature (verified, loaded with the model's own
+weights, checked against eager; see `compile_tuned`), and otherwise verifies the bundle's sha256 against
 the manifest before loading it (bundles are unpickled on load: a file that does not match is
 refused, never loaded), loads it, applies the config (its global Inductor knobs and precision
 policy included), compiles, and runs the example inputs once so the compile happens now. On

@@ -78,9 +78,15 @@ def _cell(entry: dict[str, Any]) -> str:
     return f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
 
 
-def _package_line(entry: dict[str, Any], package: str | None, result: dict[str, Any]) -> str:
+def _package_line(
+    entry: dict[str, Any], package: str | None, result: dict[str, Any], crashed: str = ""
+) -> str:
     """Record the package's outcome in `entry`; the export line's words for it."""
     if package is None:
+        if crashed:  # an earlier preset's package crashed its loader: none is built on this stack
+            entry["package"] = None
+            entry["package_error"] = f"not built: an earlier package of this export failed: {crashed}"
+            return ", no package (this stack crashed loading an earlier one)"
         return ""
     if result.get("package_bytes"):
         entry["package"] = package
@@ -201,6 +207,7 @@ def export(
     threads = threads or max(1, os.cpu_count() or 1)
     t_start = time.monotonic()
     finished: list[dict[str, Any]] = []
+    crashed = ""  # a package load that killed its process: this stack cannot serve packages
 
     def save_progress() -> None:
         tmp = dest / f"{PROGRESS}.tmp"
@@ -229,8 +236,10 @@ def export(
             timeout_s=config.effective_timeout(None),
         )
         rel = _bundle_name(entry)
-        package = _bundle_name(entry, PACKAGES, ".pt2") if packages else None
+        package = _bundle_name(entry, PACKAGES, ".pt2") if packages and not crashed else None
         result = build_bundle(job, dest / rel, threads, scratch_root, dest / package if package else None)
+        if "killed a fresh process" in (result.get("package_error") or ""):
+            crashed = result["package_error"]
         cell = _cell(entry)
         entry["model_spec"] = dataclasses.asdict(spec)
         if result.get("status") == "ok":
@@ -240,7 +249,7 @@ def export(
             log(
                 f"[{i}/{len(entries)}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
                 f"{result.get('compile_s', 0):.1f} s"
-                + _package_line(entry, package, result)
+                + _package_line(entry, package, result, crashed if package is None else "")
                 + f" (elapsed {time.monotonic() - t_start:.0f} s)"
                 + bundle_caveat(config, result.get("bundle_artifacts") or {})
             )

@@ -145,6 +145,24 @@ def test_an_interrupted_export_resumes_without_compiling_what_it_finished(result
         export(results_dir, "cpu", dest, resume=True)
 
 
+def test_after_a_package_crashed_its_loader_the_export_builds_no_more():
+    from orchestrator.tune.export import _package_line
+
+    crash = (
+        "PackageError: loading it killed a fresh process (SIGSEGV): aoti_load_package crashes on this stack"
+    )
+    entry: dict = {}
+    assert _package_line(entry, "packages/a.pt2", {"package_error": crash}) == f", no package ({crash})"
+    assert entry == {"package": None, "package_error": crash}
+    later: dict = {}
+    assert "crashed loading an earlier one" in _package_line(later, None, {}, crashed=crash)
+    assert later["package"] is None and later["package_error"].endswith(crash)
+    made: dict = {}
+    result = {"package_bytes": 2e6, "package_compile_s": 12.0, "package_inputs": [[[4], "float32", "cpu"]]}
+    assert _package_line(made, "packages/b.pt2", result) == ", package 2.0 MB in 12.0 s"
+    assert made["package"] == "packages/b.pt2" and made["package_inputs"] == [[[4], "float32", "cpu"]]
+
+
 def test_the_export_says_when_a_bundle_cannot_skip_aot_autograd():
     from compiler.config import CompileConfig
 
@@ -270,6 +288,16 @@ def test_a_package_serves_only_its_input_signature(tmp_path):
         model, {"x": inputs["x"].double()}, dest, model_name="mlp", batch_size=4, run_example=False
     )
     assert applied.package == "skipped" and not applied.warnings  # another dtype: the preset compiles
+
+
+def test_the_load_probe_says_why_a_package_would_not_load(tmp_path):
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a package")
+    assert aoti.probe_load(bad).startswith("loading it in a fresh process failed: RuntimeError")
+    # the H200 with torch 2.11 killed the loading process: a process that really segfaults
+    crash = "import os, signal, sys; open(sys.argv[1], 'rb'); os.kill(os.getpid(), signal.SIGSEGV)"
+    assert "killed a fresh process (SIGSEGV)" in aoti.probe_load(bad, code=crash)
+    assert "did not finish in 1 s" in aoti.probe_load(bad, timeout_s=1, code="import time; time.sleep(30)")
 
 
 def test_package_options_expand_the_mode_and_take_cuda_graphs_out():
