@@ -74,6 +74,16 @@ def _bundle_name(entry: dict[str, Any], folder: str = BUNDLES, suffix: str = ".b
     return f"{folder}/{safe}-bs{entry['batch_size']}-{entry['dtype']}{suffix}"
 
 
+def _bundle_outcome(result: dict[str, Any], bundle: Path) -> dict[str, Any]:
+    """The bundle job's result, with a job that timed out or crashed while building the package
+    (after its bundle was written) counted as a made bundle and a package error."""
+    made = result.get("phase") == "package" and result.get("bundle_bytes")
+    if result.get("status") != "ok" and made and bundle.exists() and bundle.stat().st_size == made:
+        first = (result.get("error") or "").splitlines()[0][:300] if result.get("error") else ""
+        return {**result, "status": "ok", "package_error": f"{result['status']}: {first}"}
+    return result
+
+
 def _cell(entry: dict[str, Any]) -> str:
     return f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
 
@@ -237,7 +247,10 @@ def export(
         )
         rel = _bundle_name(entry)
         package = _bundle_name(entry, PACKAGES, ".pt2") if packages and not crashed else None
-        result = build_bundle(job, dest / rel, threads, scratch_root, dest / package if package else None)
+        result = _bundle_outcome(
+            build_bundle(job, dest / rel, threads, scratch_root, dest / package if package else None),
+            dest / rel,
+        )
         if "killed a fresh process" in (result.get("package_error") or ""):
             crashed = result["package_error"]
         cell = _cell(entry)

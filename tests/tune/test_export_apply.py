@@ -145,6 +145,25 @@ def test_an_interrupted_export_resumes_without_compiling_what_it_finished(result
         export(results_dir, "cpu", dest, resume=True)
 
 
+def test_a_bundle_job_killed_while_packaging_keeps_its_bundle(tmp_path):
+    from orchestrator.tune.export import _bundle_outcome
+
+    bundle = tmp_path / "b.bin"
+    bundle.write_bytes(b"12345")
+    killed = {
+        "status": "timeout",
+        "phase": "package",
+        "bundle_bytes": 5,
+        "error": "timed out after 600 s in phase 'package'; killed the process tree\n--- last output ---",
+    }
+    got = _bundle_outcome(killed, bundle)
+    assert got["status"] == "ok" and got["package_error"].startswith("timeout: timed out after 600 s")
+    assert _bundle_outcome({**killed, "phase": "bundle"}, bundle)["status"] == "timeout"  # no bundle yet
+    assert _bundle_outcome({**killed, "bundle_bytes": 9}, bundle)["status"] == "timeout"  # not that bundle
+    bundle.unlink()
+    assert _bundle_outcome(killed, bundle)["status"] == "timeout"
+
+
 def test_after_a_package_crashed_its_loader_the_export_builds_no_more():
     from orchestrator.tune.export import _package_line
 
