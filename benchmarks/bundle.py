@@ -109,7 +109,7 @@ def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
         out["warnings"] = applied.warnings
     out["counters"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
     if mode == "package" and applied.package == "loaded":
-        out.update(latencies(model, packaged, input_sets, export_dir, entry, device, iterations))
+        out.update(latencies(run, model, packaged, input_sets, export_dir, entry, iterations))
     try:  # where the first call's compile went, per Dynamo/Inductor function
         out["compile_times"] = str(torch._dynamo.utils.compile_times(repr="str", aggregate=True))[:3000]
     except Exception as exc:
@@ -117,44 +117,31 @@ def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
     print("RESULT " + json.dumps(out))
 
 
-def latencies(model, packaged, input_sets, export_dir, entry, device, iterations) -> dict:
+def latencies(run, model, packaged, input_sets, export_dir, entry, iterations) -> dict:
     """The preset through torch.compile (from the bundle) and the package, timed on the same inputs
-    in interleaved rounds in this process."""
+    (rotated as a job rotates them) in interleaved rounds in this process."""
     import torch
 
     from compiler import measure
     from compiler.apply import compile_tuned
+    from workers import zoo
     from workers.bench import _call
 
     preset, _ = compile_tuned(
         model, input_sets[0], export_dir, model_name=entry["model"], dtype=entry["dtype"], use_package=False
     )
-    n = len(input_sets)
-
-    def preset_call(i):
-        if device == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()  # CUDA-graph outputs live until the next step
-        return _call(preset, input_sets[i % n])
-
-    def package_call(i):
-        return _call(packaged, input_sets[i % n])
-
+    device = run.job.device
+    preset_call = run._rotating(preset, input_sets, mark_step=True)  # CUDA-graph steps, as a job's
+    package_call = run._rotating(packaged, input_sets)
+    other = 1 % len(input_sets)
     with torch.no_grad():
         for call in (preset_call, package_call):
             measure.warmup_until_stable(call, device, min_calls=10)
         preset_ms, package_ms = measure.interleaved(
             [preset_call, package_call], device, iterations, rounds=10
         )
-        reference = [
-            t.clone()
-            for t in torch.utils._pytree.tree_leaves(_call(model, input_sets[1 % n]))
-            if isinstance(t, torch.Tensor)
-        ]
-        got = [
-            t.clone()
-            for t in torch.utils._pytree.tree_leaves(package_call(1 % n))
-            if isinstance(t, torch.Tensor)
-        ]
+        reference = [t.clone() for t in zoo.output_tensors(_call(model, input_sets[other]))]
+        got = [t.clone() for t in zoo.output_tensors(package_call(other))]
     cmp = measure.compare_outputs(reference, got, entry["dtype"])
     return {
         "preset_ms": preset_ms,

@@ -83,16 +83,22 @@ def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
     return (example_inputs,), {}
 
 
-def signature(args: tuple, kwargs: dict) -> list[list[Any]]:
-    """The tensors of a call, flattened: [[shape, dtype, device type], ...] (JSON-able)."""
+def tensors(tree: Any) -> list[Any]:
+    """The tensors of a pytree (a call's (args, kwargs), a model's output), in flattening order."""
     import torch
     import torch.utils._pytree as pytree
 
-    return [
-        [list(t.shape), str(t.dtype).removeprefix("torch."), t.device.type]
-        for t in pytree.tree_leaves((args, kwargs))
-        if isinstance(t, torch.Tensor)
-    ]
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def describe(flat: list[Any]) -> list[list[Any]]:
+    """[[shape, dtype, device type], ...] of flattened tensors (JSON-able): a package's signature."""
+    return [[list(t.shape), str(t.dtype).removeprefix("torch."), t.device.type] for t in flat]
+
+
+def signature(args: tuple, kwargs: dict) -> list[list[Any]]:
+    """The signature of a call: its tensors, flattened, described."""
+    return describe(tensors((args, kwargs)))
 
 
 def scramble_weights(model: Any, seed: int = 0) -> None:
@@ -154,6 +160,8 @@ class PackageError(RuntimeError):
 
 
 PROBE = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1]).get_constant_fqns()"
+LOADER_CRASHED = "killed a fresh process"
+"""In `probe_load`'s answer when the loader crashed the process: the stack cannot load packages."""
 
 
 def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
@@ -174,7 +182,7 @@ def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
         return ""
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
-        return f"loading it killed a fresh process ({name}): aoti_load_package crashes on this stack"
+        return f"loading it {LOADER_CRASHED} ({name}): aoti_load_package crashes on this stack"
     said = [x for x in proc.stderr.strip().splitlines() if x.strip()]
     return f"loading it in a fresh process failed: {said[-1][:300] if said else f'exit {proc.returncode}'}"
 
@@ -256,20 +264,17 @@ class PackagedModel:
         with torch.cuda.graph(graph), torch.no_grad():
             self._static_out = self.runner(*static_args, **static_kwargs)
         self._graph = graph
-        self._static_inputs = [
-            t for t in pytree.tree_leaves((static_args, static_kwargs)) if isinstance(t, torch.Tensor)
-        ]
+        self._static_inputs = tensors((static_args, static_kwargs))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
-        import torch.utils._pytree as pytree
 
-        if signature(args, kwargs) != self.inputs:
+        flat = tensors((args, kwargs))
+        if describe(flat) != self.inputs:
             return self._fall_back()(*args, **kwargs)
         if self._graph is None:
             with torch.no_grad():
                 return self.runner(*args, **kwargs)
-        flat = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         for static, value in zip(self._static_inputs, flat, strict=True):
             static.copy_(value)
         self._graph.replay()

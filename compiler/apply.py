@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compiler.aoti import split_inputs
 from compiler.config import CompileConfig
 from compiler.hardware import hardware_class, software_stack, stack_mismatch
 
@@ -190,11 +191,8 @@ def find_preset(
 
 
 def _call(fn: Any, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        return fn(**inputs)
-    if isinstance(inputs, (list, tuple)):
-        return fn(*inputs)
-    return fn(inputs)
+    args, kwargs = split_inputs(inputs)
+    return fn(*args, **kwargs)
 
 
 def compile_tuned(
@@ -372,7 +370,7 @@ def _packaged(
     from compiler import aoti
     from compiler.measure import compare_outputs
 
-    args, kwargs = aoti.split_inputs(example_inputs)
+    args, kwargs = split_inputs(example_inputs)
     if cast is not None:
         caster = CastInputs(None, cast)
         args, kwargs = tuple(map(caster._cast, args)), {k: caster._cast(v) for k, v in kwargs.items()}
@@ -382,9 +380,7 @@ def _packaged(
     applied.package_file = str(root / entry["package"])
     with torch.no_grad():  # the reference the package must reproduce
         reference = model(*args, **kwargs)
-    device = next(
-        (t.device for t in torch.utils._pytree.tree_leaves(reference) if isinstance(t, torch.Tensor)), None
-    )
+    device = next((t.device for t in aoti.tensors(reference)), None)
     t0 = time.perf_counter()
     try:
         data = _verified(root, manifest, entry["package"])
@@ -414,12 +410,7 @@ def _packaged(
             stacklevel=4,
         )
         return None
-    leaves = torch.utils._pytree.tree_leaves
-    cmp = compare_outputs(
-        [t for t in leaves(reference) if isinstance(t, torch.Tensor)],
-        [t for t in leaves(out) if isinstance(t, torch.Tensor)],
-        applied.precision or "fp32",
-    )
+    cmp = compare_outputs(aoti.tensors(reference), aoti.tensors(out), applied.precision or "fp32")
     if not cmp.ok:
         applied.package = "failed"
         warn(

@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from compiler.aoti import LOADER_CRASHED
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
@@ -251,7 +252,7 @@ def export(
             build_bundle(job, dest / rel, threads, scratch_root, dest / package if package else None),
             dest / rel,
         )
-        if "killed a fresh process" in (result.get("package_error") or ""):
+        if LOADER_CRASHED in (result.get("package_error") or ""):
             crashed = result["package_error"]
         cell = _cell(entry)
         entry["model_spec"] = dataclasses.asdict(spec)

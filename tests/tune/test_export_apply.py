@@ -264,24 +264,19 @@ def test_exact_cell_then_the_class_default_then_nothing():
     assert find_preset(presets, "mlp", 8, ("bf16",)) == ("fallback", None)
 
 
-def test_a_tampered_bundle_is_refused_never_loaded(tmp_path):
-    dest = write_export(tmp_path / "exp", bundle=b"not what was exported")
-    (dest / "bundles" / "mlp.bin").write_bytes(b"not what was exported, changed")  # after the manifest
+@pytest.mark.parametrize("kind, rel", [("bundle", "bundles/mlp.bin"), ("package", "packages/mlp.pt2")])
+def test_a_tampered_bundle_or_package_is_refused_never_loaded(tmp_path, kind, rel):
+    dest = write_export(tmp_path / "exp", **{kind: b"not what was exported"})
+    (dest / rel).write_bytes(b"not what was exported, changed")  # after the manifest
     model, inputs = toy.mlp(4)
-    with pytest.warns(PresetFallbackWarning, match="sha256 .* does not match the manifest"):
-        _, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
-    assert applied.match == "exact" and applied.bundle == "refused" and applied.config["name"] == "default"
-    with pytest.raises(ExportError, match="does not match the manifest"):
-        compile_tuned(model, inputs, dest, model_name="mlp", run_example=False, strict=True)
-
-
-def test_a_tampered_package_is_refused_never_loaded(tmp_path):
-    dest = write_export(tmp_path / "exp", package=b"a shared library")
-    (dest / "packages" / "mlp.pt2").write_bytes(b"a shared library, swapped")  # after the manifest
-    model, inputs = toy.mlp(4)
-    with pytest.warns(PresetFallbackWarning, match="packages/mlp.pt2: sha256 .* does not match the manifest"):
+    with pytest.warns(PresetFallbackWarning, match=f"{rel}: sha256 .* does not match the manifest"):
         compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
-    assert applied.package == "refused" and applied.match == "exact" and compiled is not model
+    assert (
+        getattr(applied, kind) == "refused"
+        and applied.match == "exact"
+        and applied.config["name"] == "default"
+    )
+    assert compiled is not model
     with pytest.raises(ExportError, match="does not match the manifest"):
         compile_tuned(model, inputs, dest, model_name="mlp", run_example=False, strict=True)
 
