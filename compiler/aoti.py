@@ -20,11 +20,16 @@ next call.
 `PackagedModel` serves the package's input signature and hands any other to a fallback (the
 preset through `torch.compile`, built on first need).
 
-A package is only shipped if a fresh interpreter on the exporting node loaded it (`probe_load`):
-on the H200 with torch 2.11.0+cu130 `aoti_load_package` kills the process with SIGSEGV for every
-package tried (with and without weights inside, with and without runtime folding), and a
-serving process must never meet that. There the export keeps the bundle and records why the
-preset has no package.
+The package's wrapper library is linked with `-Wl,-Bsymbolic` (`symbolic_link_options`): on the
+H200 image (torch 2.11.0+cu130, Ubuntu g++ 13.3) every package built without it, CPU and CUDA
+alike, killed the loading process with SIGSEGV inside the library's own `std::regex` code
+(`torch::aot_inductor::parse_device_str`, called by the model's constructor), apparently through
+symbols bound elsewhere in the process (libtorch exports weak `std::regex` instantiations of its
+own compiler's build; the exact symbol was not pinned down). Bound to its own definitions, the
+same model's CPU and CUDA packages load there and match eager.
+A package is still only shipped if a fresh interpreter on the exporting node loaded it
+(`probe_load`): a serving process must never meet a loader crash. Where one does not load, the
+export keeps the bundle and records why the preset has no package.
 
 This module imports neither Ray nor the orchestrator package.
 """
@@ -128,6 +133,7 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
     if why:
         raise ValueError(f"no package for config {config.name!r}: {why}")
     options, cudagraphs = package_options(config)
+    options.update(symbolic_link_options())
     args, kwargs = split_inputs(example_inputs)
     scramble_weights(model)
     t0 = time.perf_counter()
@@ -154,12 +160,93 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
     }
 
 
+SYMBOLIC_CXX = """#!/bin/sh
+# Written by compile-orchestrator's compiler/aoti.py: {real}, linking shared libraries with
+# -Bsymbolic so that an AOTInductor package's library binds its own definitions.
+for arg in "$@"; do
+  if [ "$arg" = "-shared" ]; then exec '{real}' "$@" -Wl,-Bsymbolic; fi
+done
+exec '{real}' "$@"
+"""
+
+
+def symbolic_link_options() -> dict[str, Any]:
+    """Inductor options under which AOTInductor links its library with `-Wl,-Bsymbolic`:
+    `cpp.cxx` set to a small script (in Inductor's cache directory, named as the compiler so
+    Inductor still recognises gcc or clang) that runs the C++ compiler Inductor would have picked
+    and adds the flag to link commands. {} off Linux or when that compiler cannot be found."""
+    import hashlib
+    import os
+    import shutil
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return {}
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    try:
+        real = shutil.which(get_cpp_compiler())
+    except Exception:  # no C++ compiler: AOTInductor will say so itself
+        return {}
+    if not real or "'" in real:
+        return {}
+    text = SYMBOLIC_CXX.format(real=real)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    script = Path(cache_dir()) / "aoti-symbolic" / digest / Path(real).name
+    if not script.exists() or script.read_text() != text:
+        script.parent.mkdir(parents=True, exist_ok=True)
+        tmp = script.with_name(f".{script.name}.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, script)
+    return {"cpp.cxx": (None, str(script))}
+
+
 class PackageError(RuntimeError):
     """A package that cannot serve this model (its weights do not fit it, its outputs differ), or
     that a fresh process could not load."""
 
 
-PROBE = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1]).get_constant_fqns()"
+ISA_RANK = {"": 0, "DEFAULT": 0, "NO AVX": 0, "AVX2": 1, "AVX512": 2}
+"""x86 vector ISAs by what they include (an AVX512 CPU runs AVX2 code, not the other way)."""
+
+
+def isa_mismatch(built: str, here: str) -> str:
+    """Why code built for the CPU vector ISA `built` may not run on a CPU reporting `here`
+    (`torch.backends.cpu.get_cpu_capability()`), or ""."""
+    built, here = built.upper(), here.upper()
+    if built in ISA_RANK and here in ISA_RANK and ISA_RANK[built] > ISA_RANK[here]:
+        return f"the package was built for CPU vector ISA {built}; this CPU reports {here}"
+    return ""
+
+
+def load_runner(path: Path, device_check: bool | None = None) -> Any:
+    """The AOTInductor package at `path`, loaded (torch's `AOTICompiledModel`).
+
+    `torch._inductor.aoti_load_package` first collects this machine's device information to log
+    a warning when it differs from the package's, and that runs the C++ compiler's ISA probe:
+    per vector ISA a compile and a `python -c "import torch ..."`, 35-50 s in a fresh process
+    on the H200 image, for a CUDA package whose GPU code never asks for it. So a CUDA package
+    (`device_check` None: every package but a CPU one) is loaded by the same loader without that
+    probe, its CPU ISA compared with what this CPU reports instead (`isa_mismatch`: a warning, as
+    torch's). A CPU package goes through `aoti_load_package`: its CPU code needs the probe."""
+    import torch
+    from torch.export.pt2_archive._package import AOTICompiledModel
+
+    if device_check is None:
+        metadata = torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")
+        device_check = metadata.get("AOTI_DEVICE_KEY") == "cpu"
+    if device_check:
+        return torch._inductor.aoti_load_package(str(path))
+    metadata = torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")
+    why = isa_mismatch(metadata.get("AOTI_CPU_ISA", ""), torch.backends.cpu.get_cpu_capability())
+    if why:
+        warnings.warn(f"{path}: {why}; loading it may crash", RuntimeWarning, stacklevel=2)
+    return AOTICompiledModel(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1))
+
+
+PROBE = "import sys; from compiler.aoti import load_runner; load_runner(sys.argv[1]).get_constant_fqns()"
 LOADER_CRASHED = "killed a fresh process"
 """In `probe_load`'s answer when the loader crashed the process: the stack cannot load packages."""
 
@@ -182,7 +269,7 @@ def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
         return ""
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
-        return f"loading it {LOADER_CRASHED} ({name}): aoti_load_package crashes on this stack"
+        return f"loading it {LOADER_CRASHED} ({name}): the AOTInductor loader crashes on this stack"
     said = [x for x in proc.stderr.strip().splitlines() if x.strip()]
     return f"loading it in a fresh process failed: {said[-1][:300] if said else f'exit {proc.returncode}'}"
 
@@ -220,9 +307,7 @@ class PackagedModel:
         """Load the package at `path` (its bytes already verified) and fill its constants with
         `model`'s parameters and buffers; raises PackageError when they do not match by name,
         shape and dtype."""
-        import torch
-
-        runner = torch._inductor.aoti_load_package(str(path))
+        runner = load_runner(path)
         named = {  # every name of a tied weight: the package may ask for any of them
             **dict(model.named_parameters(remove_duplicate=False)),
             **dict(model.named_buffers(remove_duplicate=False)),

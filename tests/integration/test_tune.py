@@ -14,13 +14,17 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from compiler import aoti
 from compiler import statistics as cstats
 from compiler.apply import MANIFEST, PRESETS, sha256_file
 from orchestrator.cli import main
 from orchestrator.store.schema import read_results
 from orchestrator.tune.presets import read_presets_table
 from orchestrator.tune.search import TUNE_FILE
+from tests.elf import symbolic_libraries
+from workers import toy
 
 pytestmark = pytest.mark.integration
 
@@ -134,6 +138,15 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     assert set(manifest["files"]) == {PRESETS, entry["bundle"], entry["package"]}
     assert all(sha256_file(dest / f) == h for f, h in manifest["files"].items())
     assert manifest["hardware"] == "cpu" and manifest["stack"]["torch"] == presets["stack"]["torch"]
+    assert symbolic_libraries(dest / entry["package"]) == [True]  # linked with -Bsymbolic
+    # the loader CUDA packages take (no ISA probe) serves this CPU package too, with our weights
+    model, inputs = toy.mlp(4)
+    runner = aoti.load_runner(dest / entry["package"], device_check=False)
+    named = dict(model.named_parameters())
+    wanted = runner.get_constant_fqns()  # (and _FOLDED_CONST_*, folded from them at load)
+    runner.load_constants({n: named[n] for n in wanted if n in named}, check_full_update=True)
+    with torch.no_grad():
+        assert torch.allclose(runner(**inputs), model(**inputs), rtol=1e-4, atol=1e-4)
 
     packaged = serve(tmp_path, "tuned", str(dest))
     tuned = serve(tmp_path, "bundle", str(dest))

@@ -29,6 +29,7 @@ from orchestrator.store.rows import make_row
 from orchestrator.store.sink import ResultSink
 from orchestrator.tune.export import bundle_caveat, export, plan_export
 from orchestrator.tune.presets import class_defaults
+from tests.elf import symbolic
 from workers import toy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,9 +168,7 @@ def test_a_bundle_job_killed_while_packaging_keeps_its_bundle(tmp_path):
 def test_after_a_package_crashed_its_loader_the_export_builds_no_more():
     from orchestrator.tune.export import _package_line
 
-    crash = (
-        "PackageError: loading it killed a fresh process (SIGSEGV): aoti_load_package crashes on this stack"
-    )
+    crash = "PackageError: loading it killed a fresh process (SIGSEGV): the AOTInductor loader crashes on this stack"
     entry: dict = {}
     assert _package_line(entry, "packages/a.pt2", {"package_error": crash}) == f", no package ({crash})"
     assert entry == {"package": None, "package_error": crash}
@@ -312,6 +311,39 @@ def test_the_load_probe_says_why_a_package_would_not_load(tmp_path):
     crash = "import os, signal, sys; open(sys.argv[1], 'rb'); os.kill(os.getpid(), signal.SIGSEGV)"
     assert "killed a fresh process (SIGSEGV)" in aoti.probe_load(bad, code=crash)
     assert "did not finish in 1 s" in aoti.probe_load(bad, timeout_s=1, code="import time; time.sleep(30)")
+
+
+def test_packages_are_linked_with_bsymbolic(tmp_path):
+    # the H200 image's loader crashed in a package library's own std::regex code until it was
+    # linked -Bsymbolic: the script Inductor gets as its compiler adds the flag to links only
+    options = aoti.symbolic_link_options()
+    cxx = Path(options["cpp.cxx"][1])
+    assert cxx.name in ("g++", "c++", "clang++") and aoti.symbolic_link_options() == options
+    src = tmp_path / "lib.cpp"
+    src.write_text(
+        '#include <regex>\nextern "C" int ok(){return std::regex_match("cuda:0", std::regex("[a-z]+:[0-9]"));}\n'
+    )
+    subprocess.run([str(cxx), "-c", "-fPIC", str(src), "-o", str(tmp_path / "lib.o")], check=True)
+    for flag, name in (["-shared"], "lib.so"), ([], "exe"):
+        out = tmp_path / name
+        main = [] if flag else [str(tmp_path / "main.cpp")]
+        if not flag:
+            (tmp_path / "main.cpp").write_text('extern "C" int ok(); int main(){return ok() ? 0 : 1;}\n')
+        subprocess.run([str(cxx), *flag, str(tmp_path / "lib.o"), *main, "-o", str(out)], check=True)
+    assert symbolic(tmp_path / "lib.so") and not symbolic(tmp_path / "exe")
+    assert subprocess.run([str(tmp_path / "exe")]).returncode == 0
+
+
+def test_a_package_built_for_a_wider_cpu_isa_warns():
+    assert aoti.isa_mismatch("AVX512", "AVX2") == (
+        "the package was built for CPU vector ISA AVX512; this CPU reports AVX2"
+    )
+    assert aoti.isa_mismatch("AVX2", "AVX512") == ""  # an AVX512 CPU runs AVX2 code
+    assert aoti.isa_mismatch("avx2", "AVX2") == "" and aoti.isa_mismatch("", "DEFAULT") == ""
+    assert aoti.isa_mismatch("AVX2", "NO AVX").endswith("this CPU reports NO AVX")
+    assert (
+        aoti.isa_mismatch("AMX_TILE", "AVX2") == ""
+    )  # unknown to the ranking: torch's check is a warning too
 
 
 def test_package_options_expand_the_mode_and_take_cuda_graphs_out():
