@@ -14,7 +14,8 @@ happen before the timer in all. The `package` process then also compiles the pre
 `--repeats` processes (`compiler.statistics.paired_speedup`; above 1: the package is faster).
 
 Prints one line per preset: the first-call times, cold / bundle and cold / package (target on
-GPUs: at least 5x), both latencies and their ratio.
+GPUs: at least 5x), both latencies and their ratio; first, on stderr, a note when this Python has
+no bytecode cached for torch and writes none (every process would compile torch from source).
 
     python benchmarks/bundle.py DIR [--repeats 2] [--iterations 200] [--cells vit,bs16] [--save FILE.json]
 """
@@ -151,6 +152,25 @@ def latencies(run, model, packaged, input_sets, export_dir, entry, iterations) -
     }
 
 
+def bytecode_note() -> str:
+    """A warning when this Python neither has nor writes bytecode for torch's modules: every
+    fresh process then compiles them from source, seconds inside each first call (2.3 s of a
+    6.6 s start on the H200 device image, which sets PYTHONDONTWRITEBYTECODE and ships none)."""
+    import importlib.util
+
+    torch = importlib.util.find_spec("torch")  # found, not imported
+    probe = Path(torch.origin).parent / "_inductor" / "compile_fx.py"
+    cached = Path(importlib.util.cache_from_source(str(probe))).exists()
+    if cached or not sys.dont_write_bytecode:
+        return ""
+    return (
+        "note: no bytecode cache for torch here and PYTHONDONTWRITEBYTECODE is set: every fresh process "
+        "compiles torch's modules from source inside its timed first call; for figures a node with an "
+        "ordinary install would see, run with PYTHONDONTWRITEBYTECODE unset (PYTHONPYCACHEPREFIX=DIR "
+        "where site-packages is read-only)"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export_dir")
@@ -174,6 +194,9 @@ def main() -> int:
     presets = json.loads((Path(args.export_dir) / "presets.json").read_text())
     entries = [e for e in presets["presets"] if e.get("bundle")]
     rows = []
+    note = bytecode_note()
+    if note:
+        print(note, file=sys.stderr, flush=True)
     print(f"{len(entries)} presets with bundles in {args.export_dir} ({presets['hardware']})", flush=True)
     print(
         "| cell | cold first call s | with bundle s | with package s | cold / bundle | cold / package "
