@@ -234,12 +234,11 @@ def load_runner(path: Path, device_check: bool | None = None) -> Any:
     import torch
     from torch.export.pt2_archive._package import AOTICompiledModel
 
+    metadata = torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")
     if device_check is None:
-        metadata = torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")
         device_check = metadata.get("AOTI_DEVICE_KEY") == "cpu"
     if device_check:
         return torch._inductor.aoti_load_package(str(path))
-    metadata = torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")
     why = isa_mismatch(metadata.get("AOTI_CPU_ISA", ""), torch.backends.cpu.get_cpu_capability())
     if why:
         warnings.warn(f"{path}: {why}; loading it may crash", RuntimeWarning, stacklevel=2)
@@ -255,13 +254,20 @@ def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
     """Load the package at `path` in a fresh interpreter (running `code` with `path` as its
     argument); "" when it loaded, else why not (the loader raising, the process killed by a
     signal, a timeout)."""
+    import os
     import signal
     import subprocess
     import sys
 
+    root = str(Path(__file__).resolve().parents[1])  # `code` imports this package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=timeout_s
+            [sys.executable, "-c", code, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return f"loading it in a fresh process did not finish in {timeout_s:.0f} s"

@@ -317,33 +317,29 @@ def test_packages_are_linked_with_bsymbolic(tmp_path):
     # the H200 image's loader crashed in a package library's own std::regex code until it was
     # linked -Bsymbolic: the script Inductor gets as its compiler adds the flag to links only
     options = aoti.symbolic_link_options()
-    cxx = Path(options["cpp.cxx"][1])
-    assert cxx.name in ("g++", "c++", "clang++") and aoti.symbolic_link_options() == options
-    src = tmp_path / "lib.cpp"
-    src.write_text(
+    cxx = str(options["cpp.cxx"][1])
+    assert Path(cxx).name in ("g++", "c++", "clang++") and aoti.symbolic_link_options() == options
+    (tmp_path / "lib.cpp").write_text(
         '#include <regex>\nextern "C" int ok(){return std::regex_match("cuda:0", std::regex("[a-z]+:[0-9]"));}\n'
     )
-    subprocess.run([str(cxx), "-c", "-fPIC", str(src), "-o", str(tmp_path / "lib.o")], check=True)
-    for flag, name in (["-shared"], "lib.so"), ([], "exe"):
-        out = tmp_path / name
-        main = [] if flag else [str(tmp_path / "main.cpp")]
-        if not flag:
-            (tmp_path / "main.cpp").write_text('extern "C" int ok(); int main(){return ok() ? 0 : 1;}\n')
-        subprocess.run([str(cxx), *flag, str(tmp_path / "lib.o"), *main, "-o", str(out)], check=True)
-    assert symbolic(tmp_path / "lib.so") and not symbolic(tmp_path / "exe")
-    assert subprocess.run([str(tmp_path / "exe")]).returncode == 0
+    (tmp_path / "main.cpp").write_text('extern "C" int ok(); int main(){return ok() ? 0 : 1;}\n')
+    lib, exe = tmp_path / "lib.so", tmp_path / "exe"
+    subprocess.run([cxx, "-c", "-fPIC", str(tmp_path / "lib.cpp"), "-o", str(tmp_path / "lib.o")], check=True)
+    subprocess.run([cxx, "-shared", str(tmp_path / "lib.o"), "-o", str(lib)], check=True)
+    subprocess.run([cxx, str(tmp_path / "lib.o"), str(tmp_path / "main.cpp"), "-o", str(exe)], check=True)
+    assert symbolic(lib) and not symbolic(exe)  # a shared library gets the flag, nothing else
+    assert subprocess.run([str(exe)]).returncode == 0  # and the compiler still compiles
 
 
-def test_a_package_built_for_a_wider_cpu_isa_warns():
+def test_cpu_isa_mismatch_ranks_what_a_cpu_can_run():
     assert aoti.isa_mismatch("AVX512", "AVX2") == (
         "the package was built for CPU vector ISA AVX512; this CPU reports AVX2"
     )
     assert aoti.isa_mismatch("AVX2", "AVX512") == ""  # an AVX512 CPU runs AVX2 code
     assert aoti.isa_mismatch("avx2", "AVX2") == "" and aoti.isa_mismatch("", "DEFAULT") == ""
     assert aoti.isa_mismatch("AVX2", "NO AVX").endswith("this CPU reports NO AVX")
-    assert (
-        aoti.isa_mismatch("AMX_TILE", "AVX2") == ""
-    )  # unknown to the ranking: torch's check is a warning too
+    # an ISA the ranking does not know: no warning (torch's own check only warns too)
+    assert aoti.isa_mismatch("AMX_TILE", "AVX2") == ""
 
 
 def test_package_options_expand_the_mode_and_take_cuda_graphs_out():
