@@ -259,8 +259,9 @@ def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
     import subprocess
     import sys
 
-    root = str(Path(__file__).resolve().parents[1])  # `code` imports this package
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    from compiler.env import project_pythonpath
+
+    env = {**os.environ, "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH"))}  # `code` imports us
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code, str(path)],

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Iterable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+
+def project_pythonpath(current: str | None, extra: Iterable[str] = ()) -> str:
+    """PYTHONPATH for a subprocess that imports this project's packages: this checkout's root
+    first (so it finds them the way this process did), then `extra`, then `current`'s entries
+    (empty ones and repeats dropped)."""
+    root = str(Path(__file__).resolve().parents[1])
+    paths = [p for p in (current or "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys([root, *extra, *paths]))
 
 
 def _version(dist: str) -> str | None:

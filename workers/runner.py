@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from compiler import clocks
+from compiler.env import project_pythonpath
 from workers import affinity
 from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV
 from workers.job import Job
@@ -54,9 +55,7 @@ def job_environment(
     env[PARENT_PID_ENV] = str(os.getpid())
     # The job imports this project's packages: make sure the subprocess finds them the way we did.
     # `python:` model factories may live in the directory the sweep was started from.
-    root = str(Path(__file__).resolve().parent.parent)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *extra_path, *paths]))
+    env["PYTHONPATH"] = project_pythonpath(env.get("PYTHONPATH"), extra_path)
     return env
 
 
