@@ -226,7 +226,7 @@ def load_runner(path: Path, device_check: bool | None = None) -> Any:
 
     `torch._inductor.aoti_load_package` first collects this machine's device information to log
     a warning when it differs from the package's, and that runs the C++ compiler's ISA probe:
-    per vector ISA a compile and a `python -c "import torch ..."`, 35-50 s in a fresh process
+    per vector ISA a compile and a `python -c "import torch ..."`, 35-57 s in a fresh process
     on the H200 image, for a CUDA package whose GPU code never asks for it. So a CUDA package
     (`device_check` None: every package but a CPU one) is loaded by the same loader without that
     probe, its CPU ISA compared with what this CPU reports instead (`isa_mismatch`: a warning, as
