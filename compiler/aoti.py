@@ -20,13 +20,12 @@ next call.
 `PackagedModel` serves the package's input signature and hands any other to a fallback (the
 preset through `torch.compile`, built on first need).
 
-The package's wrapper library is linked with `-Wl,-Bsymbolic` (`symbolic_link_options`): on the
-H200 image (torch 2.11.0+cu130, Ubuntu g++ 13.3) every package built without it, CPU and CUDA
-alike, killed the loading process with SIGSEGV inside the library's own `std::regex` code
-(`torch::aot_inductor::parse_device_str`, called by the model's constructor), apparently through
-symbols bound elsewhere in the process (libtorch exports weak `std::regex` instantiations of its
-own compiler's build; the exact symbol was not pinned down). Bound to its own definitions, the
-same model's CPU and CUDA packages load there and match eager.
+The package's library links the shared C++ runtime (`runtime_link_options`): the H200 image's
+compiler (`CXX=/opt/gcc/bin/g++`, GCC 13.3) has only a static libstdc++, and every package it
+linked, CPU and CUDA alike, killed the loading process with SIGSEGV inside the library's own
+`std::regex` code (`torch::aot_inductor::parse_device_str`, run by the model's constructor): two
+copies of libstdc++'s locale machinery in one process. Linked against the libstdc++ torch runs,
+the same packages load there.
 A package is still only shipped if a fresh interpreter on the exporting node loaded it
 (`probe_load`): a serving process must never meet a loader crash. Where one does not load, the
 export keeps the bundle and records why the preset has no package.
@@ -63,8 +62,15 @@ def packageable(config: CompileConfig) -> str:
 def package_options(config: CompileConfig) -> tuple[dict[str, Any], bool]:
     """(Inductor options for `aoti_compile_and_package`, whether the preset runs under CUDA
     graphs): the preset's mode expanded to its options (`torch._inductor.list_mode_options`), its
-    own options over them, its global `freezing`, and `PACKAGE_OPTIONS`. CUDA graphs are not an
-    AOTInductor option: `PackagedModel` captures one around the package instead."""
+    own options over them, and `PACKAGE_OPTIONS`. CUDA graphs are not an AOTInductor option:
+    `PackagedModel` captures one around the package instead.
+
+    Freezing is always off in a package, whatever the preset (and the process-wide setting the
+    exporting job runs under) says: it folds the weights at compile time into new constants
+    (`_frozen_param*`, BatchNorm folded into convolutions), computed from the exporting process's
+    values, which the caller's weights could not replace. The package folds what depends on
+    weights alone at load instead (`use_runtime_constant_folding`); `benchmarks/bundle.py`
+    measures its latency against the preset's."""
     from compiler.config import inductor_modes
 
     options: dict[str, Any] = {}
@@ -72,8 +78,7 @@ def package_options(config: CompileConfig) -> tuple[dict[str, Any], bool]:
         options.update(inductor_modes().get(config.mode, {}))
     options.update(config.options or {})
     cudagraphs = bool(options.pop("triton.cudagraphs", False))
-    if config.freezing:
-        options["freezing"] = True
+    options["freezing"] = False
     options.update(PACKAGE_OPTIONS)
     return options, cudagraphs
 
@@ -133,7 +138,7 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
     if why:
         raise ValueError(f"no package for config {config.name!r}: {why}")
     options, cudagraphs = package_options(config)
-    options.update(symbolic_link_options())
+    options.update(runtime_link_options())
     args, kwargs = split_inputs(example_inputs)
     scramble_weights(model)
     t0 = time.perf_counter()
@@ -160,21 +165,52 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
     }
 
 
-SYMBOLIC_CXX = """#!/bin/sh
-# Written by compile-orchestrator's compiler/aoti.py: {real}, linking shared libraries with
-# -Bsymbolic so that an AOTInductor package's library binds its own definitions.
+RUNTIME_CXX = """#!/bin/sh
+# Written by compile-orchestrator's compiler/aoti.py: {real} has no shared libstdc++ and would
+# link the C++ runtime statically into an AOTInductor package's library; this links shared
+# libraries against the one processes running torch use ({runtime}) instead.
 for arg in "$@"; do
-  if [ "$arg" = "-shared" ]; then exec '{real}' "$@" -Wl,-Bsymbolic; fi
+  if [ "$arg" = "-shared" ]; then exec '{real}' "$@" '{runtime}'; fi
 done
 exec '{real}' "$@"
 """
 
 
-def symbolic_link_options() -> dict[str, Any]:
-    """Inductor options under which AOTInductor links its library with `-Wl,-Bsymbolic`:
-    `cpp.cxx` set to a small script (in Inductor's cache directory, named as the compiler so
-    Inductor still recognises gcc or clang) that runs the C++ compiler Inductor would have picked
-    and adds the flag to link commands. {} off Linux or when that compiler cannot be found."""
+def process_libstdcxx() -> str:
+    """The path of the libstdc++ this process has mapped (torch's C++ runtime), or ""."""
+    try:
+        with open("/proc/self/maps") as maps:
+            found = sorted({line.split()[-1] for line in maps if "/libstdc++.so" in line})
+    except OSError:
+        return ""
+    return found[0] if found else ""
+
+
+def links_shared_runtime(cxx: str) -> bool:
+    """Whether the C++ compiler `cxx` finds a shared libstdc++ to link against (`g++
+    -print-file-name` answers a bare name when it has none, and then links the static archive)."""
+    import subprocess
+
+    try:
+        found = subprocess.run(
+            [cxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return True  # not a compiler that answers: leave it as it is
+    return Path(found).is_absolute() and Path(found).exists()
+
+
+def runtime_link_options(cxx: str | None = None) -> dict[str, Any]:
+    """Inductor options under which a package's library links the shared C++ runtime this process
+    uses: {} when the compiler Inductor picks (or `cxx`) does so anyway; else `cpp.cxx` set to a
+    small script (in Inductor's cache directory, named as the compiler so Inductor still
+    recognises gcc or clang) that adds this process's libstdc++ to link commands.
+
+    A library with a static copy of libstdc++, loaded into a process that already runs the shared
+    one (every torch process), mixes two copies of the locale machinery: its `std::regex` code
+    (which AOTInductor's model constructor runs) then reads a facet that is not there, and the
+    process dies (SIGSEGV on the H200 image, `std::bad_cast` on GCC 12; the fast tier reproduces
+    it). The H200 image's compiler (`CXX=/opt/gcc/bin/g++`) ships only the static archive."""
     import hashlib
     import os
     import shutil
@@ -186,14 +222,15 @@ def symbolic_link_options() -> dict[str, Any]:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     try:
-        real = shutil.which(get_cpp_compiler())
+        real = shutil.which(cxx or get_cpp_compiler())
     except Exception:  # no C++ compiler: AOTInductor will say so itself
         return {}
-    if not real or "'" in real:
+    runtime = process_libstdcxx()
+    if not real or not runtime or "'" in real + runtime or links_shared_runtime(real):
         return {}
-    text = SYMBOLIC_CXX.format(real=real)
+    text = RUNTIME_CXX.format(real=real, runtime=runtime)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    script = Path(cache_dir()) / "aoti-symbolic" / digest / Path(real).name
+    script = Path(cache_dir()) / "aoti-runtime" / digest / Path(real).name
     if not script.exists() or script.read_text() != text:
         script.parent.mkdir(parents=True, exist_ok=True)
         tmp = script.with_name(f".{script.name}.{os.getpid()}")
@@ -221,8 +258,9 @@ def isa_mismatch(built: str, here: str) -> str:
     return ""
 
 
-def load_runner(path: Path, device_check: bool | None = None) -> Any:
-    """The AOTInductor package at `path`, loaded (torch's `AOTICompiledModel`).
+def load_runner(path: Path, device_check: bool | None = None, single_threaded: bool = False) -> Any:
+    """The AOTInductor package at `path`, loaded (torch's `AOTICompiledModel`); `single_threaded`
+    for a runner a CUDA graph will capture (see `PackagedModel.capture`).
 
     `torch._inductor.aoti_load_package` first collects this machine's device information to log
     a warning when it differs from the package's, and that runs the C++ compiler's ISA probe:
@@ -238,11 +276,12 @@ def load_runner(path: Path, device_check: bool | None = None) -> Any:
     if device_check is None:
         device_check = metadata.get("AOTI_DEVICE_KEY") == "cpu"
     if device_check:
-        return torch._inductor.aoti_load_package(str(path))
+        return torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
     why = isa_mismatch(metadata.get("AOTI_CPU_ISA", ""), torch.backends.cpu.get_cpu_capability())
     if why:
         warnings.warn(f"{path}: {why}; loading it may crash", RuntimeWarning, stacklevel=2)
-    return AOTICompiledModel(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1))
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, -1)
+    return AOTICompiledModel(loader)
 
 
 PROBE = "import sys; from compiler.aoti import load_runner; load_runner(sys.argv[1]).get_constant_fqns()"
@@ -314,7 +353,7 @@ class PackagedModel:
         """Load the package at `path` (its bytes already verified) and fill its constants with
         `model`'s parameters and buffers; raises PackageError when they do not match by name,
         shape and dtype."""
-        runner = load_runner(path)
+        runner = load_runner(path, single_threaded=cudagraphs)
         named = {  # every name of a tied weight: the package may ask for any of them
             **dict(model.named_parameters(remove_duplicate=False)),
             **dict(model.named_buffers(remove_duplicate=False)),
@@ -335,7 +374,13 @@ class PackagedModel:
 
     def capture(self, args: tuple, kwargs: dict) -> None:
         """Warm the package up on these inputs (the first run folds the weights) and, for a CUDA
-        graph preset, capture one graph of it with static copies of them."""
+        graph preset, capture one graph of it with static copies of them.
+
+        The runner of a CUDA graph preset is loaded single-threaded: the default one keeps a pool
+        of models guarded by CUDA events and, before each run, queries or waits on the event of
+        the last (`cudaEventQuery`, `cudaEventSynchronize` in `model_container.h`), which
+        invalidates a stream capture ("operation failed due to a previous error during
+        capture", ResNet-50 on an H200)."""
         import torch
         import torch.utils._pytree as pytree
 

@@ -23,7 +23,7 @@ from orchestrator.cli import main
 from orchestrator.store.schema import read_results
 from orchestrator.tune.presets import read_presets_table
 from orchestrator.tune.search import TUNE_FILE
-from tests.elf import symbolic_libraries
+from tests.elf import package_needed
 from workers import toy
 
 pytestmark = pytest.mark.integration
@@ -138,7 +138,8 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     assert set(manifest["files"]) == {PRESETS, entry["bundle"], entry["package"]}
     assert all(sha256_file(dest / f) == h for f, h in manifest["files"].items())
     assert manifest["hardware"] == "cpu" and manifest["stack"]["torch"] == presets["stack"]["torch"]
-    assert symbolic_libraries(dest / entry["package"]) == [True]  # linked with -Bsymbolic
+    # its library runs on the shared C++ runtime torch runs (a static copy crashes the loader)
+    assert ["libstdc++.so.6" in n for n in package_needed(dest / entry["package"])] == [True]
     # the loader CUDA packages take (no ISA probe) serves this CPU package too, with our weights
     model, inputs = toy.mlp(4)
     runner = aoti.load_runner(dest / entry["package"], device_check=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ from orchestrator.store.rows import make_row
 from orchestrator.store.sink import ResultSink
 from orchestrator.tune.export import bundle_caveat, export, plan_export
 from orchestrator.tune.presets import class_defaults
-from tests.elf import symbolic
+from tests.elf import needed
 from workers import toy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -313,22 +314,93 @@ def test_the_load_probe_says_why_a_package_would_not_load(tmp_path):
     assert "did not finish in 1 s" in aoti.probe_load(bad, timeout_s=1, code="import time; time.sleep(30)")
 
 
-def test_packages_are_linked_with_bsymbolic(tmp_path):
-    # the H200 image's loader crashed in a package library's own std::regex code until it was
-    # linked -Bsymbolic: the script Inductor gets as its compiler adds the flag to links only
-    options = aoti.symbolic_link_options()
-    cxx = str(options["cpp.cxx"][1])
-    assert Path(cxx).name in ("g++", "c++", "clang++") and aoti.symbolic_link_options() == options
-    (tmp_path / "lib.cpp").write_text(
-        '#include <regex>\nextern "C" int ok(){return std::regex_match("cuda:0", std::regex("[a-z]+:[0-9]"));}\n'
+STATIC_ONLY_CXX = """#!/bin/sh
+# a C++ compiler with only a static libstdc++, as the H200 image's CXX=/opt/gcc/bin/g++
+for arg in "$@"; do
+  if [ "$arg" = "-print-file-name=libstdc++.so" ]; then echo libstdc++.so; exit 0; fi
+done
+for arg in "$@"; do
+  if [ "$arg" = "-shared" ]; then exec '{real}' "$@" -static-libstdc++; fi
+done
+exec '{real}' "$@"
+"""
+
+REGEX_LIBRARY = """#include <regex>
+#include <string>
+extern "C" int device_index(const char* text) {  // what AOTInductor's parse_device_str does
+  std::smatch m;
+  std::string s(text);
+  return std::regex_match(s, m, std::regex("([a-z]+)[:]?([0-9]*)")) ? std::stoi(m[2].str()) : -1;
+}
+"""
+
+LOAD_AFTER_TORCH = "import sys, ctypes, torch; print(ctypes.CDLL(sys.argv[1]).device_index(b'cuda:3'))"
+
+
+def test_a_static_cxx_runtime_is_linked_shared_as_the_loader_needs(tmp_path):
+    # the H200 image's compiler linked libstdc++ statically into every package's library, and
+    # loading one into a torch process (which runs the shared libstdc++) crashed in its std::regex
+    # code: a real library built that way dies the same way here, and links right through the script
+    real = shutil.which("g++") or shutil.which("c++")
+    assert real, "the fast tier needs the C++ compiler Inductor uses"
+    static_only = tmp_path / "bin" / "g++"
+    static_only.parent.mkdir()
+    static_only.write_text(STATIC_ONLY_CXX.format(real=real))
+    static_only.chmod(0o755)
+    assert aoti.links_shared_runtime(real) and aoti.runtime_link_options(real) == {}  # left as it is
+    assert not aoti.links_shared_runtime(str(static_only))
+    options = aoti.runtime_link_options(str(static_only))
+    script = str(options["cpp.cxx"][1])
+    assert Path(script).name == "g++" and aoti.runtime_link_options(str(static_only)) == options
+    (tmp_path / "lib.cpp").write_text(REGEX_LIBRARY)
+    for cxx, lib in ((str(static_only), "static.so"), (script, "linked.so")):
+        subprocess.run(
+            [cxx, "-c", "-fPIC", str(tmp_path / "lib.cpp"), "-o", str(tmp_path / "lib.o")], check=True
+        )
+        subprocess.run([cxx, "-shared", str(tmp_path / "lib.o"), "-o", str(tmp_path / lib)], check=True)
+    assert not any("libstdc++" in n for n in needed(tmp_path / "static.so"))
+    assert "libstdc++.so.6" in needed(tmp_path / "linked.so")
+    crashed = subprocess.run(
+        [sys.executable, "-c", LOAD_AFTER_TORCH, str(tmp_path / "static.so")], capture_output=True
     )
-    (tmp_path / "main.cpp").write_text('extern "C" int ok(); int main(){return ok() ? 0 : 1;}\n')
-    lib, exe = tmp_path / "lib.so", tmp_path / "exe"
-    subprocess.run([cxx, "-c", "-fPIC", str(tmp_path / "lib.cpp"), "-o", str(tmp_path / "lib.o")], check=True)
-    subprocess.run([cxx, "-shared", str(tmp_path / "lib.o"), "-o", str(lib)], check=True)
-    subprocess.run([cxx, str(tmp_path / "lib.o"), str(tmp_path / "main.cpp"), "-o", str(exe)], check=True)
-    assert symbolic(lib) and not symbolic(exe)  # a shared library gets the flag, nothing else
-    assert subprocess.run([str(exe)]).returncode == 0  # and the compiler still compiles
+    assert crashed.returncode != 0  # SIGSEGV on the H200 image, std::bad_cast (abort) with GCC 12
+    served = subprocess.run(
+        [sys.executable, "-c", LOAD_AFTER_TORCH, str(tmp_path / "linked.so")], capture_output=True, text=True
+    )
+    assert served.returncode == 0 and served.stdout.strip() == "3", served.stderr[-2000:]
+
+
+def conv_bn(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(288, 4),
+    )
+    with torch.no_grad():  # running statistics that are not the identity, as a trained model's
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    return model.eval()
+
+
+def test_a_freezing_presets_package_serves_the_callers_weights(tmp_path):
+    # on the H200 every freezing preset's package asked for _frozen_param* constants (weights
+    # folded at compile time from the exporting process's values) that no caller has
+    config = CompileConfig(name="f", freezing=True)
+    x = torch.randn(2, 3, 8, 8)
+    with torch._inductor.config.patch(freezing=True):  # as the export job runs a freezing preset
+        info = aoti.build_package(conv_bn(0), (x,), config, tmp_path / "p.pt2")
+    caller = conv_bn(1)  # other weights: the package must take these, not the ones it was built from
+    runner = aoti.load_runner(tmp_path / "p.pt2", single_threaded=True)
+    assert not [n for n in runner.get_constant_fqns() if n.startswith("_frozen_param")]
+    packaged = aoti.PackagedModel.load(
+        tmp_path / "p.pt2", caller, info["package_inputs"], False, lambda: None
+    )
+    with torch.no_grad():
+        assert torch.allclose(packaged(x), caller(x), rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(packaged(x), conv_bn(0)(x), rtol=1e-4, atol=1e-5)
 
 
 def test_cpu_isa_mismatch_ranks_what_a_cpu_can_run():
@@ -349,7 +421,8 @@ def test_package_options_expand_the_mode_and_take_cuda_graphs_out():
         )
     )
     assert cudagraphs and "triton.cudagraphs" not in options
-    assert options["max_autotune"] and options["coordinate_descent_tuning"] and options["freezing"]
+    assert options["max_autotune"] and options["coordinate_descent_tuning"]
+    assert options["freezing"] is False  # never in a package: it would bake the export's weights in
     assert (
         options["aot_inductor.package_constants_in_so"] is False
     )  # the caller's weights, never the export's
