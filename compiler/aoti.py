@@ -380,7 +380,8 @@ class PackagedModel:
         of models guarded by CUDA events and, before each run, queries or waits on the event of
         the last (`cudaEventQuery`, `cudaEventSynchronize` in `model_container.h`), which
         invalidates a stream capture ("operation failed due to a previous error during
-        capture", ResNet-50 on an H200)."""
+        capture", ResNet-50 on an H200). Neither that runner nor the graph's static inputs are
+        for calls from several threads at once."""
         import torch
         import torch.utils._pytree as pytree
 

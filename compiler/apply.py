@@ -78,7 +78,8 @@ class Applied:
     cache_artifacts: dict[str, int] = field(default_factory=dict)
     """Artifacts the bundle put into the local caches, by cache (inductor, aot_autograd, ...)."""
     package: str = "none"
-    """The preset's AOTInductor package: `loaded` (the returned model runs it), `refused` (sha256
+    """The preset's AOTInductor package: `loaded` (the returned model runs it: the config's Inductor
+    options without `freezing`, which packages never use, see `compiler.aoti.package_options`), `refused` (sha256
     mismatch), `failed` (it would not load or its outputs differed from eager: see `warnings`),
     `skipped` (another input signature, `use_package=False`, or not the exact cell), `none`."""
     package_file: str | None = None
