@@ -196,3 +196,43 @@ def test_triton_kernels_and_a_paired_job_with_a_baseline_in_the_same_process():
         <= result["speedup_vs_baseline"]
         <= result["speedup_vs_baseline_ci_high"]
     )
+
+
+# --- AOTInductor packages ---------------------------------------------------------------------------------
+
+
+def _conv_bn(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(3136, 8),
+    )
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    return model.eval().cuda()
+
+
+def test_a_cuda_graph_package_loads_captures_and_serves_the_callers_weights(tmp_path):
+    # on the H200 image every package crashed its loader (a static libstdc++ in its library), a
+    # freezing preset's package wanted the exporting process's weights, and capturing a CUDA graph
+    # around torch's default runner failed: a reduce-overhead+freezing preset's package, end to end
+    from compiler import aoti
+    from compiler.measure import compare_outputs
+
+    config = CompileConfig(name="reduce-overhead+freezing", mode="reduce-overhead", freezing=True)
+    x = torch.randn(4, 3, 16, 16, device="cuda")
+    with torch._inductor.config.patch(freezing=True):  # as the export job runs a freezing preset
+        info = aoti.build_package(_conv_bn(0), (x,), config, tmp_path / "p.pt2")  # a fresh process loaded it
+    assert info["package_cudagraphs"] and info["package_inputs"] == [[[4, 3, 16, 16], "float32", "cuda"]]
+    caller = _conv_bn(1)
+    packaged = aoti.PackagedModel.load(tmp_path / "p.pt2", caller, info["package_inputs"], True, lambda: None)
+    packaged.capture((x,), {})
+    assert packaged._graph is not None  # the preset's CUDA graph, replayed by every call
+    y = torch.randn_like(x)
+    with torch.no_grad():
+        got, want = packaged(y).clone(), caller(y)
+    assert compare_outputs([want], [got], "fp32").ok
