@@ -378,6 +378,20 @@ def test_toy_mlp_factory():
         toy.mlp(1, overrides={"width": 3})
 
 
+def test_toy_conv_bn_factory_seeds_its_weights_and_has_trained_statistics():
+    model, inputs = toy.conv_bn(2)
+    assert inputs["x"].shape == (2, 3, 8, 8) and model(**inputs).shape == (2, 4) and not model.training
+    bn = model.layers[1]
+    assert not torch.equal(bn.running_var, torch.ones_like(bn.running_var))  # not the identity
+    assert torch.equal(toy.conv_bn(2)[0].layers[0].weight, model.layers[0].weight)
+    other, _ = toy.conv_bn(2, overrides={"seed": 1})
+    assert not torch.equal(other.layers[0].weight, model.layers[0].weight)
+    wide, wide_inputs = toy.conv_bn(1, 16, {"channels": 16})
+    assert wide_inputs["x"].shape == (1, 3, 16, 16) and wide.layers[4].in_features == 16 * 14 * 14
+    with pytest.raises(ValueError, match=r"\['width'\].*'channels'"):
+        toy.conv_bn(1, overrides={"width": 3})
+
+
 def test_toy_mlp_through_the_python_id():
     factory = zoo.load_python_factory("python:workers.toy:mlp")
     model, inputs = factory(2, None, {})

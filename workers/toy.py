@@ -80,3 +80,36 @@ class _Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
+
+
+def conv_bn(
+    batch_size: int, input_size: int | None = None, overrides: dict | None = None
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """Conv2d(3x3)-BatchNorm-ReLU-Linear on ``{"x": [batch, 3, size, size]}`` (``input_size``,
+    default 8), called as ``model(x=...)``, its BatchNorm's running statistics not the identity, as
+    a trained model's: the smallest model whose `freezing` folds weights into new constants.
+    Overrides: ``channels`` (default 8), ``seed`` (of the weights, default 0)."""
+    options = {"channels": 8, "seed": 0, **(overrides or {})}
+    unknown = sorted(set(options) - {"channels", "seed"})
+    if unknown:
+        raise ValueError(f"unknown conv_bn override(s) {unknown}; valid: ['channels', 'seed']")
+    size, channels = input_size or 8, int(options["channels"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(options["seed"]))
+        model = _ConvBN(channels, channels * (size - 2) ** 2)
+        with torch.no_grad():
+            model.layers[1].running_mean.uniform_(-1, 1)
+            model.layers[1].running_var.uniform_(0.5, 2)
+    inputs = {"x": torch.randn(batch_size, 3, size, size, generator=torch.Generator().manual_seed(0))}
+    return model.eval(), inputs
+
+
+class _ConvBN(nn.Module):
+    def __init__(self, channels: int, flat: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(3, channels, 3), nn.BatchNorm2d(channels), nn.ReLU(), nn.Flatten(), nn.Linear(flat, 4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)

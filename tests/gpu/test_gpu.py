@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from compiler.config import CompileConfig
-from workers import external, zoo
+from workers import external, toy, zoo
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import run_job
 
@@ -201,21 +201,6 @@ def test_triton_kernels_and_a_paired_job_with_a_baseline_in_the_same_process():
 # --- AOTInductor packages ---------------------------------------------------------------------------------
 
 
-def _conv_bn(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3),
-        torch.nn.BatchNorm2d(16),
-        torch.nn.ReLU(),
-        torch.nn.Flatten(),
-        torch.nn.Linear(3136, 8),
-    )
-    with torch.no_grad():
-        model[1].running_mean.uniform_(-1, 1)
-        model[1].running_var.uniform_(0.5, 2)
-    return model.eval().cuda()
-
-
 def test_a_cuda_graph_package_loads_captures_and_serves_the_callers_weights(tmp_path):
     # on the H200 image every package crashed its loader (a static libstdc++ in its library), a
     # freezing preset's package wanted the exporting process's weights, and capturing a CUDA graph
@@ -224,11 +209,12 @@ def test_a_cuda_graph_package_loads_captures_and_serves_the_callers_weights(tmp_
     from compiler.measure import compare_outputs
 
     config = CompileConfig(name="reduce-overhead+freezing", mode="reduce-overhead", freezing=True)
-    x = torch.randn(4, 3, 16, 16, device="cuda")
+    built, inputs = toy.conv_bn(4, 16, {"channels": 16})
+    caller, _ = toy.conv_bn(4, 16, {"channels": 16, "seed": 1})  # other weights: the package must take these
+    built, caller, x = built.cuda(), caller.cuda(), inputs["x"].cuda()
     with torch._inductor.config.patch(freezing=True):  # as the export job runs a freezing preset
-        info = aoti.build_package(_conv_bn(0), (x,), config, tmp_path / "p.pt2")  # a fresh process loaded it
+        info = aoti.build_package(built, (x,), config, tmp_path / "p.pt2")  # a fresh process loaded it
     assert info["package_cudagraphs"] and info["package_inputs"] == [[[4, 3, 16, 16], "float32", "cuda"]]
-    caller = _conv_bn(1)
     packaged = aoti.PackagedModel.load(tmp_path / "p.pt2", caller, info["package_inputs"], True, lambda: None)
     packaged.capture((x,), {})
     assert packaged._graph is not None  # the preset's CUDA graph, replayed by every call

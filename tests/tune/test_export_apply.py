@@ -370,37 +370,22 @@ def test_a_static_cxx_runtime_is_linked_shared_as_the_loader_needs(tmp_path):
     assert served.returncode == 0 and served.stdout.strip() == "3", served.stderr[-2000:]
 
 
-def conv_bn(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3),
-        torch.nn.BatchNorm2d(8),
-        torch.nn.ReLU(),
-        torch.nn.Flatten(),
-        torch.nn.Linear(288, 4),
-    )
-    with torch.no_grad():  # running statistics that are not the identity, as a trained model's
-        model[1].running_mean.uniform_(-1, 1)
-        model[1].running_var.uniform_(0.5, 2)
-    return model.eval()
-
-
 def test_a_freezing_presets_package_serves_the_callers_weights(tmp_path):
     # on the H200 every freezing preset's package asked for _frozen_param* constants (weights
     # folded at compile time from the exporting process's values) that no caller has
     config = CompileConfig(name="f", freezing=True)
-    x = torch.randn(2, 3, 8, 8)
+    built, inputs = toy.conv_bn(2)
+    caller, _ = toy.conv_bn(2, overrides={"seed": 1})  # other weights: the package must take these
     with torch._inductor.config.patch(freezing=True):  # as the export job runs a freezing preset
-        info = aoti.build_package(conv_bn(0), (x,), config, tmp_path / "p.pt2")
-    caller = conv_bn(1)  # other weights: the package must take these, not the ones it was built from
+        info = aoti.build_package(built, inputs, config, tmp_path / "p.pt2")
     runner = aoti.load_runner(tmp_path / "p.pt2", single_threaded=True)
     assert not [n for n in runner.get_constant_fqns() if n.startswith("_frozen_param")]
     packaged = aoti.PackagedModel.load(
         tmp_path / "p.pt2", caller, info["package_inputs"], False, lambda: None
     )
     with torch.no_grad():
-        assert torch.allclose(packaged(x), caller(x), rtol=1e-4, atol=1e-5)
-        assert not torch.allclose(packaged(x), conv_bn(0)(x), rtol=1e-4, atol=1e-5)
+        assert torch.allclose(packaged(**inputs), caller(**inputs), rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(packaged(**inputs), toy.conv_bn(2)[0](**inputs), rtol=1e-4, atol=1e-5)
 
 
 def test_cpu_isa_mismatch_ranks_what_a_cpu_can_run():
