@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compiler.env import project_pythonpath  # noqa: E402
 from compiler.statistics import paired_speedup  # noqa: E402
 
 
@@ -220,7 +221,7 @@ def main() -> int:
                         **os.environ,
                         "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
                         "TRITON_CACHE_DIR": f"{cache}/triton",
-                        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                        "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH")),  # as the export job's
                     }
                     cmd = [
                         sys.executable,
