@@ -320,6 +320,28 @@ def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
     return f"loading it in a fresh process failed: {said[-1][:300] if said else f'exit {proc.returncode}'}"
 
 
+def fill_constants(runner: Any, model: Any, path: Path) -> None:
+    """Fill the loaded package `runner` (from `path`) with `model`'s parameters and buffers by
+    name; raises PackageError when they do not match by name, shape and dtype."""
+    named = {  # every name of a tied weight: the package may ask for any of them
+        **dict(model.named_parameters(remove_duplicate=False)),
+        **dict(model.named_buffers(remove_duplicate=False)),
+    }
+    wanted = runner.get_constant_fqns()
+    # constants the package folds from them at load (runtime constant folding) are named
+    # _FOLDED_CONST_*: not the caller's
+    missing = [n for n in wanted if n not in named and not n.startswith("_FOLDED_CONST_")]
+    if missing:
+        raise PackageError(
+            f"{path}: the package needs {len(missing)} weights this model does not have "
+            f"(e.g. {', '.join(missing[:3])}): it was built for another architecture"
+        )
+    try:
+        runner.load_constants({n: named[n] for n in wanted if n in named}, check_full_update=True)
+    except RuntimeError as exc:
+        raise PackageError(f"{path}: this model's weights do not fit the package: {exc}") from exc
+
+
 class PackagedModel:
     """The caller's model compiled ahead of time: calls with the package's input signature run the
     package (replaying its CUDA graph where the preset uses CUDA graphs); any other signature goes
@@ -351,25 +373,9 @@ class PackagedModel:
         fallback: Callable[[], Callable[..., Any]],
     ) -> PackagedModel:
         """Load the package at `path` (its bytes already verified) and fill its constants with
-        `model`'s parameters and buffers; raises PackageError when they do not match by name,
-        shape and dtype."""
+        `model`'s parameters and buffers (`fill_constants`)."""
         runner = load_runner(path, single_threaded=cudagraphs)
-        named = {  # every name of a tied weight: the package may ask for any of them
-            **dict(model.named_parameters(remove_duplicate=False)),
-            **dict(model.named_buffers(remove_duplicate=False)),
-        }
-        wanted = runner.get_constant_fqns()
-        # constants the package folds at load (freezing) are named _FOLDED_CONST_*: not the caller's
-        missing = [n for n in wanted if n not in named and not n.startswith("_FOLDED_CONST_")]
-        if missing:
-            raise PackageError(
-                f"{path}: the package needs {len(missing)} weights this model does not have "
-                f"(e.g. {', '.join(missing[:3])}): it was built for another architecture"
-            )
-        try:
-            runner.load_constants({n: named[n] for n in wanted if n in named}, check_full_update=True)
-        except RuntimeError as exc:
-            raise PackageError(f"{path}: this model's weights do not fit the package: {exc}") from exc
+        fill_constants(runner, model, path)
         return cls(runner, inputs, cudagraphs, fallback)
 
     def capture(self, args: tuple, kwargs: dict) -> None:

@@ -143,9 +143,7 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     # the loader CUDA packages take (no ISA probe) serves this CPU package too, with our weights
     model, inputs = toy.mlp(4)
     runner = aoti.load_runner(dest / entry["package"], device_check=False)
-    named = dict(model.named_parameters())
-    wanted = runner.get_constant_fqns()  # (and _FOLDED_CONST_*, folded from them at load)
-    runner.load_constants({n: named[n] for n in wanted if n in named}, check_full_update=True)
+    aoti.fill_constants(runner, model, dest / entry["package"])
     with torch.no_grad():
         assert torch.allclose(runner(**inputs), model(**inputs), rtol=1e-4, atol=1e-4)
 
