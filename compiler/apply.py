@@ -52,6 +52,11 @@ class PresetFallbackWarning(UserWarning):
     `torch.compile` instead."""
 
 
+class RuntimeSettingWarning(UserWarning):
+    """`compile_tuned` changed a process-wide runtime setting (`compiler.runtime`) to the value
+    the preset was measured under."""
+
+
 class ExportError(RuntimeError):
     """An export that cannot be made (`orchestrate export`) or used (`compile_tuned` with
     `strict=True`); the message names the file and what to do."""
@@ -71,6 +76,9 @@ class Applied:
     preset: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     """The CompileConfig applied (`torch.compile` arguments and `freezing`)."""
+    runtime: dict[str, Any] = field(default_factory=dict)
+    """The process-wide runtime settings this process now runs under (`compiler.runtime`: the
+    preset's, torch's defaults for those it does not name), set before the first call."""
     precision: str | None = None
     bundle: str = "none"
     """`loaded`, `refused` (sha256 mismatch or unreadable), `none` (the preset has no bundle)."""
@@ -317,6 +325,7 @@ def compile_tuned(
             # the compiled region, so the graph is the one the bundle holds
             model = model.to(target)
             cast = target
+    _apply_runtime(config, applied)
     model = config.prepare_model(model)
     config.apply_globals()
 
@@ -350,6 +359,26 @@ def compile_tuned(
         cast_note()
     _first_call(model, compiled)
     return compiled, applied
+
+
+def _apply_runtime(config: CompileConfig, applied: Applied) -> None:
+    """Set the preset's runtime settings (and torch's defaults for the others), as the job that
+    measured it did before its first call; say so where that changes what the process had. A
+    process keeps its first cuDNN plan per convolution, so this must happen before the model's
+    first convolution runs in the process."""
+    from compiler import runtime
+
+    before = config.apply_runtime()
+    applied.runtime = runtime.current()
+    changed = {k: (before[k], v) for k, v in applied.runtime.items() if before.get(k) != v}
+    if changed:
+        what = ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changed.items())
+        message = (
+            f"compile_tuned: set the process-wide runtime settings the preset was measured under ({what}); "
+            "they apply to every model in this process"
+        )
+        applied.warnings.append(message)
+        warnings.warn(message, RuntimeSettingWarning, stacklevel=4)
 
 
 def _packaged(

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from compiler.runtime import setting_problems
+
 # Reserved: eager is always measured as the baseline of every job.
 EAGER = "eager"
 
@@ -45,6 +47,10 @@ class CompileConfig:
     channels_last: bool = False
     """Convert the model's 4-D weights to channels-last memory format before compiling (a layout
     choice for conv nets; the inputs keep the layout the caller gives them)."""
+    runtime: dict[str, Any] = field(default_factory=dict)
+    """Process-wide runtime settings (`compiler.runtime.SETTINGS`, e.g. `cudnn_benchmark`), set
+    before the model is built so eager and compiled run under them alike; a setting not named
+    keeps torch's default."""
     timeout_s: float | None = None
     """Per-job wall-time limit for this config; None takes the sweep's, else the mode default."""
 
@@ -67,6 +73,13 @@ class CompileConfig:
         import torch._inductor.config as inductor_config
 
         inductor_config.freezing = self.freezing
+
+    def apply_runtime(self) -> dict[str, Any]:
+        """Set this config's runtime settings in this process (torch's defaults for the others);
+        returns the previous values (`compiler.runtime.restore`)."""
+        from compiler import runtime
+
+        return runtime.apply(self.runtime)
 
     def prepare_model(self, model):
         """The model as this config compiles it: in channels-last layout if asked (in place, as
@@ -173,6 +186,7 @@ def config_problems(cfg: CompileConfig) -> list[tuple[str, str]]:
                     + _did_you_mean(opt, sorted(names)),
                 )
             )
+    problems += setting_problems(cfg.runtime)
     if cfg.timeout_s is not None and not cfg.timeout_s > 0:
         problems.append(("timeout_s", f"timeout_s must be positive, got {cfg.timeout_s!r}"))
     return problems

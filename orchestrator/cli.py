@@ -307,6 +307,19 @@ def build_parser() -> argparse.ArgumentParser:
         "its start (torch cannot cache AOTAutograd with freezing): leave freezing out where start-up matters",
     )
     p.add_argument(
+        "--bases",
+        metavar="LIST",
+        help="torch modes added as bases where the sweep's configs lack them: candidates of their own, each "
+        "with the knobs too (default: max-autotune,max-autotune-no-cudagraphs on GPU classes, none on CPU, "
+        "where a max-autotune compile takes minutes; '' for none)",
+    )
+    p.add_argument(
+        "--prune-from",
+        metavar="DIR",
+        help="an earlier tune's --out: the knobs it found faster on no cell of a hardware class are left out "
+        "of that class's search (tune.json says which, and why)",
+    )
+    p.add_argument(
         "--eta",
         type=_whole(2),
         default=3,
@@ -584,6 +597,12 @@ def _drive(run):
         return None, EXIT_INTERRUPTED
 
 
+def _mode_names() -> list[str]:
+    from compiler.config import inductor_modes
+
+    return sorted(inductor_modes())
+
+
 def cmd_tune(args) -> int:
     from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.progress import format_duration
@@ -612,6 +631,13 @@ def cmd_tune(args) -> int:
             for k in knobs
             if k not in KNOB_NAMES
         ]
+    bases = None
+    if args.bases is not None:
+        modes = _mode_names()
+        bases = tuple(filter(None, (b.strip() for b in args.bases.split(","))))
+        problems += [
+            f"--bases: unknown mode {b!r}; valid: {', '.join(modes)}" for b in bases if b not in modes
+        ]
     budgets = _budgets(args)
     if problems:
         for line in problems:
@@ -630,6 +656,8 @@ def cmd_tune(args) -> int:
         only=args.only,
         precisions=tuple(precisions),
         knobs=knobs,
+        bases=bases,
+        prune_from=checked(args.prune_from) if args.prune_from else None,
         budgets=budgets,
         eta=args.eta,
         confirm_repeats=args.confirm_repeats,
@@ -644,6 +672,9 @@ def cmd_tune(args) -> int:
         return code
     for cell, why in summary.decisions.items():
         print(f"{cell}: {why}")
+    for hw, knobs in summary.pruned.items():
+        print(f"{hw}: left out of the search (--prune-from): {', '.join(sorted(knobs))}")
+    _print_what_won(summary.what_won)
     jobs = ", ".join(f"{n} {r}" for r, n in summary.jobs.items())
     print(
         f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {summary.cells} cells, {summary.tuned} tuned, "
@@ -795,8 +826,18 @@ def cmd_presets(args) -> int:
                 f"{hardware}/*/{dtype} (class default, for models never swept): {d['config']} "
                 f"(ok on {d['cells']} cells, geomean {d['geomean_speedup_vs_eager']:.2f}x vs eager)"
             )
+    _print_what_won(data.get("what_won"))
     print(f"wrote {path}")
     return 0
+
+
+def _print_what_won(table: list[dict] | None) -> None:
+    """Per class, which settings the presets use and what each gained where measured alone."""
+    from orchestrator.tune.effects import what_won_markdown
+
+    if table:
+        print("\nWhat won, per hardware class (gain: the same config without the setting / with it):")
+        print(what_won_markdown(table))
 
 
 def cmd_export(args) -> int:

@@ -357,6 +357,7 @@ class JobRun:
         the job's), and an fp32 copy on the host for the fp64 reference if asked."""
         import torch
 
+        from compiler import runtime
         from compiler.precision import apply_precision
         from workers import external, zoo
 
@@ -364,6 +365,9 @@ class JobRun:
         self.enter("build")
         device = torch.device("cuda" if job.device == "cuda" else "cpu")
         dtype = apply_precision(precision or job.dtype)
+        # before the model exists: eager and compiled run under the same settings, from the first call
+        job.config.apply_runtime()
+        self.result["runtime"] = json.dumps(runtime.current(), sort_keys=True)
         torch.manual_seed(0)
         if job.model.id.startswith("python:"):
             factory = zoo.load_python_factory(job.model.id)
@@ -433,6 +437,14 @@ class JobRun:
         from workers import zoo
 
         base = self.job.baseline
+        if base.config.runtime != self.job.config.runtime:
+            # a process keeps its first cuDNN plan per convolution: the second side would be
+            # timed under the first side's plans, whatever its own setting says
+            raise ValueError(
+                f"the baseline {base.config.name!r} and {self.job.config.name!r} differ in runtime "
+                f"settings ({base.config.runtime} vs {self.job.config.runtime}): such configs are "
+                "compared in processes of their own, never in one"
+            )
         model, base_inputs, _ = self.build(keep_fp32_copy=False, precision=base.dtype)
         with torch.no_grad():  # the eager call first, as the candidate's model had one
             _call(model, base_inputs[0])

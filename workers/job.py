@@ -135,7 +135,7 @@ class Job:
 def _config_identity(cfg: CompileConfig) -> dict[str, Any]:
     config = asdict(cfg)
     config.pop("timeout_s")
-    for knob in ("freezing", "channels_last"):  # as before the fields existed: old outputs still resume
+    for knob in ("freezing", "channels_last", "runtime"):  # as before the fields existed: old outputs resume
         if not config[knob]:
             del config[knob]
     return config

@@ -6,6 +6,7 @@ file and line, so a user fixes a sweep file in one pass and nothing runs on a ba
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import re
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from compiler import runtime as runtime_settings
 from compiler.config import CompileConfig, config_problems
 from orchestrator.spec.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
 from workers.job import PRECISIONS, MeasureSpec, ModelSpec, canonical_precision
@@ -107,6 +109,7 @@ _CONFIG_KEYS = {
     "options",
     "freezing",
     "channels_last",
+    "runtime",
     "timeout_s",
 }
 _MEASURE_KEYS = {"warmup", "iterations", "rounds", "flops", "warm_compile", "repeats"}
@@ -288,6 +291,7 @@ def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
             ("dynamic", lambda v: v is None or isinstance(v, bool), "true, false or null"),
             ("backend", lambda v: isinstance(v, str), "a string"),
             ("options", lambda v: isinstance(v, dict), "a mapping"),
+            ("runtime", lambda v: isinstance(v, dict), "a mapping, e.g. {cudnn_benchmark: true}"),
         ):
             if key in body and not check(body[key]):
                 src.error(path + (key,), f"{key} must be {kind}, got {_show(body[key])}")
@@ -304,11 +308,13 @@ def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
             options=body.get("options", {}),
             freezing=body.get("freezing", False),
             channels_last=body.get("channels_last", False),
+            runtime=dict(body.get("runtime", {})),
             timeout_s=timeout,
         )
         for fld, message in config_problems(cfg):
             src.error(path + tuple(fld.split(".")), f"config {name!r}: {message}")
-        configs.append(cfg)
+        # a setting written at torch's default is no setting: same job id as leaving it out
+        configs.append(dataclasses.replace(cfg, runtime=runtime_settings.explicit(cfg.runtime)))
     return configs
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Hashable, Iterable
 from datetime import datetime
 from typing import Any
 
+from compiler import runtime
 from orchestrator.store.schema import RESULT_COLUMNS, SIDE_TABLES, check_row, check_side_row, options_json
 from workers.job import Job
 
@@ -48,6 +50,8 @@ def make_row(
         options=options_json(job.config.options),
         freezing=job.config.freezing,
         channels_last=job.config.channels_last,
+        # what the job process read back after setting them; the config's for a job that never ran
+        runtime=result.get("runtime") or runtime.to_json(job.config.runtime),
         baseline_config=job.baseline.config.name if job.baseline else None,
         baseline_dtype=job.baseline.dtype if job.baseline else None,
         status=result.get("status", "crash"),
@@ -55,6 +59,7 @@ def make_row(
         wall_s=wall_s,
         attempt=attempt,
     )
+    row["cudnn_benchmark"] = bool(json.loads(row["runtime"]).get("cudnn_benchmark"))
     if row["status"] == "ok":
         row["error"] = None
     measured = [row.get("phase_compile_s"), row.get("phase_timing_s")]

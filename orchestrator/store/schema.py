@@ -62,6 +62,13 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("freezing", pa.bool_(), "torch._inductor.config.freezing (weights folded as constants)"),
     ("channels_last", pa.bool_(), "the model's weights converted to channels-last layout before compiling"),
     (
+        "runtime",
+        pa.string(),
+        "process-wide runtime settings eager and compiled ran under, as JSON: every setting of "
+        "compiler.runtime, torch's default where the config names none",
+    ),
+    ("cudnn_benchmark", pa.bool_(), "torch.backends.cudnn.benchmark during the job (a runtime setting)"),
+    (
         "baseline_config",
         pa.string(),
         "a config compiled and timed in the same processes as this one (orchestrate tune's confirmation); "
@@ -350,7 +357,7 @@ _PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -360,6 +367,7 @@ with a newer schema reads older files with the columns they lack as nulls (`read
 - 3: `triton_kernels`, the `presets` table; results gain `channels_last` and the `baseline_*`
   columns of a tune's confirmation jobs.
 - 4: `kernel_choices` gains `emitted` (the candidate in the generated code) and `fusion_benchmarked`.
+- 5: results gain `runtime` and `cudnn_benchmark` (runtime settings).
 """
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 

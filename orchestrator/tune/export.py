@@ -296,6 +296,9 @@ def export(
         "stack": {**stack, "driver": software_stack().get("driver") or stack.get("driver")},
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": str(out),
+        # the process-wide settings each preset runs under (also in presets.json), so an operator
+        # sees what compile_tuned will set in the serving process without reading every preset
+        "runtime": {_cell(e): e["compile"].get("runtime") or {} for e in entries},
         "files": files,
     }
     tmp = dest / f".{MANIFEST}.tmp"

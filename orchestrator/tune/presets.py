@@ -16,8 +16,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from compiler import runtime
 from orchestrator.store.schema import PRESETS_SCHEMA, read_results, results_path
 from orchestrator.store.storage import Target, resolve
+from orchestrator.tune.effects import setting_effects, what_won
 
 PRESETS_FILE = "presets.json"
 PRESETS_TABLE_FILE = "presets.parquet"
@@ -71,6 +73,7 @@ def _is_default(row: dict[str, Any]) -> bool:
         and not row["fullgraph"]
         and row["dynamic"] is None
         and not row.get("freezing")
+        and not runtime.from_json(row.get("runtime"))
     )
 
 
@@ -124,6 +127,7 @@ def _compile_dict(row: dict[str, Any]) -> dict[str, Any]:
         "options": json.loads(row["options"] or "{}"),
         "freezing": bool(row.get("freezing")),
         "channels_last": bool(row.get("channels_last")),
+        "runtime": runtime.from_json(row.get("runtime")),
     }
 
 
@@ -196,7 +200,9 @@ def derive_presets(table: pa.Table, budgets: Budgets = Budgets()) -> dict[str, A
                 over_budget=over,
             )
         )
-    return preset_document(presets, missing, all_rows, budgets)
+    data = preset_document(presets, missing, all_rows, budgets)
+    data["what_won"] = what_won(presets, setting_effects(all_rows))
+    return data
 
 
 def _status(row: dict[str, Any], budgets: Budgets) -> str:

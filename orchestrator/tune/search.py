@@ -43,8 +43,9 @@ from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store.rows import latest_rows
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked
+from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
 from orchestrator.tune.presets import Budgets, eligible, preset_document, preset_entry, write_preset_files
-from orchestrator.tune.space import KNOB_NAMES, Candidate, candidates
+from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates, knobs_of, with_knobs
 from workers.job import Baseline, Job, MeasureSpec, ModelSpec, software_stack
 
 TUNE_FILE = "tune.json"
@@ -82,6 +83,12 @@ class TuneOptions:
     precisions: tuple[str, ...] = ()
     """Precision policies a candidate may use besides the cell's own (e.g. tf32, bf16)."""
     knobs: tuple[str, ...] = KNOB_NAMES
+    bases: tuple[str, ...] | None = None
+    """Torch modes added as bases (candidates with knobs of their own) where the sweep lacks them;
+    None: `max-autotune` and `max-autotune-no-cudagraphs` on GPU classes, none on CPU."""
+    prune_from: Target | None = None
+    """An earlier tune's output: knobs it found faster on no cell of a class are left out of that
+    class's search (`orchestrator.tune.effects.dropped_knobs`)."""
     budgets: Budgets = field(default_factory=Budgets)
     eta: int = DEFAULT_ETA
     """Rung 0 keeps the best 1/eta of each cell's candidates (at least one) for rung 1."""
@@ -103,6 +110,8 @@ class TuneSummary:
     jobs: dict[str, int]
     wall_s: float
     decisions: dict[str, str]
+    what_won: list[dict[str, Any]] = field(default_factory=list)
+    pruned: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def rung_measure(
@@ -203,7 +212,9 @@ def decide(
 ) -> tuple[dict[str, Any] | None, str]:
     """The cell's preset entry (None: nothing eligible) and the decision in words.
 
-    `confirmation` is (candidate, stock, row of their same-process job) where one ran."""
+    `confirmation` is (candidate, stock, row of their same-process job, None) where one ran, or
+    (candidate, stock, candidate's row, stock's row) for configs that differ in a runtime setting,
+    which were timed in processes of their own (an unpaired interval)."""
     stock, tuned, n = best_pair(rung1, budgets)
     if stock is None and tuned is None:
         return None, "no candidate passed its accuracy check within the budgets"
@@ -218,20 +229,35 @@ def decide(
         return preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields), why
     c, r = tuned
     row = confirmation[2] if confirmation else None
-    if row is None or row["status"] != "ok" or not row.get("baseline_samples_ms"):
-        status = "not run" if row is None else f"{row['status']}: {(row.get('error') or '')[:200]}"
+    apart = confirmation[3] if confirmation and len(confirmation) > 3 else None
+    failed = next(
+        (x for x in (row, apart) if x is not None and x["status"] != "ok"),
+        None,
+    )
+    if row is None or failed or (apart is None and not row.get("baseline_samples_ms")):
+        bad = failed or row
+        status = "not run" if bad is None else f"{bad['status']}: {(bad.get('error') or '')[:200]}"
         why = f"stock: the confirmation of {c.config.name} against {s_cand.config.name} failed ({status})"
         return preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields), why
-    iv = cstats.paired_speedup(
-        row["baseline_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
-    )
+    if apart is None:
+        iv = cstats.paired_speedup(
+            row["baseline_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
+        )
+        stock_ms, how = row["baseline_ms"], "processes"
+    else:  # a runtime setting differs: never timed in one process (compiler.runtime)
+        iv = cstats.ratio_interval(
+            cstats.split_groups(apart["compiled_samples_ms"], apart["samples_per_repeat"]),
+            cstats.split_groups(row["compiled_samples_ms"], row["samples_per_repeat"]),
+            paired=False,
+        )
+        stock_ms, how = apart["compiled_ms"], "processes each, apart (they differ in a runtime setting)"
     figures = (
         f"{c.config.name} ({c.dtype}) vs {s_cand.config.name}: {iv.estimate:.3f}x "
-        f"[{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} processes"
+        f"[{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} {how}"
     )
     paired = {
         "stock_config": s_cand.config.name,
-        "stock_ms": row["baseline_ms"],
+        "stock_ms": stock_ms,
         "speedup_vs_stock": iv.estimate,
         "speedup_vs_stock_ci_low": iv.low,
         "speedup_vs_stock_ci_high": iv.high,
@@ -245,10 +271,57 @@ def decide(
         return preset_entry(row, cell.dtype, source="tuned", decision=why, **paired, **own), why
     why = f"stock: {figures}, an interval that does not lie above 1"
     entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **paired)
-    entry["compiled_ms"] = row["baseline_ms"]  # the stock side, measured with the candidate
+    entry["compiled_ms"] = stock_ms  # the stock side, measured with the candidate
     entry["speedup_vs_stock"] = 1.0
     entry["speedup_vs_stock_ci_low"] = entry["speedup_vs_stock_ci_high"] = None
     return entry, why
+
+
+def _bases(bases: tuple[str, ...] | None, device: str) -> tuple[str, ...]:
+    if bases is not None:
+        return bases
+    return BASE_MODES if device == "cuda" else ()  # a CPU max-autotune compile takes minutes
+
+
+def _pruned(prune_from: Target | None) -> dict[str, dict[str, str]]:
+    """hardware class -> knob -> why, from an earlier tune's tune.json (see TuneOptions.prune_from)."""
+    if prune_from is None:
+        return {}
+    where = checked(prune_from).join(TUNE_FILE)
+    if not where.exists():
+        raise NothingToTune(f"--prune-from: {where} does not exist (give the --out of an earlier tune)")
+    try:
+        document = json.loads(where.read_text()).get("setting_effects") or {}
+    except ValueError as exc:
+        raise NothingToTune(f"--prune-from: {where} is not valid JSON ({exc})") from None
+    return {hw: knobs for hw, knobs in dropped_knobs(document).items() if knobs}
+
+
+def combine_helping_knobs(
+    results: list[tuple[Candidate, dict[str, Any] | None]], budgets: Budgets
+) -> Candidate | None:
+    """The fastest eligible base of rung 0 (a stock config or an added mode) with every knob that
+    was faster than it there, turned together, when at least two were: knobs are measured one at
+    a time, and their gains may add up (cudnn_benchmark on top of freezing, ...). None otherwise."""
+    ok = {c.config.name: (c, r) for c, r in results if r is not None and eligible(r, budgets)}
+    bases = [(c, r) for c, r in ok.values() if not knobs_of(c.config)[1]]
+    if not bases:
+        return None
+    base, base_row = min(bases, key=lambda cr: cr[1]["compiled_ms"])
+    helping = [
+        knob
+        for knob in KNOB_NAMES
+        if f"{base.config.name}+{knob}" in ok
+        and ok[f"{base.config.name}+{knob}"][1]["compiled_ms"] < base_row["compiled_ms"]
+    ]
+    if len(helping) < 2:
+        return None
+    cfg = with_knobs(base.config, helping)
+    if cfg is None:
+        return None
+    return Candidate(
+        dataclasses.replace(cfg, name=f"{base.config.name}+{'+'.join(helping)}"), base.dtype, False
+    )
 
 
 def _latest(out: Location) -> dict[str, dict[str, Any]]:
@@ -306,8 +379,17 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         classes = cluster_classes(opts.cpus_per_job)
         hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
         stack = software_stack()
+        pruned = _pruned(opts.prune_from)
         space = {
-            cell: candidates(spec.configs, cell.model, cell.device, cell.dtype, opts.precisions, opts.knobs)
+            cell: candidates(
+                spec.configs,
+                cell.model,
+                cell.device,
+                cell.dtype,
+                opts.precisions,
+                tuple(k for k in opts.knobs if k not in pruned.get(cell.hardware, {})),
+                _bases(opts.bases, cell.device),
+            )
             for cell in plan_cells(spec, hardware)
         }
         measure0 = rung_measure(spec.measure, "rung0")
@@ -334,6 +416,9 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         for cell in cells:
             results = [(c, rows0.get(j.job_id)) for (ce, c), j in jobs0.items() if ce == cell]
             survivors[cell] = promote(results, opts.eta, opts.budgets)
+            combined = combine_helping_knobs(results, opts.budgets)
+            if combined is not None:
+                survivors[cell].append(combined)
             log[cell.name] = {
                 "candidates": {f"{c.config.name}@{c.dtype}": _figures(r, opts.budgets) for c, r in results},
                 "promoted": [f"{c.config.name}@{c.dtype}" for c in survivors[cell]],
@@ -371,23 +456,41 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
             if stock and tuned:  # rung 1's one-process figures rank; only a paired interval decides
                 pairs[cell] = (tuned[0], stock[0])
         measure2 = rung_measure(spec.measure, "confirm", opts.confirm_repeats)
-        jobs2 = {
-            cell: make_job(spec, cell, cand, measure2, opts.timeout_cap_s, baseline=base, stack=stack)
-            for cell, (cand, base) in pairs.items()
-        }
+        jobs2: dict[Cell, tuple[Job, Job | None]] = {}
+        for cell, (cand, base) in pairs.items():
+            if cand.config.runtime == base.config.runtime:
+                jobs2[cell] = (
+                    make_job(spec, cell, cand, measure2, opts.timeout_cap_s, baseline=base, stack=stack),
+                    None,
+                )
+            else:  # a process keeps its first cuDNN plans: each side in processes of its own
+                jobs2[cell] = (
+                    make_job(spec, cell, cand, measure2, opts.timeout_cap_s, stack=stack),
+                    make_job(spec, cell, base, measure2, opts.timeout_cap_s, stack=stack),
+                )
+        apart = sum(1 for _, b in jobs2.values() if b is not None)
         rows2 = run_round(
             "confirm",
-            list(jobs2.values()),
+            [j for pair in jobs2.values() for j in pair if j is not None],
             f"{len(jobs2)} cells: the best candidate against the best stock config, "
-            f"both timed in the same {measure2.repeats} processes",
+            f"both timed in the same {measure2.repeats} processes"
+            + (
+                f" ({apart} cells that differ in a runtime setting: {measure2.repeats} processes each)"
+                if apart
+                else ""
+            ),
         )
 
     entries, missing, decisions = [], [], {}
     for cell in cells:
         confirmation = None
         if cell in pairs:
-            confirmation = (*pairs[cell], rows2.get(jobs2[cell].job_id))
+            job, apart_job = jobs2[cell]
+            apart_row = rows2.get(apart_job.job_id) if apart_job is not None else None
+            confirmation = (*pairs[cell], rows2.get(job.job_id), apart_row)
             log[cell.name]["confirm"] = _figures(confirmation[2], opts.budgets)
+            if apart_job is not None:
+                log[cell.name]["confirm_stock_apart"] = _figures(apart_row, opts.budgets)
         entry, why = decide(cell, rung1[cell], confirmation, opts.budgets)
         decisions[cell.name] = why
         log[cell.name]["decision"] = why
@@ -414,7 +517,10 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         }
         entries.append(entry)
 
+    effects = setting_effects(list(rows0.values()))
+    won = what_won(entries, effects)
     data = preset_document(entries, missing, list(rows0.values()), opts.budgets)
+    data["what_won"] = won
     write_preset_files(out, data)
     out.join(TUNE_FILE).write_text(
         json.dumps(
@@ -427,6 +533,10 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
                 "confirm_repeats": opts.confirm_repeats,
                 "precisions": list(opts.precisions),
                 "knobs": list(opts.knobs),
+                "bases": list(opts.bases) if opts.bases is not None else "max-autotune modes on GPU classes",
+                "pruned": pruned,
+                "setting_effects": effects_document(effects),
+                "what_won": won,
                 "jobs": jobs_run,
                 "cells": log,
             },
@@ -444,4 +554,6 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         jobs=jobs_run,
         wall_s=time.monotonic() - t0,
         decisions=decisions,
+        what_won=won,
+        pruned=pruned,
     )

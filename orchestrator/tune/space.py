@@ -10,8 +10,9 @@ a GPU-only knob on CPU, a layout change for a model without 4-D weights) is not 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compiler.config import CompileConfig, inductor_modes
 from workers.job import ModelSpec
@@ -26,6 +27,8 @@ class Knob:
     devices: tuple[str, ...] = ("cpu", "cuda")
     freezing: bool = False
     channels_last: bool = False
+    runtime: dict = field(default_factory=dict)
+    """Runtime settings the knob sets (`compiler.runtime`), e.g. cuDNN's algorithm search."""
     needs: Callable[[dict], bool] | None = None
     """Only for bases whose options pass this test (e.g. GEMM backends need max_autotune)."""
 
@@ -51,6 +54,27 @@ KNOBS: tuple[Knob, ...] = (
         "cudagraphs", "CUDA graphs around the compiled graph", {"triton.cudagraphs": True}, devices=("cuda",)
     ),
     Knob(
+        "cudnn_benchmark",
+        "cuDNN times its convolution algorithms per shape and keeps the fastest (a runtime setting)",
+        {},
+        devices=("cuda",),
+        runtime={"cudnn_benchmark": True},
+    ),
+    Knob(
+        "conv_triton",
+        "max-autotune convolutions from Triton templates only (no cuDNN candidates)",
+        {"max_autotune_conv_backends": "TRITON"},
+        devices=("cuda",),
+        needs=lambda options: bool(options.get("max_autotune")),
+    ),
+    Knob(
+        "conv_aten",
+        "max-autotune leaves convolutions to cuDNN (no Triton conv templates: a shorter autotune)",
+        {"max_autotune_conv_backends": "ATEN"},
+        devices=("cuda",),
+        needs=lambda options: bool(options.get("max_autotune")),
+    ),
+    Knob(
         "gemm_triton",
         "max-autotune GEMMs from Triton templates only (no cuBLAS candidates)",
         {"max_autotune_gemm_backends": "TRITON"},
@@ -59,6 +83,10 @@ KNOBS: tuple[Knob, ...] = (
     ),
 )
 KNOB_NAMES: tuple[str, ...] = tuple(k.name for k in KNOBS)
+KNOBS_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+BASE_MODES: tuple[str, ...] = ("max-autotune", "max-autotune-no-cudagraphs")
+"""Torch's deep-autotuning modes, which the tuner adds as bases (candidates, with knobs of their
+own) where the sweep's stock configs do not already cover them."""
 
 IMAGE_MODEL_PREFIXES = ("hf:", "timm:", "torchvision:")
 
@@ -94,14 +122,66 @@ def _with_knob(base: CompileConfig, knob: Knob) -> CompileConfig | None:
         return None  # the base sets it already
     if (knob.freezing and base.freezing) or (knob.channels_last and base.channels_last):
         return None
+    if knob.runtime and all(base.runtime.get(k) == v for k, v in knob.runtime.items()):
+        return None
+    runtime_only = not (knob.options or knob.freezing or knob.channels_last)
     return dataclasses.replace(
         base,
         name=f"{base.name}+{knob.name}",
-        mode=None,
-        options={**options, **knob.options},
+        # a knob that sets only runtime settings keeps the base's mode: nothing to merge into options
+        mode=base.mode if runtime_only else None,
+        options=dict(base.options) if runtime_only else {**options, **knob.options},
         freezing=base.freezing or knob.freezing,
         channels_last=base.channels_last or knob.channels_last,
+        runtime={**base.runtime, **knob.runtime},
     )
+
+
+def with_knobs(base: CompileConfig, names: list[str]) -> CompileConfig | None:
+    """`base` with every knob of `names` turned (in that order), or None if one of them changes
+    nothing there (the base sets it already, or it needs a base option that is missing)."""
+    cfg = base
+    for name in names:
+        cfg = _with_knob(cfg, KNOBS_BY_NAME[name])
+        if cfg is None:
+            return None
+    return cfg
+
+
+def knobs_of(cfg: CompileConfig) -> tuple[str, list[str]]:
+    """(base name, knob names) of a candidate named `base+knob+knob...` by this module."""
+    base, *turned = cfg.name.split("+")
+    return base, [k for k in turned if k in KNOBS_BY_NAME]
+
+
+def settings(cfg: CompileConfig) -> str:
+    """Everything a config compiles and runs with, as one comparable text (names aside)."""
+    return json.dumps(
+        [
+            cfg.backend,
+            cfg.fullgraph,
+            cfg.dynamic,
+            expanded_options(cfg),
+            cfg.freezing,
+            cfg.channels_last,
+            cfg.runtime,
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
+def extra_bases(stock: tuple[CompileConfig, ...], modes: tuple[str, ...]) -> list[CompileConfig]:
+    """Configs for the torch modes in `modes` that no inductor stock config compiles with already."""
+    have = [
+        expanded_options(c) for c in stock if c.backend == "inductor" and not c.freezing and not c.runtime
+    ]
+    found = []
+    for mode in modes:
+        cfg = CompileConfig(name=mode, mode=mode)
+        if expanded_options(cfg) not in have and mode not in {c.name for c in stock}:
+            found.append(cfg)
+    return found
 
 
 def candidates(
@@ -111,21 +191,27 @@ def candidates(
     dtype: str,
     precisions: tuple[str, ...] = (),
     knobs: tuple[str, ...] = KNOB_NAMES,
+    bases: tuple[str, ...] = (),
 ) -> list[Candidate]:
-    """Every candidate of one cell: the stock configs, each inductor stock config with each
-    applicable knob, and the stock configs under each allowed precision other than `dtype`."""
+    """Every candidate of one cell: the stock configs, torch's modes of `bases` the sweep lacks
+    (candidates, not stock), each of those inductor configs with each applicable knob, and the
+    stock configs under each allowed precision other than `dtype`."""
     found: list[Candidate] = [Candidate(cfg, dtype, True) for cfg in stock]
-    names = {cfg.name for cfg in stock}
+    added = extra_bases(stock, bases)
+    found += [Candidate(cfg, dtype, False) for cfg in added]
+    names = {cfg.name for cfg in (*stock, *added)}
+    seen = {settings(cfg) for cfg in (*stock, *added)}  # e.g. max-autotune-no-cudagraphs+cudagraphs
     image = model.id.startswith(IMAGE_MODEL_PREFIXES)
-    for base in stock:
+    for base in (*stock, *added):
         if base.backend != "inductor":
             continue
         for knob in KNOBS:
             if knob.name not in knobs or device not in knob.devices or (knob.channels_last and not image):
                 continue
             cfg = _with_knob(base, knob)
-            if cfg is not None and cfg.name not in names:
+            if cfg is not None and cfg.name not in names and settings(cfg) not in seen:
                 names.add(cfg.name)
+                seen.add(settings(cfg))
                 found.append(Candidate(cfg, dtype, False))
     for policy in precisions:
         if policy != dtype:

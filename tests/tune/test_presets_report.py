@@ -96,6 +96,7 @@ def test_derive_presets_picks_the_fastest_ok_config(table, table_jobs):
         "options": {},
         "freezing": False,
         "channels_last": False,
+        "runtime": {},
     }
     assert p["job_id"] == table_jobs["A100/resnet/bs1/fp32/ro"].job_id
     assert p["model_id"] == "hf:microsoft/resnet-50"

@@ -1,0 +1,171 @@
+"""Does an exported preset's runtime setting reach the serving process? Latency through
+`compiler.apply.compile_tuned` against the same compiled config under torch's default runtime
+settings, each in fresh processes.
+
+For every preset of an export directory (`orchestrate export ... --dest DIR`) whose config sets
+runtime settings (`compiler.runtime`, e.g. `cudnn_benchmark`), `--repeats` pairs of fresh
+processes build the model (random weights, as the sweep did) with torch's defaults in force:
+
+- `tuned`: `compile_tuned(model, inputs, DIR, use_package=False)`, which sets the preset's
+  runtime settings before the first call, then times the compiled model;
+- `stock`: the same config through `torch.compile` with the runtime settings left at torch's
+  defaults (what a user who copied only the compile options would run), then times it.
+
+The two never share a process: a process keeps its first cuDNN plan per convolution. Prints one
+line per preset: each side's median latency and stock / tuned with its unpaired interval over the
+processes (`compiler.statistics.ratio_interval`; above 1: the applied preset is faster).
+
+    python benchmarks/runtime_apply.py DIR [--repeats 3] [--iterations 200] [--save FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from compiler.env import project_pythonpath  # noqa: E402
+from compiler.statistics import ratio_interval  # noqa: E402
+
+
+def child(side: str, export_dir: str, index: int, iterations: int) -> None:
+    import torch
+
+    from compiler import measure, runtime
+    from compiler.apply import compile_tuned
+    from compiler.config import CompileConfig
+    from compiler.precision import apply_precision
+    from workers.bench import JobRun
+    from workers.job import Job, MeasureSpec, ModelSpec
+
+    presets = json.loads((Path(export_dir) / "presets.json").read_text())
+    entry = [e for e in presets["presets"] if (e["compile"].get("runtime") or {})][index]
+    device = "cpu" if presets["hardware"] == "cpu" else "cuda"
+    config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
+    stock = dataclasses.replace(config, runtime={})  # the model is built under torch's defaults
+    job = Job(
+        sweep="runtime-apply",
+        hardware=presets["hardware"],
+        device=device,
+        model=ModelSpec(**entry["model_spec"]),
+        batch_size=entry["batch_size"],
+        dtype=entry.get("precision") or entry["dtype"],
+        config=stock,
+        measure=MeasureSpec(),
+        timeout_s=3600,
+    )
+    scratch = Path(tempfile.mkdtemp())
+    (scratch / "job.json").write_text(json.dumps(job.to_dict()))
+    run = JobRun(scratch / "job.json", scratch / "result.json")
+    model, input_sets, _ = run.build(keep_fp32_copy=False)
+    if side == "tuned":
+        compiled, applied = compile_tuned(
+            model,
+            input_sets[0],
+            export_dir,
+            model_name=entry["model"],
+            dtype=entry["dtype"],
+            use_package=False,
+        )
+        assert applied.match == "exact", applied.summary()
+    else:
+        apply_precision(job.dtype)
+        stock.apply_globals()
+        compiled = torch.compile(model, **stock.compile_kwargs())
+    call = run._rotating(compiled, input_sets, mark_step=True)
+    with torch.no_grad():
+        measure.warmup_until_stable(call, device, min_calls=10)
+        (samples,) = measure.interleaved([call], device, iterations, rounds=10)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "side": side,
+                "cell": f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}",
+                "runtime": runtime.current(),
+                "samples_ms": samples,
+            }
+        )
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("export_dir")
+    p.add_argument("--repeats", type=int, default=3, help="fresh-process pairs per preset (default 3)")
+    p.add_argument("--iterations", type=int, default=200, help="timed calls per process (default 200)")
+    p.add_argument("--save", type=Path, help="write every measurement to this JSON file")
+    p.add_argument("--child", nargs=3, metavar=("SIDE", "INDEX", "ITERATIONS"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args.child[0], args.export_dir, int(args.child[1]), int(args.child[2]))
+        return 0
+    presets = json.loads((Path(args.export_dir) / "presets.json").read_text())
+    entries = [e for e in presets["presets"] if (e["compile"].get("runtime") or {})]
+    if not entries:
+        print(f"error: no preset in {args.export_dir} sets a runtime setting", file=sys.stderr)
+        return 2
+    env = {**os.environ, "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH"))}
+    saved = []
+    print(
+        "| preset | runtime | tuned ms (compile_tuned) | stock ms (torch defaults) | stock / tuned [95% CI] |"
+    )
+    print("|---|---|---|---|---|")
+    for index, entry in enumerate(entries):
+        groups: dict[str, list[list[float]]] = {"tuned": [], "stock": []}
+        for _ in range(args.repeats):
+            for side in ("stock", "tuned"):  # alternated, so drift hits both sides alike
+                with tempfile.TemporaryDirectory() as cache:
+                    child_env = {
+                        **env,
+                        "TORCHINDUCTOR_CACHE_DIR": cache,
+                        "TRITON_CACHE_DIR": cache + "/triton",
+                    }
+                    proc = subprocess.run(
+                        [
+                            sys.executable,
+                            __file__,
+                            args.export_dir,
+                            "--child",
+                            side,
+                            str(index),
+                            str(args.iterations),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        env=child_env,
+                        cwd=ROOT,
+                    )
+                line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+                if proc.returncode != 0 or line is None:
+                    print(f"error: {side} process failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+                    return 1
+                result = json.loads(line[len("RESULT ") :])
+                saved.append(result)
+                groups[side].append(result["samples_ms"])
+        iv = ratio_interval(groups["stock"], groups["tuned"], paired=False)
+        med = {
+            s: sorted(x for g in groups[s] for x in g)[len(groups[s]) * len(groups[s][0]) // 2]
+            for s in groups
+        }
+        cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
+        print(
+            f"| {cell} | {json.dumps(entry['compile']['runtime'])} | {med['tuned']:.3f} | {med['stock']:.3f} | "
+            f"{iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} processes each |",
+            flush=True,
+        )
+    if args.save:
+        args.save.write_text(json.dumps(saved))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

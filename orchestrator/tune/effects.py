@@ -1,0 +1,301 @@
+"""What each setting gained: the answer a user wants first from a tune or a sweep.
+
+Two configs of one cell that differ in exactly one setting (a tuner knob such as
+`cudnn_benchmark` or `freezing`, or torch's mode) measure that setting's effect there:
+`gain` = the other config's compiled median / this one's (above 1: the setting made the cell
+faster), with the interval of `compiler.statistics.ratio_interval` over the two rows' samples
+(unpaired: the rows come from different processes). Per hardware class the effects are summed
+up across the suite: in how many cells a setting helped (its interval lies above 1, the
+project's one "faster than" rule `statistics.beats`), hurt (below 1) or changed nothing
+measurable, its geometric-mean gain, and which models it helped and hurt, so a setting that helps
+one model family and hurts another says so.
+
+A setting that helped in no cell of a class is marked `drop`: `orchestrate tune --prune-from
+PREVIOUS` leaves it out of that class's next search, and the tune's `tune.json` says why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiler import runtime
+from compiler import statistics as cstats
+from compiler.config import inductor_modes
+
+
+def row_settings(row: dict[str, Any]) -> dict[str, Any]:
+    """Everything a results row's config compiled and ran with, as flat key -> value (the mode
+    written out as its Inductor options)."""
+    mode = row.get("mode")
+    options = dict(inductor_modes().get(mode, {})) if mode not in (None, "default") else {}
+    options.update(json.loads(row.get("options") or "{}"))
+    flat: dict[str, Any] = {f"options.{k}": v for k, v in options.items()}
+    flat.update(
+        backend=row.get("backend"),
+        fullgraph=bool(row.get("fullgraph")),
+        dynamic=row.get("dynamic"),
+        freezing=bool(row.get("freezing")),
+        channels_last=bool(row.get("channels_last")),
+        precision=row.get("dtype"),
+    )
+    flat.update({f"runtime.{k}": v for k, v in runtime.from_json(row.get("runtime")).items()})
+    return flat
+
+
+def _knob_label(diff: dict[str, Any]) -> str | None:
+    """The tuner knob whose settings are exactly `diff`, if one is."""
+    from orchestrator.tune.space import KNOBS
+
+    for knob in KNOBS:
+        want = {f"options.{k}": v for k, v in knob.options.items()}
+        want.update({f"runtime.{k}": v for k, v in knob.runtime.items()})
+        if knob.freezing:
+            want["freezing"] = True
+        if knob.channels_last:
+            want["channels_last"] = True
+        if want == diff:
+            return knob.name
+    return None
+
+
+def setting_label(base: dict[str, Any], other: dict[str, Any], other_mode: str | None) -> str | None:
+    """What `other` turns on relative to `base` when it is one setting: a knob's name, `mode X`
+    (the options of torch's mode X on top of the base's, and nothing else), or `key=value`;
+    None when they differ in more than that, or `other` turns something off."""
+    keys = set(base) | set(other)
+    if any(k in base and k not in other for k in keys):
+        return None  # other drops a setting of the base: not "the base plus one setting"
+    diff = {k: other[k] for k in keys if base.get(k) != other.get(k)}
+    if not diff:
+        return None
+    knob = _knob_label(diff)
+    if knob:
+        return knob
+    if other_mode not in (None, "default") and all(k.startswith("options.") for k in diff):
+        mode_opts = {f"options.{k}": v for k, v in inductor_modes().get(other_mode, {}).items()}
+        if all(mode_opts.get(k) == v for k, v in diff.items()):
+            return f"mode {other_mode}"
+    if len(diff) == 1:
+        ((k, v),) = diff.items()
+        return f"{k.removeprefix('options.')}={json.dumps(v)}"
+    return None
+
+
+@dataclass
+class CellEffect:
+    cell: str
+    model: str
+    base_config: str
+    config: str
+    gain: float
+    low: float
+    high: float
+    verdict: str
+    """helps, hurts or same."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SettingEffect:
+    hardware: str
+    setting: str
+    cells: list[CellEffect] = field(default_factory=list)
+
+    @property
+    def geomean(self) -> float:
+        return math.exp(sum(math.log(c.gain) for c in self.cells) / len(self.cells))
+
+    def models(self, verdict: str) -> list[str]:
+        return sorted({c.model for c in self.cells if c.verdict == verdict})
+
+    @property
+    def verdict(self) -> str:
+        """keep (it helped somewhere) or drop (it helped nowhere on this class)."""
+        return "keep" if any(c.verdict == "helps" for c in self.cells) else "drop"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cells": len(self.cells),
+            "geomean_gain": self.geomean,
+            "helped": sum(c.verdict == "helps" for c in self.cells),
+            "hurt": sum(c.verdict == "hurts" for c in self.cells),
+            "helps_models": self.models("helps"),
+            "hurts_models": self.models("hurts"),
+            "verdict": self.verdict,
+            "why": self.why,
+            "per_cell": [c.to_dict() for c in self.cells],
+        }
+
+    @property
+    def why(self) -> str:
+        helped, hurt = self.models("helps"), self.models("hurts")
+        text = f"{len(self.cells)} cells, geomean gain {self.geomean:.3f}x"
+        if helped:
+            text += f"; faster on {', '.join(helped)}"
+        if hurt:
+            text += f"; slower on {', '.join(hurt)}"
+        if not helped:
+            text += "; faster on no cell: dropped from this class's next search"
+        return text
+
+
+def _samples(row: dict[str, Any]) -> list[list[float]]:
+    samples = row.get("compiled_samples_ms") or []
+    return cstats.split_groups(samples, row.get("samples_per_repeat")) if samples else []
+
+
+def _verdict(iv: cstats.Interval) -> str:
+    if cstats.beats(iv):
+        return "helps"
+    if iv.high < 1.0:
+        return "hurts"
+    return "same"
+
+
+def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEffect]]:
+    """hardware class -> setting -> its effect in every cell where two ok rows differ in just it
+    (each row is compared with every row of its cell that is it minus one setting)."""
+    cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("status") == "ok" and r.get("compiled_ms") and not r.get("baseline_config"):
+            cells[(r["hardware"], r["model"], r["batch_size"], r["dtype"])].append(r)
+    found: dict[str, dict[str, SettingEffect]] = defaultdict(dict)
+    for (hw, model, bs, dtype), cell_rows in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        flat = [(r, row_settings(r)) for r in cell_rows]
+        for base, base_flat in flat:
+            for other, other_flat in flat:
+                if other is base:
+                    continue
+                label = setting_label(base_flat, other_flat, other.get("mode"))
+                if label is None:
+                    continue
+                b, o = _samples(base), _samples(other)
+                if b and o:
+                    iv = cstats.ratio_interval(b, o, paired=False)
+                    gain, low, high = iv.estimate, iv.low, iv.high
+                    verdict = _verdict(iv)
+                else:  # no samples (hand-made rows): the medians, without an interval
+                    gain = base["compiled_ms"] / other["compiled_ms"]
+                    low = high = math.nan
+                    verdict = "helps" if gain > 1 else "hurts" if gain < 1 else "same"
+                effect = found[hw].setdefault(label, SettingEffect(hw, label))
+                effect.cells.append(
+                    CellEffect(
+                        f"{hw}/{model}/bs{bs}/{dtype}",
+                        model,
+                        base["config"],
+                        other["config"],
+                        gain,
+                        low,
+                        high,
+                        verdict,
+                    )
+                )
+    return dict(found)
+
+
+def effects_document(effects: dict[str, dict[str, SettingEffect]]) -> dict[str, Any]:
+    return {hw: {s: e.to_dict() for s, e in sorted(by.items())} for hw, by in sorted(effects.items())}
+
+
+def dropped_knobs(document: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """hardware class -> knob -> why, for the knobs an earlier tune's `setting_effects` (as in its
+    tune.json) found faster on no cell of that class."""
+    from orchestrator.tune.space import KNOB_NAMES
+
+    return {
+        hw: {s: e["why"] for s, e in by.items() if s in KNOB_NAMES and e.get("verdict") == "drop"}
+        for hw, by in document.items()
+    }
+
+
+def what_won(
+    presets: list[dict[str, Any]], effects: dict[str, dict[str, SettingEffect]]
+) -> list[dict[str, Any]]:
+    """Per hardware class and setting: how many presets use it, and what it gained where it was
+    measured against the same config without it. Sorted by class, then presets using it."""
+    used: dict[tuple[str, str], int] = defaultdict(int)
+    cells: dict[str, int] = defaultdict(int)
+    for p in presets:
+        cells[p["hardware"]] += 1
+        for s in preset_settings(p):
+            used[p["hardware"], s] += 1
+    table = []
+    for hw in sorted(set(cells) | set(effects)):
+        names = {s for h, s in used if h == hw} | set(effects.get(hw, {}))
+        for s in names:
+            e = effects.get(hw, {}).get(s)
+            table.append(
+                {
+                    "hardware": hw,
+                    "setting": s,
+                    "presets": used.get((hw, s), 0),
+                    "of_presets": cells.get(hw, 0),
+                    "cells_measured": len(e.cells) if e else 0,
+                    "geomean_gain": e.geomean if e else None,
+                    "helped": sum(c.verdict == "helps" for c in e.cells) if e else 0,
+                    "hurt": sum(c.verdict == "hurts" for c in e.cells) if e else 0,
+                    "helps_models": e.models("helps") if e else [],
+                    "hurts_models": e.models("hurts") if e else [],
+                }
+            )
+    table.sort(key=lambda r: (r["hardware"], -r["presets"], -(r["geomean_gain"] or 0)))
+    return table
+
+
+def preset_settings(preset: dict[str, Any]) -> list[str]:
+    """The settings a preset turns on, in the labels of `setting_effects`: its mode (`mode X`),
+    its knobs, and its precision where it is not the cell's."""
+    from orchestrator.tune.space import KNOBS
+
+    compile_ = preset.get("compile") or {}
+    found = []
+    mode = compile_.get("mode")
+    options = dict(compile_.get("options") or {})
+    if mode not in (None, "default"):
+        found.append(f"mode {mode}")
+    else:  # a tuned config writes its mode out as options: name the mode whose options it holds
+        for name, mode_opts in sorted(inductor_modes().items(), key=lambda kv: -len(kv[1])):
+            if mode_opts and all(options.get(k) == v for k, v in mode_opts.items()):
+                found.append(f"mode {name}")
+                options = {k: v for k, v in options.items() if k not in mode_opts}
+                break
+    rt = compile_.get("runtime") or {}
+    for knob in KNOBS:
+        opts_match = knob.options and all(options.get(k) == v for k, v in knob.options.items())
+        rt_match = knob.runtime and all(rt.get(k) == v for k, v in knob.runtime.items())
+        if (
+            opts_match
+            or rt_match
+            or (knob.freezing and compile_.get("freezing"))
+            or (knob.channels_last and compile_.get("channels_last"))
+        ):
+            found.append(knob.name)
+    if preset.get("precision") and preset.get("precision") != preset.get("dtype"):
+        found.append(f"precision={json.dumps(preset['precision'])}")
+    return found
+
+
+def what_won_markdown(table: list[dict[str, Any]]) -> str:
+    """The per-class "what won" table as Markdown."""
+    lines = [
+        "| class | setting | presets using it | gain where measured (geomean) | cells faster / slower | faster on | slower on |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        gain = (
+            f"{r['geomean_gain']:.3f}x over {r['cells_measured']} cells"
+            if r["geomean_gain"]
+            else "not measured alone"
+        )
+        lines.append(
+            f"| {r['hardware']} | {r['setting']} | {r['presets']} of {r['of_presets']} | {gain} | "
+            f"{r['helped']} / {r['hurt']} | {', '.join(r['helps_models']) or '-'} | {', '.join(r['hurts_models']) or '-'} |"
+        )
+    return "\n".join(lines) + "\n"

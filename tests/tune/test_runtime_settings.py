@@ -1,0 +1,250 @@
+"""Runtime settings (`compiler.runtime`, e.g. cudnn_benchmark) through the whole loop on hand-built
+data: validation, job identity, rows, the tuner's space and its confirmation apart, presets, the
+per-class "what won" table and knob pruning; and what `compile_tuned` sets in a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import runtime
+from compiler.config import CompileConfig, config_problems
+from orchestrator.spec.sweep import SpecError, parse_spec
+from orchestrator.store.schema import rows_to_table
+from orchestrator.tune.effects import (
+    dropped_knobs,
+    effects_document,
+    preset_settings,
+    setting_effects,
+    what_won,
+)
+from orchestrator.tune.presets import Budgets, derive_presets
+from orchestrator.tune.search import Cell, combine_helping_knobs, decide, make_job
+from orchestrator.tune.space import BASE_MODES, candidates
+from tests.tune.test_tune import MLP, RESNET, STOCK, row, samples
+from workers.job import MeasureSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = """\
+name: rt
+models: ["python:workers.toy:mlp"]
+batch_sizes: [4]
+configs:
+  plain: {{}}
+  bench: {{runtime: {{cudnn_benchmark: true}}}}
+  same: {{runtime: {{cudnn_benchmark: false}}}}
+{extra}"""
+
+
+def test_sweep_files_validate_runtime_settings_with_the_line_and_the_fix():
+    spec = parse_spec(SPEC.format(extra=""), "rt.yaml")
+    cfg = {c.name: c for c in spec.configs}
+    assert cfg["bench"].runtime == {"cudnn_benchmark": True}
+    assert cfg["same"].runtime == {}  # torch's default written out is no setting
+    with pytest.raises(SpecError) as err:
+        parse_spec(
+            SPEC.format(
+                extra="  typo: {runtime: {cudnn_bench: true}}\n  wrong: {runtime: {cudnn_benchmark: 1}}\n"
+            ),
+            "rt.yaml",
+        )
+    text = str(err.value)
+    assert "rt.yaml:8:" in text and "did you mean 'cudnn_benchmark'" in text
+    assert "rt.yaml:9:" in text and "must be bool, got 1" in text
+    assert config_problems(CompileConfig("x", runtime={"cudnn_benchmark": True})) == []
+
+
+def test_job_ids_change_only_with_a_real_setting(table_jobs):
+    job = table_jobs["A100/resnet/bs1/fp32/default"]
+    import dataclasses
+
+    same = dataclasses.replace(job, config=dataclasses.replace(job.config, runtime={}))
+    bench = dataclasses.replace(
+        job, config=dataclasses.replace(job.config, runtime={"cudnn_benchmark": True})
+    )
+    assert same.job_id == job.job_id  # outputs written before runtime settings existed still resume
+    assert bench.job_id != job.job_id
+
+
+def test_every_row_records_the_settings_it_ran_under(table_jobs):
+    import dataclasses
+
+    job = table_jobs["A100/resnet/bs1/fp32/default"]
+    plain = row(job)
+    assert json.loads(plain["runtime"]) == {"cudnn_benchmark": False} and plain["cudnn_benchmark"] is False
+    bench_job = dataclasses.replace(
+        job, config=dataclasses.replace(job.config, runtime={"cudnn_benchmark": True})
+    )
+    assert row(bench_job, "crash", ms=None)["cudnn_benchmark"] is True  # a job that never reported
+    # what the job process read back wins over the config (it is what the timings ran under)
+    assert row(job, runtime=json.dumps({"cudnn_benchmark": True}))["cudnn_benchmark"] is True
+
+
+def test_apply_sets_torch_defaults_for_what_a_config_leaves_out():
+    before = runtime.current()
+    try:
+        torch.backends.cudnn.benchmark = True  # left behind by someone else
+        CompileConfig("stock").apply_runtime()
+        assert torch.backends.cudnn.benchmark is False
+        CompileConfig("b", runtime={"cudnn_benchmark": True}).apply_runtime()
+        assert runtime.current() == {"cudnn_benchmark": True}
+    finally:
+        runtime.restore(before)
+
+
+def test_the_space_turns_cudnn_benchmark_on_gpu_only_and_adds_the_autotuning_modes():
+    gpu = {c.config.name: c for c in candidates(STOCK, RESNET, "cuda", "fp32", bases=BASE_MODES)}
+    bench = gpu["ro+cudnn_benchmark"].config
+    assert (
+        bench.mode == "reduce-overhead" and bench.options == {} and bench.runtime == {"cudnn_benchmark": True}
+    )
+    assert {"max-autotune", "max-autotune-no-cudagraphs"} <= set(gpu) and not gpu["max-autotune"].stock
+    assert "max-autotune+conv_aten" in gpu and "max-autotune+cudnn_benchmark" in gpu
+    assert "default+conv_aten" not in gpu  # backends only where max-autotune is on
+    assert "max-autotune-no-cudagraphs+cudagraphs" not in gpu  # that is max-autotune again
+    cpu = {c.config.name for c in candidates(STOCK, RESNET, "cpu", "fp32")}
+    assert not any("cudnn" in n or "max-autotune" in n for n in cpu)
+
+
+def cell_and_jobs():
+    cell = Cell("A100", "cuda", RESNET, 1, "fp32")
+    cands = {c.config.name: c for c in candidates(STOCK, RESNET, "cuda", "fp32")}
+    measure = MeasureSpec(repeats=3)
+    jobs = {n: make_job(_spec(), cell, c, measure, None, stack={"torch": "x"}) for n, c in cands.items()}
+    return cell, cands, jobs
+
+
+def _spec():
+    return parse_spec(SPEC.format(extra=""), "rt.yaml")
+
+
+def test_knobs_that_each_helped_are_also_tried_together():
+    cell, cands, jobs = cell_and_jobs()
+    results = [
+        (cands["ro"], row(jobs["ro"], ms=8.0)),
+        (cands["default"], row(jobs["default"], ms=9.0)),
+        (cands["ro+cudnn_benchmark"], row(jobs["ro+cudnn_benchmark"], ms=6.0)),
+        (cands["ro+freezing"], row(jobs["ro+freezing"], ms=7.0)),
+        (cands["ro+channels_last"], row(jobs["ro+channels_last"], ms=9.5)),  # slower: left out
+    ]
+    combined = combine_helping_knobs(results, Budgets())
+    assert (
+        combined.config.name == "ro+freezing+cudnn_benchmark"
+        or combined.config.name == "ro+cudnn_benchmark+freezing"
+    )
+    assert combined.config.freezing and combined.config.runtime == {"cudnn_benchmark": True}
+    assert combined.config.options == {"triton.cudagraphs": True} and not combined.stock
+    assert combine_helping_knobs(results[:3], Budgets()) is None  # one knob helped: nothing to combine
+
+
+def test_a_runtime_setting_is_confirmed_in_processes_of_its_own():
+    cell, cands, jobs = cell_and_jobs()
+    cand, stock = cands["ro+cudnn_benchmark"], cands["ro"]
+    rung1 = [(stock, row(jobs["ro"], ms=8.0)), (cand, row(jobs["ro+cudnn_benchmark"], ms=6.0))]
+
+    def own(job, ms, seed):
+        return row(job, ms=ms, compiled_samples_ms=samples(ms, seed=seed), samples_per_repeat=[30] * 3)
+
+    entry, why = decide(
+        cell,
+        rung1,
+        (cand, stock, own(jobs["ro+cudnn_benchmark"], 6.0, 2), own(jobs["ro"], 8.0, 1)),
+        Budgets(),
+    )
+    assert entry["source"] == "tuned" and "apart" in why and entry["speedup_vs_stock_ci_low"] > 1
+    assert entry["compile"]["runtime"] == {"cudnn_benchmark": True}
+    assert entry["stock_ms"] == pytest.approx(8.0, rel=0.02)
+    entry, why = decide(
+        cell,
+        rung1,
+        (cand, stock, own(jobs["ro+cudnn_benchmark"], 8.0, 2), own(jobs["ro"], 8.0, 1)),
+        Budgets(),
+    )
+    assert entry["source"] == "stock" and entry["compile"]["runtime"] == {}
+    entry, why = decide(
+        cell,
+        rung1,
+        (cand, stock, own(jobs["ro+cudnn_benchmark"], 6.0, 2), row(jobs["ro"], "crash", ms=None)),
+        Budgets(),
+    )
+    assert entry["source"] == "stock" and "failed" in why
+
+
+def effect_rows():
+    """Two models on A100: cudnn_benchmark helps resnet and hurts vit; freezing changes nothing."""
+    out = []
+    for model, spec_model in (("resnet", RESNET), ("vit", MLP)):
+        cell = Cell("A100", "cuda", spec_model, 1, "fp32")
+        cands = {c.config.name: c for c in candidates(STOCK, spec_model, "cuda", "fp32")}
+        figures = {"ro": 8.0, "ro+cudnn_benchmark": 6.0 if model == "resnet" else 9.0, "ro+freezing": 8.0}
+        for i, (name, ms) in enumerate(figures.items()):
+            job = make_job(_spec(), cell, cands[name], MeasureSpec(), None, stack={"torch": "x"})
+            r = row(job, ms=ms, compiled_samples_ms=samples(ms, seed=i), samples_per_repeat=[90])
+            r["model"] = model
+            out.append(r)
+    return out
+
+
+def test_what_won_says_which_setting_helped_which_model_and_pruning_follows():
+    rows = effect_rows()
+    effects = setting_effects(rows)
+    bench, freezing = effects["A100"]["cudnn_benchmark"], effects["A100"]["freezing"]
+    assert (
+        bench.models("helps") == ["resnet"] and bench.models("hurts") == ["vit"] and bench.verdict == "keep"
+    )
+    assert freezing.models("helps") == [] and freezing.verdict == "drop"
+    doc = effects_document(effects)
+    assert dropped_knobs(doc) == {"A100": {"freezing": doc["A100"]["freezing"]["why"]}}
+    assert "faster on no cell" in doc["A100"]["freezing"]["why"]
+    assert "slower on vit" in doc["A100"]["cudnn_benchmark"]["why"]
+
+    data = derive_presets(rows_to_table(rows), Budgets())
+    won = {r["setting"]: r for r in data["what_won"]}
+    assert won["cudnn_benchmark"]["presets"] == 1 and won["cudnn_benchmark"]["helps_models"] == ["resnet"]
+    assert won["mode reduce-overhead"]["presets"] == 2
+    assert preset_settings(
+        {"compile": {"options": {"triton.cudagraphs": True}, "runtime": {"cudnn_benchmark": True}}}
+    ) == [
+        "mode reduce-overhead",
+        "cudnn_benchmark",
+    ]
+    assert what_won([], effects)[0]["presets"] == 0
+
+
+def test_compile_tuned_sets_the_presets_runtime_settings_in_a_fresh_process(tmp_path):
+    """A real export directory whose preset sets cudnn_benchmark: compile_tuned in a fresh process
+    turns the setting on before the first call and says so (on CPU cuDNN is not called, but what
+    is applied is the same)."""
+    from tests.tune.test_export_apply import write_export
+
+    dest = write_export(tmp_path / "export")
+    presets = json.loads((dest / "presets.json").read_text())
+    presets["presets"][0]["compile"]["runtime"] = {"cudnn_benchmark": True}
+    (dest / "presets.json").write_text(json.dumps(presets))
+    manifest = json.loads((dest / "manifest.json").read_text())
+    from compiler.apply import sha256_file
+
+    manifest["files"]["presets.json"] = sha256_file(dest / "presets.json")
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    code = (
+        "import json, warnings, torch\n"
+        "from compiler.apply import compile_tuned\n"
+        "from workers import toy\n"
+        "model, inputs = toy.mlp(4, None, {})\n"
+        "assert torch.backends.cudnn.benchmark is False\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    compiled, applied = compile_tuned(model, inputs, {str(dest)!r}, model_name='mlp', use_package=False)\n"
+        "print(json.dumps({'flag': torch.backends.cudnn.benchmark, 'runtime': applied.runtime,"
+        " 'match': applied.match, 'warned': [str(w.message) for w in seen]}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["match"] == "exact" and got["flag"] is True and got["runtime"] == {"cudnn_benchmark": True}
+    assert any("cudnn_benchmark: False -> True" in w for w in got["warned"])
