@@ -20,6 +20,15 @@ selected without a MultiTemplateBuffer emits its winner.
 An FX-graph-cache hit skips autotuning altogether, so a warm compile records nothing; the rows
 are the cold compile's. The saver's arity changed across torch versions; extra arguments are
 accepted and ignored.
+
+A compile can run for minutes of autotuning and then be killed by its job's timeout (on an
+H100 one convolution of resnet-50 took 76.7 s for 18 candidates). So that such a job keeps what
+it timed, the recorder also appends each op's rows, as the saver fires, to a JSON-lines file
+(`stream`): one line per op, `{"op_index": i, "rows": [...]}`, flushed before the compile goes
+on. A kill loses at most the op being timed (its line is never written, or is torn and skipped
+by `read_choice_stream`). The runner reads the file of a process whose result lacks the rows
+(`workers.runner`); those rows are marked `partial` and have no `emitted` (the compile never
+settled what it emits).
 """
 
 from __future__ import annotations
@@ -27,8 +36,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 
 def _text(value: Any) -> str:
@@ -77,12 +88,41 @@ def choice_config(choice: Any) -> str:
     return json.dumps(info, sort_keys=True, default=str)
 
 
+def read_choice_stream(path: Path) -> tuple[int, list[dict[str, Any]]]:
+    """The ops a recorder's `stream` file holds whole, and their rows marked `partial` (from a
+    compile that did not finish). A line that does not parse is the op the process was writing
+    when it was killed: it is skipped. A missing file holds nothing."""
+    ops, rows = 0, []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return 0, []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            op_rows = entry["rows"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        ops += 1
+        rows += [{**r, "partial": True} for r in op_rows]
+    return ops, rows
+
+
 @dataclass
 class KernelChoiceRecorder:
     """Collects one row per (autotuned op, candidate) while the `with` block compiles."""
 
+    stream: Path | None = None
+    """A JSON-lines file each op's rows are appended to as soon as they are timed (see the module
+    docstring), so that a compile killed mid-autotune leaves them; None: memory only."""
+    after_op: Callable[[int], None] | None = None
+    """Called with the number of ops recorded so far, after each op's rows are in `stream` (a
+    test hook stalls the job there: `workers.bench.STALL_ENV`)."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     ops: int = 0
+    stream_error: str | None = None
+    """Why `stream` could not be written (streaming stopped there; the compile went on)."""
+    _stream_file: IO[str] | None = None
     _autotunes_seen: int = 0
     _op_of_choices: dict[frozenset[int], int] = field(default_factory=dict)
     _emitted: dict[int, str | None] = field(default_factory=dict)
@@ -164,13 +204,35 @@ class KernelChoiceRecorder:
             for row in rows:
                 row["emitted"] = None if name is None else row["choice"] == name
 
+    def _append(self, op_index: int, rows: list[dict[str, Any]]) -> None:
+        """One line for the op, written and flushed at once: a kill that lands mid-write leaves
+        a torn line, which the reader skips, never half an op's candidates counted as whole.
+        Flushed to the OS, not fsynced: it has to outlive the process, not the node (the
+        scratch directory it lives in does not outlive the node either)."""
+        if self.stream is None or self.stream_error:
+            return
+        try:  # Inductor calls the saver unguarded: a full disk must not fail the compile
+            if self._stream_file is None:
+                self._stream_file = open(self.stream, "a")  # noqa: SIM115 (closed in __exit__)
+            self._stream_file.write(json.dumps({"op_index": op_index, "rows": rows}, default=str) + "\n")
+            self._stream_file.flush()
+        except OSError as exc:
+            self.stream_error = f"{type(exc).__name__}: {exc}"
+
     def __exit__(self, *exc) -> None:
         from torch._inductor import select_algorithm
 
+        if self._stream_file is not None:
+            with contextlib.suppress(OSError):
+                self._stream_file.close()
+            self._stream_file = None
         for owner, name, original in reversed(self._patches):
             setattr(owner, name, original)
         self._patches.clear()
         self._mark_emitted()
+        if not any(exc):  # the compile returned: its rows are whole, not a partial compile's
+            for row in self.rows:
+                row["partial"] = False
 
         savers = getattr(select_algorithm.get_algorithm_selector_cache(), "feedback_saver_fns", None)
         if isinstance(savers, list) and self._save in savers:
@@ -191,8 +253,9 @@ class KernelChoiceRecorder:
         timed = [(c, float(timings[c])) for c in choices if c in timings] or list(timings.items())
         finite = sorted((t, i) for i, (_, t) in enumerate(timed) if math.isfinite(t))
         rank = {i: r for r, (_, i) in enumerate(finite, start=1)}
+        op_rows = []
         for i, (choice, ms) in enumerate(timed):
-            self.rows.append(
+            op_rows.append(
                 {
                     "op": name,
                     "op_index": op_index,
@@ -208,6 +271,10 @@ class KernelChoiceRecorder:
                     "from_cache": from_cache,
                 }
             )
+        self.rows += op_rows
+        self._append(op_index, op_rows)
+        if self.after_op is not None:
+            self.after_op(self.ops)
 
 
 # --- generated Triton kernels ---------------------------------------------------------------------

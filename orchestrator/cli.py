@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import json
 import math
 import os
 import shlex
@@ -385,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="print which kernel autotuning chose per op and input shape (the kernel_choices table)",
         description="One line per hardware class, op, input shapes and dtype from a sweep's kernel_choices "
         "table (written by jobs whose config autotunes: max-autotune, or max_autotune with freezing on CPU): "
-        "candidates timed, the winner with its tiles, and the fastest extern and template times.",
+        "candidates timed, the winner with its tiles, and the fastest extern and template times. A job whose "
+        "compile timed out or crashed mid-autotune keeps the ops it finished, marked partial.",
     )
     p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
     p.add_argument("--hardware", help="only this hardware class (e.g. H100)")
@@ -881,7 +883,8 @@ def cmd_kernels(args) -> int:
         where = f" for hardware {args.hardware!r}" if args.hardware else ""
         print(
             f"error: no kernel_choices rows{where} in {args.out}; they come from jobs whose config autotunes "
-            "(mode: max-autotune)",
+            "(mode: max-autotune), written op by op as the compile times them"
+            + _unfinished_compiles(args.out, args.hardware),
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
@@ -889,6 +892,13 @@ def cmd_kernels(args) -> int:
     ops: dict[tuple, list] = {}
     for r in rows:
         ops.setdefault((r["job_id"], r["op_index"]), []).append(r)
+    partial = [o for o in ops.values() if o[0].get("partial")]
+    if partial:
+        jobs = len({o[0]["job_id"] for o in partial})
+        print(
+            f"{len(partial)} of {len(ops)} autotuned ops come from {jobs} compile(s) that did not finish (the "
+            "job timed out or crashed; rows marked `partial`): each op was timed whole, but no code was emitted"
+        )
     known = [o for o in ops.values() if any(r.get("emitted") is not None for r in o)]
     differ = sum(1 for o in known if any(r.get("emitted") and not r["is_winner"] for r in o))
     if known:
@@ -898,6 +908,40 @@ def cmd_kernels(args) -> int:
             f"benchmarking; {differ} of them emitted another kernel than the fastest"
         )
     return 0
+
+
+def _unfinished_compiles(out: str, hardware: str | None) -> str:
+    """For `kernels` with no rows: the jobs whose compile never finished (so a config that does
+    autotune may have none yet), as a clause; '' when there are none or results cannot be read."""
+    from orchestrator.store.schema import read_results
+
+    try:
+        results = read_results(out, ["hardware", "status", "error", "mode", "options"]).to_pylist()
+    except Exception:  # only a hint: the error above stands without it
+        return ""
+
+    def autotunes(r: dict) -> bool:
+        options = json.loads(r["options"] or "{}")
+        return (r["mode"] or "").startswith("max-autotune") or any(
+            options.get(k) for k in ("max_autotune", "max_autotune_gemm")
+        )
+
+    stopped = [
+        r
+        for r in results
+        if (not hardware or r["hardware"] == hardware)
+        and autotunes(r)
+        and (
+            r["status"] == "compile_error"
+            or (r["status"] in ("timeout", "crash") and "phase 'compile'" in (r["error"] or ""))
+        )
+    ]
+    if not stopped:
+        return ""
+    return (
+        f"; {len(stopped)} job(s) ended in their compile before autotuning finished an op "
+        "(a longer timeout, or a smaller model, would let them keep some)"
+    )
 
 
 def cmd_submit(args) -> int:

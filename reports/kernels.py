@@ -7,7 +7,10 @@ candidate, how much faster the winner was than the fastest extern kernel, and th
 into the generated code where epilogue-fusion benchmarking chose another than the winner (`=`
 where it is the winner; `-` for rows written before `emitted` was recorded). Autotune-cache
 hits (`from_cache`) reuse the first timing of a signature, so the times are the first fresh
-benchmark's where there is one.
+benchmark's where there is one. Rows kept from a compile that did not finish (a job that timed
+out or crashed mid-autotune: `partial`) count like the others, since each of their ops was
+timed whole, and are marked: `times tuned` says how many were partial, and `emitted` says
+`partial compile` where the line's op never got as far as generated code.
 
     python -m reports.kernels OUT_OR_PARQUET [--hardware H100] [--out FILE.md]
     orchestrate kernels OUT [--hardware H100]
@@ -76,7 +79,9 @@ def summarize(rows: list[Row]) -> list[Row]:
     out = []
     for (hardware, op, shapes, dtypes), instances in sorted(signatures.items(), key=lambda kv: kv[0]):
         fresh = [i for i in instances if not i[0]["from_cache"]]
-        op_rows = (fresh or instances)[0]
+        # a finished compile's benchmark where there is one: only it knows the kernel emitted
+        whole = [i for i in fresh if not i[0].get("partial")]
+        op_rows = (whole or fresh or instances)[0]
         winners = [r for r in op_rows if r["is_winner"]]
         winner = winners[0] if winners else None
         emitted = [r for r in op_rows if r.get("emitted")]
@@ -88,6 +93,8 @@ def summarize(rows: list[Row]) -> list[Row]:
                 "input_shapes": list(shapes),
                 "input_dtypes": sorted({d for d in dtypes if d}),
                 "times_tuned": len(instances),
+                "partial_instances": sum(1 for i in instances if i[0].get("partial")),
+                "partial": bool(op_rows[0].get("partial")),
                 "candidates": len(op_rows),
                 "winner": winner,
                 "winner_ms": winner["time_ms"] if winner else None,
@@ -108,6 +115,8 @@ def _ms(v: float | None) -> str:
 
 def _emitted(s: Row) -> str:
     e, w = s.get("emitted"), s["winner"]
+    if s.get("partial"):
+        return "none (partial compile)"
     if e is None:
         return "-"
     if w is not None and e["choice"] == w["choice"]:
@@ -124,7 +133,8 @@ def render(summary: list[Row]) -> str:
             s["op"],
             " , ".join(x or "?" for x in s["input_shapes"]),
             ",".join(s["input_dtypes"]),
-            str(s["times_tuned"]),
+            str(s["times_tuned"])
+            + (f" ({s['partial_instances']} partial)" if s.get("partial_instances") else ""),
             str(s["candidates"]),
             f"{w['kind']}: {w['choice']}" if w else "none",
             tiles(w["config"]) if w else "",

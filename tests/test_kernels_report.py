@@ -81,3 +81,30 @@ def test_the_emitted_kernel_is_shown_where_epilogue_fusion_chose_another():
     fused, old, same = text.splitlines()[2:]  # sorted by shapes: 16x768, 1x1, 3152x768
     assert fused.endswith("| 1.00x | triton_template: triton_mm_4 (epilogue fusion) |")
     assert same.endswith("| = |") and old.endswith("| - |")
+
+
+def test_a_partial_compile_counts_but_a_finished_one_speaks_for_the_signature():
+    """Rows kept from a compile that timed out (`partial`) count as a tuning of the signature; where
+    a finished compile tuned it too, its benchmark is the line's, since it knows what was emitted."""
+    rows = [
+        {**_row(0, "mm", "extern", 0.30, True, job="cut"), "partial": True},
+        {**_row(0, "triton_mm_1", "triton_template", 0.35, False, job="cut"), "partial": True},
+        {**_row(0, "mm", "extern", 0.10, True, job="whole"), "partial": False, "emitted": True},
+        {
+            **_row(0, "triton_mm_1", "triton_template", 0.12, False, job="whole"),
+            "partial": False,
+            "emitted": False,
+        },
+    ]
+    (line,) = summarize(rows)
+    assert line["winner"]["job_id"] == "whole" and line["times_tuned"] == 2 and line["partial_instances"] == 1
+    assert (
+        render([line])
+        .splitlines()[2]
+        .startswith("| H100 | mm | 16x768 , 768x768 | float32 | 2 (1 partial) | 2 |")
+    )
+    assert render([line]).endswith("| = |")
+    (only_cut,) = summarize(rows[:2])
+    assert render([only_cut]).endswith(
+        "| 1 (1 partial) | 2 | extern: mm |  | 0.3000 | 0.3000 | 0.3500 | 1.00x | none (partial compile) |"
+    )

@@ -23,7 +23,9 @@ anything heavy, records the wall time of every phase (`phase_<name>_s`, from its
 runner to its last phase), and on a GPU samples the clocks through NVML during the timed rounds.
 Exceptions become a status in RESULT.json; the file is rewritten at every phase, so a crash or a
 timeout still leaves what was measured before it. Only a crash of the process itself (a
-segfault, a kill) leaves RESULT.json without "final".
+segfault, a kill) leaves RESULT.json without "final". Within the compile phase, each autotuned
+op's kernel choices are appended to `RESULT.kernel_choices.jsonl` beside it as they are timed
+(`choices_stream`), so a compile killed mid-autotune leaves them for the runner.
 """
 
 from __future__ import annotations
@@ -135,6 +137,20 @@ SLOWDOWN_ENV = "ORCHESTRATE_TEST_SLOWDOWN"
 multiplies the compiled samples of jobs on those hardware classes by FACTOR before the row is
 computed, and the row's notes say so. For checking that a known slowdown is flagged on real
 hardware noise; never set it in a real sweep."""
+
+
+STALL_ENV = "ORCHESTRATE_TEST_STALL_AFTER_OPS"
+"""A test hook of kernel-choice streaming: `N` makes the job process sleep for good, inside its
+compile, once N ops have been autotuned and their rows written to the choices stream, so that
+the job's real timeout lands mid-autotune after exactly N ops (a timing-independent way to test
+what a timed-out job keeps). The result's notes say so. Never set it in a real sweep."""
+
+
+def choices_stream(result_path: Path) -> Path:
+    """The JSON-lines file beside a process's RESULT.json where its compile appends each
+    autotuned op's kernel-choice rows as they are timed (`compiler.kernels.KernelChoiceRecorder`);
+    the runner reads it when the process ends without them in its result."""
+    return result_path.with_name(f"{result_path.stem}.kernel_choices.jsonl")
 
 
 def slowdown_hook(hardware: str) -> float:
@@ -489,8 +505,11 @@ class JobRun:
         if self.job.baseline is not None:
             model = _sides()[1](model)
         compiled = torch.compile(model, **cfg.compile_kwargs())
+        # Each op's candidates also go to a file as they are timed: a compile killed by the
+        # timeout mid-autotune (minutes of it, for a big model on a GPU) still leaves them.
+        recorder = KernelChoiceRecorder(stream=choices_stream(self.result_path), after_op=self._stall_hook())
         t0 = time.perf_counter()
-        with torch.no_grad(), KernelChoiceRecorder() as choices:
+        with torch.no_grad(), recorder as choices:
             if dev == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             out = [t.clone() for t in zoo.output_tensors(_call(compiled, inputs))]
@@ -499,10 +518,33 @@ class JobRun:
         self.result.update(stats.capture_stats().to_dict())
         if choices.rows:  # only a compile that autotuned (a warm one hits the FX-graph cache)
             self.result["kernel_choices"] = choices.rows
+        if choices.ops:
+            self.result["autotuned_ops"] = choices.ops
+        if choices.stream_error:
+            self.notes.append(f"kernel choices not streamed to disk ({choices.stream_error})")
         kernels = triton_kernel_rows(exclude=earlier)  # settled by the first run, just made
         if kernels and "repeat" not in self.result:  # the cold process's, as kernel_choices
             self.result["triton_kernels"] = kernels
         return compiled, out
+
+    def _stall_hook(self):
+        """The recorder's `after_op` for `STALL_ENV` (None when it is unset)."""
+        value = os.environ.get(STALL_ENV)
+        if not value:
+            return None
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{STALL_ENV}={value!r}: expected a number of ops >= 1")
+        limit = int(value)
+
+        def stall(ops: int) -> None:
+            if ops < limit:
+                return
+            self.notes.append(f"test hook {STALL_ENV}: stalled the compile after {ops} autotuned ops")
+            self.save()
+            while True:  # until the runner's timeout kills the process
+                time.sleep(60)
+
+        return stall
 
     def compiled_warmup(self, compiled, input_sets):
         import torch

@@ -3,7 +3,9 @@
 The subprocess is `python -m workers.bench`. Whatever happens to it (a segfault, a hang, an
 exception, running out of memory) this module returns a result dict with a `status`; it never
 raises for a job's failure. The whole process tree (Inductor's compile workers included) is
-killed on timeout, on cancellation, and when the caller's thread is interrupted.
+killed on timeout, on cancellation, and when the caller's thread is interrupted. A job whose
+first process ends before its compile returns keeps the kernel choices that compile had
+streamed to disk, marked partial (`keep_streamed_choices`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import psutil
 
 from compiler import clocks
 from compiler.env import project_pythonpath
+from compiler.kernels import read_choice_stream
 from workers import affinity
-from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV
+from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV, choices_stream
 from workers.job import Job
 from workers.repeats import merge
 
@@ -102,10 +105,41 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def keep_streamed_choices(result: dict[str, Any], stream: Path) -> str | None:
+    """Put the kernel choices a process streamed (`stream`) into its `result` where the result
+    lacks them: its compile did not return (a timeout, a crash, an exception), so the rows are
+    marked `partial` and `autotuned_ops` counts the ops whose rows were kept. A result that has
+    them (the compile returned) keeps its own, whole rows, so nothing is counted twice. Returns
+    how far the compile got, in words (None: nothing streamed, or nothing needed)."""
+    if result.get("kernel_choices") or result.get("compile_s") is not None:  # the compile returned
+        return None
+    ops, rows = read_choice_stream(stream)
+    if not ops:
+        return None
+    result["kernel_choices"] = rows
+    result["autotuned_ops"] = ops
+    return (
+        f"after autotuning {_plural(ops, 'op')} "
+        f"({_plural(len(rows), 'candidate')} kept in kernel_choices, marked partial)"
+    )
+
+
 def _run_bench(
-    flags: list[str], job_file: Path, result_file: Path, log_file: Path, env: dict[str, str], timeout_s: float
+    flags: list[str],
+    job_file: Path,
+    result_file: Path,
+    log_file: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    keep_choices: bool = False,
 ) -> dict[str, Any]:
-    """One `python -m workers.bench` process under a wall-time limit; its result, classified."""
+    """One `python -m workers.bench` process under a wall-time limit; its result, classified.
+    With `keep_choices` (the job's first, cold process: only its choices are the job's), the
+    kernel choices of a compile that did not return are kept from the process's stream."""
     started = time.monotonic()
     timed_out = False
     env = {**env, SPAWNED_AT_ENV: repr(time.time())}
@@ -135,21 +169,27 @@ def _run_bench(
         # from the job's last write to the end of its process: the kernel and the GPU driver
         # tearing the process down (its CUDA context, its memory), within one poll interval
         result["phase_exit_s"] = max(0.0, ended - finished)
+    progress = keep_streamed_choices(result, choices_stream(result_file)) if keep_choices else None
     if not result.get("final"):
         phase = result.get("phase", "start")
+        got = f", {progress}" if progress else ""
         if timed_out:
             result["status"] = "timeout"
-            result["error"] = f"timed out after {timeout_s:g} s in phase {phase!r}; killed the process tree"
+            result["error"] = (
+                f"timed out after {timeout_s:g} s in phase {phase!r}{got}; killed the process tree"
+            )
         else:
             rc = proc.returncode
             how = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
             if rc == -signal.SIGKILL:
                 how += " (possibly the kernel's out-of-memory killer)"
             result["status"] = "crash"
-            result["error"] = f"job process {how} in phase {phase!r}"
+            result["error"] = f"job process {how} in phase {phase!r}{got}"
         tail = _tail(log_file)
         if tail:
             result["error"] += "\n--- last output ---\n" + tail
+    elif progress:  # the process reported an exception from within its compile
+        result["notes"] = "; ".join(filter(None, [result.get("notes"), f"the compile failed {progress}"]))
     return result
 
 
@@ -197,7 +237,9 @@ def run_job(
     try:
         with affinity.core_lease(threads, prefer) as cores, lock as clock_lock:
             _pin(env, cores)
-            first = _run_bench([], job_file, scratch / "result.json", log_file, env, job.timeout_s)
+            first = _run_bench(
+                [], job_file, scratch / "result.json", log_file, env, job.timeout_s, keep_choices=True
+            )
             later: list[dict[str, Any]] = []
             warm = None
             if first.get("status") == "ok":

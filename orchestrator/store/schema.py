@@ -158,6 +158,13 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("dynamo_s", pa.float64(), "Dynamo's cumulative compile time (includes the backend), s"),
     ("inductor_s", pa.float64(), "Inductor's cumulative compile time, s"),
     ("autotune_s", pa.float64(), "autotuning time (compile-time choices + first-run Triton configs), s"),
+    (
+        "autotuned_ops",
+        pa.int32(),
+        "ops (GEMMs, convolutions) the cold compile autotuned, their candidates in kernel_choices; for a "
+        "compile that did not finish (timeout, crash, error), the ops it had finished timing, whose rows are "
+        "kept marked `partial`; null where nothing was autotuned",
+    ),
     ("triton_compile_s", pa.float64(), "Triton kernel compile time, s"),
     (
         "eager_peak_mem_bytes",
@@ -286,6 +293,13 @@ _KERNEL_CHOICE_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "the op was settled by that epilogue-fusion benchmarking (a MultiTemplateBuffer), so `emitted` "
         "could differ from the winner; false: selected at once, the winner emitted",
     ),
+    (
+        "partial",
+        pa.bool_(),
+        "the row comes from a compile that did not finish (the job timed out, crashed or failed while "
+        "compiling; results.autotuned_ops says how far it got): the op's candidates were all timed, but no "
+        "code was generated, so `emitted` and `fusion_benchmarked` are null; false or null: a finished compile",
+    ),
 ]
 
 
@@ -367,7 +381,9 @@ with a newer schema reads older files with the columns they lack as nulls (`read
 - 3: `triton_kernels`, the `presets` table; results gain `channels_last` and the `baseline_*`
   columns of a tune's confirmation jobs.
 - 4: `kernel_choices` gains `emitted` (the candidate in the generated code) and `fusion_benchmarked`.
-- 5: results gain `runtime` and `cudnn_benchmark` (runtime settings).
+- 5: results gain `runtime` and `cudnn_benchmark` (runtime settings) and `autotuned_ops`;
+  `kernel_choices` gains `partial` (rows kept from a compile that timed out or crashed
+  mid-autotune).
 """
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 
