@@ -53,7 +53,8 @@ def _model_specs(out: Target) -> dict[str, ModelSpec]:
     fields = {f.name for f in dataclasses.fields(ModelSpec)}
     for run in read_runs(out):
         for m in (run.get("spec") or {}).get("models", []):
-            specs[m["name"]] = ModelSpec(**{k: v for k, v in m.items() if k in fields})
+            if isinstance(m, dict):  # a bare id (`- hf:...`) has no more to it than the row's model_id
+                specs[m["name"]] = ModelSpec(**{k: v for k, v in m.items() if k in fields})
     return specs
 
 
