@@ -317,6 +317,13 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
 
     if opts.shared_cache and opts.cache_redis:
         check_address(opts.cache_redis)
+    if opts.shared_cache and opts.budgets.max_compile_s is not None:
+        print(
+            "note: --max-compile-s with the shared compile cache: a candidate's compile_s may be served "
+            "from the cache (compile_from_cache), shorter than its cold compile; use --no-shared-cache "
+            "where the budget must judge cold compiles",
+            file=stream,
+        )
     with (
         shared_cache(opts.shared_cache, opts.cache_redis, opts.scratch_root, stream) as cache_address,
         ray_session(opts.address),
