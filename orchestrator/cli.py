@@ -90,6 +90,29 @@ def _add_budgets(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_cache_redis(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-redis",
+        metavar="HOST:PORT",
+        help="an existing Redis server for the shared compile cache (one every worker node reaches, on a "
+        "cluster); checked before anything runs. Default: a private redis-server on 127.0.0.1 for the run, "
+        "stopped at its end (jobs on this machine only); without a redis-server binary the run goes on "
+        "without the cache, with one warning",
+    )
+
+
+def _cache_address(args, enabled: bool, flag: str) -> str | None:
+    """The --cache-redis of a run that shares its compile cache, checked (a bad one raises
+    CacheAddressError: one error line, exit 2); refused where the cache is off."""
+    from orchestrator.fleet.cache import CacheAddressError, check_address
+
+    if args.cache_redis is None:
+        return None
+    if not enabled:
+        raise CacheAddressError(f"--cache-redis names the shared compile cache's server, which {flag}")
+    return str(check_address(args.cache_redis))
+
+
 def _knob_names() -> list[str]:
     from orchestrator.tune.space import KNOBS
 
@@ -191,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="lower every job's time limit to at most this (for a run that must end within a window); "
         "jobs that hit it become `timeout` rows",
     )
+    p.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="jobs share Inductor's FX graph cache, Triton autotune cache and GEMM/conv autotune results "
+        "through Redis (per hardware class and software stack). Off by default, because a sweep measures "
+        "cold compiles: with it, compile_s may be served from the cache, and each row says how "
+        "(compile_cache, compile_from_cache, *_cache_hits/misses)",
+    )
+    _add_cache_redis(p)
     _add_only(p)
 
     p = sub.add_parser(
@@ -339,6 +371,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
     p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
     p.add_argument("--timeout-cap", type=_positive, metavar="SECONDS", help="as for `sweep`")
+    p.add_argument(
+        "--no-shared-cache",
+        action="store_true",
+        help="compile every candidate cold. By default the tune's jobs share Inductor's FX graph cache, "
+        "Triton autotune cache and GEMM/conv autotune results through Redis, since its rungs recompile the "
+        "same candidates; compile_s is then partly cache-served, and each row says how (compile_cache, "
+        "compile_from_cache, *_cache_hits/misses)",
+    )
+    _add_cache_redis(p)
     _add_only(p)
 
     p = sub.add_parser(
@@ -448,6 +489,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--lock-clocks", action="store_true", help="as for `sweep`: lock GPU SM clocks during each job"
     )
     p.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="as for `sweep`: jobs share their compile work through Redis",
+    )
+    p.add_argument(
+        "--cache-redis",
+        metavar="HOST:PORT",
+        help="as for `sweep`: the Redis server of --shared-cache, as the cluster's nodes reach it (checked "
+        "by the driver on the head node)",
+    )
+    p.add_argument(
         "--no-wait",
         action="store_true",
         help="print the job id and return at once, instead of following the job's logs until it ends",
@@ -531,6 +583,7 @@ def cmd_sweep(args) -> int:
     if spec is None:
         return EXIT_BAD_INPUT
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
+    cache_redis = _cache_address(args, args.shared_cache, "a sweep uses only with --shared-cache")
     try:
         out = checked(args.out or str(Path("runs") / spec.name))
         check_writable(out)
@@ -551,6 +604,8 @@ def cmd_sweep(args) -> int:
         max_attempts=args.max_attempts,
         history_dirs=list(history),
         lock_clocks=args.lock_clocks,
+        shared_cache=args.shared_cache,
+        cache_redis=cache_redis,
     )
     summary, code = _drive(lambda: run_sweep(spec, opts))
     if summary is None:
@@ -625,6 +680,7 @@ def cmd_tune(args) -> int:
             problems.append(f"--precisions: unknown policy {name!r}; valid: {', '.join(PRECISIONS)}")
         else:
             precisions.append(canon)
+    cache_redis = _cache_address(args, not args.no_shared_cache, "--no-shared-cache turns off")
     knobs = KNOB_NAMES
     if args.knobs is not None:
         knobs = tuple(filter(None, (k.strip() for k in args.knobs.split(","))))
@@ -667,6 +723,8 @@ def cmd_tune(args) -> int:
         timeout_cap_s=args.timeout_cap,
         allow_missing=args.allow_missing,
         scratch_root=args.scratch,
+        shared_cache=not args.no_shared_cache,
+        cache_redis=cache_redis,
         argv=sys.argv,
     )
     summary, code = _drive(lambda: run_tune(spec, opts))
@@ -954,6 +1012,8 @@ def cmd_submit(args) -> int:
     extra += ["--cpus-per-job", str(args.cpus_per_job)] if args.cpus_per_job is not None else []
     extra += ["--allow-missing"] if args.allow_missing else []
     extra += ["--lock-clocks"] if args.lock_clocks else []
+    extra += ["--shared-cache"] if args.shared_cache else []
+    extra += ["--cache-redis", args.cache_redis] if args.cache_redis else []
     extra += ["--max-attempts", str(args.max_attempts)] if args.max_attempts is not None else []
     try:
         sub = jobs.prepare(args.sweep, args.out, extra)
@@ -1061,6 +1121,7 @@ def main(argv: list[str] | None = None) -> int:
     # no file, as under a test's capture)
     with contextlib.suppress(AttributeError, OSError, ValueError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    from orchestrator.fleet.cache import CacheAddressError
     from orchestrator.fleet.driver import AddressError
     from orchestrator.store.storage import StorageError
 
@@ -1069,7 +1130,7 @@ def main(argv: list[str] | None = None) -> int:
     _warned.clear()
     try:
         return COMMANDS[args.command](args)
-    except (StorageError, AddressError) as exc:  # a damaged or locked output, a dead --address, ...
+    except (StorageError, AddressError, CacheAddressError) as exc:  # a locked output, a dead --address, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # output piped into `head` or a pager that quit: not an error of ours

@@ -176,6 +176,7 @@ class JobRun:
         self.job = Job.from_dict(json.loads(job_path.read_text()))
         self.result_path = result_path
         self.notes: list[str] = []
+        self.shared_cache = None  # compiler.shared_cache.SharedCache, once the compile stack is loaded
         self.result: dict[str, Any] = {
             "started_at": datetime.now(timezone.utc).isoformat(),
             "python_version": platform.python_version(),
@@ -239,6 +240,14 @@ class JobRun:
 
         with suppress(ImportError):  # another torch layout: it loads at the first compile instead
             import torch._inductor.compile_fx  # noqa: F401
+        if self.shared_cache is None:  # before the first compile (a tune's baseline compiles first)
+            from compiler.shared_cache import install
+
+            self.shared_cache = install(self.job.hardware)
+            self.result.update(
+                compile_cache=self.shared_cache.mode, cache_namespace=self.shared_cache.namespace
+            )
+            self.notes.extend(self.shared_cache.notes)
 
     def run(self, repeat: int = 1) -> None:
         """Process `repeat` of the job. The first compiles cold and does everything; a later one
@@ -497,6 +506,7 @@ class JobRun:
         self.compile_imports()
         self.enter("compile")  # also saves the eager numbers, should the compile never return
         stats.reset(dynamo=self.job.baseline is None)  # the baseline, compiled already, stays
+        self.shared_cache.start_counting()
         cfg = self.job.config
         cfg.apply_globals()
         earlier = autotuner_ids() if self.job.baseline is not None else set()  # the baseline's kernels
@@ -516,6 +526,7 @@ class JobRun:
             measure.synchronize(dev)
         self.result["compile_s"] = time.perf_counter() - t0
         self.result.update(stats.capture_stats().to_dict())
+        self.record_cache_use()
         if choices.rows:  # only a compile that autotuned (a warm one hits the FX-graph cache)
             self.result["kernel_choices"] = choices.rows
         if choices.ops:
@@ -545,6 +556,21 @@ class JobRun:
                 time.sleep(60)
 
         return stall
+
+    def record_cache_use(self) -> None:
+        """Whether and how the compile just timed used the shared cache: `compile_s` of a compile
+        served from it is not a cold compile, and the row must say so."""
+        from compiler.stats import fxgraph_cache_counts
+
+        fx = fxgraph_cache_counts()
+        cache = self.shared_cache.columns()
+        cache.update(fx_cache_hits=fx["fxgraph_cache_hits"], fx_cache_misses=fx["fxgraph_cache_misses"])
+        # A fresh process starts with empty local caches, so with the shared cache on, every hit
+        # was served by it; with it off, nothing could be.
+        hits = ("fx_cache_hits", "autotune_cache_hits", "gemm_cache_hits")
+        cache["compile_from_cache"] = cache["compile_cache"] == "shared" and any(cache.get(k) for k in hits)
+        self.result.update(cache)
+        self.notes.extend(n for n in self.shared_cache.notes if n not in self.notes)
 
     def compiled_warmup(self, compiled, input_sets):
         import torch

@@ -27,6 +27,7 @@ import psutil
 from compiler import clocks
 from compiler.env import project_pythonpath
 from compiler.kernels import read_choice_stream
+from compiler.shared_cache import cache_environment
 from workers import affinity
 from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV, choices_stream
 from workers.job import Job
@@ -38,10 +39,17 @@ LOG_TAIL_CHARS = 3000
 
 
 def job_environment(
-    scratch: Path, threads: int, base: dict[str, str] | None = None, extra_path: tuple[str, ...] = ()
+    scratch: Path,
+    threads: int,
+    base: dict[str, str] | None = None,
+    extra_path: tuple[str, ...] = (),
+    shared_cache: str | None = None,
 ) -> dict[str, str]:
     """Environment of a job subprocess: private compile caches (so every compile is cold and
-    jobs never share state), explicit thread counts, no network access to model hubs."""
+    jobs never share state), explicit thread counts, no network access to model hubs. With
+    `shared_cache` (HOST:PORT of a Redis server) Inductor's remote caches are on and the job
+    shares its compile work there (`compiler.shared_cache`); without it every remote cache is
+    pinned off, whatever the caller's environment says."""
     env = dict(os.environ if base is None else base)
     threads_s = str(max(1, threads))
     env.update(
@@ -55,6 +63,7 @@ def job_environment(
         PYTHONUNBUFFERED="1",
         PYTHONFAULTHANDLER="1",
     )
+    cache_environment(env, shared_cache)
     env[PARENT_PID_ENV] = str(os.getpid())
     # The job imports this project's packages: make sure the subprocess finds them the way we did.
     # `python:` model factories may live in the directory the sweep was started from.
@@ -194,7 +203,12 @@ def _run_bench(
 
 
 def _job_scratch(
-    job: Job, threads: int, scratch_root: str | None, prefix: str, extra_path: tuple[str, ...] = ()
+    job: Job,
+    threads: int,
+    scratch_root: str | None,
+    prefix: str,
+    extra_path: tuple[str, ...] = (),
+    shared_cache: str | None = None,
 ) -> tuple[Path, Path, Path, dict[str, str]]:
     """A fresh scratch directory for `job`'s processes (under `scratch_root`, created if this
     node lacks it) holding `job.json`; returns it, the job file, the log file and the processes'
@@ -204,7 +218,8 @@ def _job_scratch(
     scratch = Path(tempfile.mkdtemp(prefix=f"{prefix}-{job.job_id[:12]}-", dir=scratch_root))
     job_file = scratch / "job.json"
     job_file.write_text(json.dumps(job.to_dict()))
-    return scratch, job_file, scratch / "log.txt", job_environment(scratch, threads, extra_path=extra_path)
+    env = job_environment(scratch, threads, extra_path=extra_path, shared_cache=shared_cache)
+    return scratch, job_file, scratch / "log.txt", env
 
 
 def _pin(env: dict[str, str], cores: affinity.CoreLease) -> None:
@@ -220,6 +235,7 @@ def run_job(
     keep_scratch: bool = False,
     extra_path: tuple[str, ...] = (),
     lock_clocks: bool = False,
+    shared_cache: str | None = None,
 ) -> dict[str, Any]:
     """Run `job` in fresh subprocesses; return its row's fields (see workers.bench and
     workers.repeats) plus `status`, `error` and `subprocess_s`.
@@ -229,8 +245,12 @@ def run_job(
     the first filled and time again; their compile times are the warm compile. With one repeat
     and `measure.warm_compile`, a second process only compiles warm. The processes are pinned to
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
-    clock is locked for the job where NVML allows it."""
-    scratch, job_file, log_file, env = _job_scratch(job, threads, scratch_root, "job", extra_path)
+    clock is locked for the job where NVML allows it. With `shared_cache` (HOST:PORT of a Redis
+    server) its processes share compile and autotune work there (a run option: the job's id and
+    identity do not change with it)."""
+    scratch, job_file, log_file, env = _job_scratch(
+        job, threads, scratch_root, "job", extra_path, shared_cache
+    )
     gpu = job.device == "cuda"
     prefer = clocks.gpu_local_cpus() if gpu else set()
     lock = clocks.locked_clocks() if gpu and lock_clocks else contextlib.nullcontext()

@@ -20,6 +20,7 @@ def execute_job(
     scratch_root: str | None = None,
     extra_path: tuple[str, ...] = (),
     lock_clocks: bool = False,
+    shared_cache: str | None = None,
 ) -> dict[str, Any]:
     """Body of the per-job Ray task: run the job, return its result fields plus where it ran."""
     import ray
@@ -27,7 +28,12 @@ def execute_job(
     started = time.time()
     job = Job.from_dict(job_dict)
     result = run_job(
-        job, threads=threads, scratch_root=scratch_root, extra_path=extra_path, lock_clocks=lock_clocks
+        job,
+        threads=threads,
+        scratch_root=scratch_root,
+        extra_path=extra_path,
+        lock_clocks=lock_clocks,
+        shared_cache=shared_cache,
     )
     result["node_id"] = ray.get_runtime_context().get_node_id()
     result["hostname"] = socket.gethostname()

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from orchestrator.fleet.cache import check_address, shared_cache
 from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
 from orchestrator.fleet.ordering import History, longest_first
 from orchestrator.fleet.progress import Progress
@@ -108,6 +109,13 @@ class SweepOptions:
     """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
     lock_clocks: bool = False
     """Lock each GPU job's SM clock at its maximum through NVML (root only); rows say if it took."""
+    shared_cache: bool = False
+    """Jobs compile through Inductor's remote caches on a Redis server shared by the sweep's jobs
+    (their compile_s is then not a cold compile; rows say what the cache served). Off by default:
+    a sweep measures cold compiles."""
+    cache_redis: str | None = None
+    """HOST:PORT of an existing Redis server for `shared_cache`; None starts a private one on
+    127.0.0.1 for the sweep (reachable by jobs on this machine only)."""
     argv: list[str] = field(default_factory=list)
     resume_command: str | None = None
     """The command an interrupted run prints to resume (default: this sweep with --resume)."""
@@ -222,12 +230,15 @@ def run_sweep(
 
     Before Ray starts: an output or history location that cannot be used raises
     `storage.StorageError`, an output another live driver holds `lock.OutputLocked`, a dead
-    `opts.address` `AddressError`. With `opts.resume`, damaged part files are moved into
+    `opts.address` `AddressError`, a dead `opts.cache_redis` `cache.CacheAddressError` (when the
+    sweep shares its compile cache). With `opts.resume`, damaged part files are moved into
     `<out>/quarantine/` first, so their jobs run again (`orchestrator.store.integrity`)."""
     stream = stream or sys.stderr
     out = checked(opts.out_dir)
     history_dirs = [checked(h) for h in opts.history_dirs]
     check_ray_address(opts.address)
+    if opts.shared_cache and opts.cache_redis:
+        check_address(opts.cache_redis)
     lock = OutputLock.acquire(out, opts.argv)  # before anything is read: one writer per output
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # this run's quarantine folder
     try:
@@ -294,7 +305,11 @@ def _run_locked(
     _check_run_log(out, stream, stamp)
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     t_start = time.monotonic()
-    with ray_session(opts.address), _sigterm_as_interrupt():
+    with (
+        shared_cache(opts.shared_cache, opts.cache_redis, opts.scratch_root, stream) as cache_address,
+        ray_session(opts.address),
+        _sigterm_as_interrupt(),
+    ):
         classes = cluster_classes(opts.cpus_per_job)
         if plan is not None:
             jobs = plan(classes)
@@ -312,6 +327,12 @@ def _run_locked(
             planned=len(jobs),
             skipped=skipped,
         )
+        if cache_address and not opts.cache_redis and opts.address not in (None, "", "local"):
+            print(
+                f"note: shared compile cache: a private Redis at {cache_address} serves the jobs on this "
+                "machine only; give --cache-redis HOST:PORT of a server every node reaches",
+                file=stream,
+            )
         if opts.lock_clocks and not any(classes[n].device == "cuda" for n in used):
             print("note: --lock-clocks: this sweep runs on no GPU class; nothing to lock", file=stream)
         print(
@@ -345,6 +366,7 @@ def _run_locked(
             emit=emit,
             inventory=lambda: cluster_classes(opts.cpus_per_job),
             max_attempts=opts.max_attempts,
+            task_kwargs={"shared_cache": cache_address} if cache_address else {},
         )
         scheduler.add(longest_first(todo, history))
         t_dispatch = time.monotonic()

@@ -50,6 +50,8 @@ class Scheduler:
     reported them, its rows of the other tables (`emit(row, job, wall, tables=None)`)."""
     inventory: Callable[[], dict[str, HardwareClass]]
     max_attempts: int = 3
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of every task (run options such as `shared_cache`, given only when set)."""
     recheck_s: float = 5.0
     queues: dict[str, deque[tuple[Job, int]]] = field(default_factory=dict)
     running: dict[Any, _Running] = field(default_factory=dict)
@@ -73,7 +75,9 @@ class Scheduler:
             free = hw.slots - self._in_flight(name)
             while queue and free > 0:
                 job, attempt = queue.popleft()
-                ref = self.remotes[name].remote(job.to_dict(), hw.cpus_per_job, *self.task_args)
+                ref = self.remotes[name].remote(
+                    job.to_dict(), hw.cpus_per_job, *self.task_args, **self.task_kwargs
+                )
                 self.running[ref] = _Running(job, time.monotonic(), attempt)
                 free -= 1
                 started()

@@ -138,7 +138,11 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("speedup_vs_baseline_ci_high", pa.float64(), "95% CI of speedup_vs_baseline, high end"),
     ("eager_warmup_calls", pa.int32(), "eager warm-up calls until latency was stable"),
     ("compiled_warmup_calls", pa.int32(), "compiled warm-up calls until latency was stable"),
-    ("compile_s", pa.float64(), "wall time of the first compiled call (cold compile + one run), s"),
+    (
+        "compile_s",
+        pa.float64(),
+        "wall time of the first compiled call (compile + one run), s: a cold compile unless compile_from_cache",
+    ),
     (
         "warm_compile_s",
         pa.float64(),
@@ -154,6 +158,46 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "warm_cache_misses",
         pa.int32(),
         "FX-graph cache misses and bypasses in the warm compile (compiled again)",
+    ),
+    (
+        "compile_cache",
+        pa.string(),
+        "the shared compile cache (Redis) in the first process: off (not read: a cold compile, a sweep's "
+        "default), shared (read and written, in the namespace of the job's hardware class and software "
+        "stack), unavailable (asked for but not usable, see notes; compiled without it)",
+    ),
+    (
+        "compile_from_cache",
+        pa.bool_(),
+        "the first compile got FX graphs or autotune results from the shared cache, so compile_s is not a "
+        "cold compile",
+    ),
+    ("cache_namespace", pa.string(), "prefix of the shared cache's keys: co:<class>:<stack hash>:"),
+    (
+        "fx_cache_hits",
+        pa.int32(),
+        "Inductor FX-graph cache hits in the first compile (its process starts with an empty local cache: "
+        "with compile_cache=shared each hit came from the shared cache)",
+    ),
+    ("fx_cache_misses", pa.int32(), "FX-graph cache misses and bypasses in the first compile (compiled)"),
+    (
+        "autotune_cache_hits",
+        pa.int32(),
+        "Triton kernel autotune results the first compile found in the shared cache (RemoteAutotuneCache; "
+        "GPU only); null when compile_cache is not shared",
+    ),
+    ("autotune_cache_misses", pa.int32(), "Triton autotune lookups the shared cache could not answer"),
+    (
+        "gemm_cache_hits",
+        pa.int32(),
+        "GEMM/conv autotune lookups (max-autotune's select_algorithm) the shared cache answered, so those "
+        "candidates were not benchmarked; null where the bridge did not run",
+    ),
+    ("gemm_cache_misses", pa.int32(), "GEMM/conv autotune lookups that benchmarked the candidates"),
+    (
+        "gemm_cache_shared",
+        pa.int32(),
+        "GEMM/conv autotune timings the first process pushed to the shared cache (each as soon as measured)",
     ),
     ("dynamo_s", pa.float64(), "Dynamo's cumulative compile time (includes the backend), s"),
     ("inductor_s", pa.float64(), "Inductor's cumulative compile time, s"),
@@ -381,9 +425,10 @@ with a newer schema reads older files with the columns they lack as nulls (`read
 - 3: `triton_kernels`, the `presets` table; results gain `channels_last` and the `baseline_*`
   columns of a tune's confirmation jobs.
 - 4: `kernel_choices` gains `emitted` (the candidate in the generated code) and `fusion_benchmarked`.
-- 5: results gain `runtime` and `cudnn_benchmark` (runtime settings) and `autotuned_ops`;
-  `kernel_choices` gains `partial` (rows kept from a compile that timed out or crashed
-  mid-autotune).
+- 5: results gain `runtime` and `cudnn_benchmark` (runtime settings), `autotuned_ops`, and
+  the shared compile cache's columns: `compile_cache`, `compile_from_cache`, `cache_namespace`,
+  `fx_cache_*`, `autotune_cache_*`, `gemm_cache_*`; `kernel_choices` gains `partial` (rows kept
+  from a compile that timed out or crashed mid-autotune).
 """
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 

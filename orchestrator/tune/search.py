@@ -17,6 +17,12 @@ Successive halving, in three rounds of jobs dispatched across the cluster like a
    candidate wins only if the paired interval of stock / candidate lies above 1
    (`compiler.statistics.beats`); otherwise the stock config stays the preset.
 
+Candidates recompile across rungs, and the candidates of one cell share GEMM/conv shapes, so
+their jobs share compile and autotune work through a Redis server by default
+(`TuneOptions.shared_cache`, `orchestrator.fleet.cache`): one server for the whole tune, its
+address handed to every rung. Rows say what their compile got from it (`compile_cache`,
+`compile_from_cache` and the hit/miss columns).
+
 Each round is a sweep output of its own under OUT (`OUT/rung0`, `OUT/rung1`, `OUT/confirm`:
 `orchestrate report` works on each), so an interrupted tune resumes with `--resume` from the
 jobs already recorded. OUT also gets `tune.json` (every cell's candidates, figures and
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from compiler import statistics as cstats
+from orchestrator.fleet.cache import check_address, shared_cache
 from orchestrator.fleet.driver import OutputExistsError, SweepOptions, ray_session, run_sweep
 from orchestrator.fleet.inventory import HardwareClass, cluster_classes
 from orchestrator.fleet.inventory import resolve as resolve_classes
@@ -97,6 +104,10 @@ class TuneOptions:
     timeout_cap_s: float | None = None
     allow_missing: bool = False
     scratch_root: str | None = None
+    shared_cache: bool = True
+    """Share compile and autotune work between the tune's jobs through Redis (see the module doc)."""
+    cache_redis: str | None = None
+    """HOST:PORT of an existing Redis server; None starts a private one for the tune."""
     argv: list[str] = field(default_factory=list)
 
 
@@ -368,6 +379,8 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
                 cpus_per_job=opts.cpus_per_job,
                 allow_missing=opts.allow_missing,
                 scratch_root=opts.scratch_root,
+                shared_cache=cache_address is not None,
+                cache_redis=cache_address,
                 argv=opts.argv,
                 resume_command=resume,
             )
@@ -375,7 +388,19 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         jobs_run[name] = len(jobs)
         return _latest(where)
 
-    with ray_session(opts.address):
+    if opts.shared_cache and opts.cache_redis:
+        check_address(opts.cache_redis)
+    if opts.shared_cache and opts.budgets.max_compile_s is not None:
+        print(
+            "note: --max-compile-s with the shared compile cache: a candidate's compile_s may be served "
+            "from the cache (compile_from_cache), shorter than its cold compile; use --no-shared-cache "
+            "where the budget must judge cold compiles",
+            file=stream,
+        )
+    with (
+        shared_cache(opts.shared_cache, opts.cache_redis, opts.scratch_root, stream) as cache_address,
+        ray_session(opts.address),
+    ):
         classes = cluster_classes(opts.cpus_per_job)
         hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
         stack = software_stack()

