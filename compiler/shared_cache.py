@@ -37,8 +37,11 @@ GEMM_KEY = "gemm-autotune"
 """The Redis hash (under the namespace) that holds the GEMM/conv autotune timings."""
 
 _ON_SWITCHES = ("TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE")
-# Remote caches this project does not use; pinned off so that a user's shell cannot turn them
-# on behind the rows' backs (a cold-compile job must not read any shared cache).
+# Remote caches this project does not use; removed from the job's environment so that a user's
+# shell cannot turn them on behind the rows' backs (a cold-compile job must not read any shared
+# cache). Removed, not set to 0: their config values are part of Inductor's FX-graph cache key
+# (unlike the two switches above), and a bundle made with them False misses in a serving process
+# that has them at torch's default, None.
 _OFF_SWITCHES = (
     "TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE",
     "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
@@ -51,8 +54,10 @@ CacheMode = Literal["off", "shared", "unavailable"]
 def cache_environment(env: dict[str, str], address: str | None) -> None:
     """Set a job process's environment (before it imports torch, which reads these once) for
     sharing through the Redis server at `address` (HOST:PORT), or for no remote cache at all."""
-    for name in (*_ON_SWITCHES, *_OFF_SWITCHES):
+    for name in _ON_SWITCHES:
         env[name] = "0"
+    for name in _OFF_SWITCHES:
+        env.pop(name, None)
     # TORCHINDUCTOR_REDIS_URL wins over HOST/PORT inside torch: never let one leak in
     for name in ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_REDIS_HOST", "TORCHINDUCTOR_REDIS_PORT"):
         env.pop(name, None)

@@ -70,8 +70,8 @@ def setting_label(base: dict[str, Any], other: dict[str, Any], other_mode: str |
     if any(k in base and k not in other for k in keys):
         return None  # other drops a setting of the base: not "the base plus one setting"
     diff = {k: other[k] for k in keys if base.get(k) != other.get(k)}
-    if not diff:
-        return None
+    if not diff or any(other.get(k) is False for k in diff):
+        return None  # turning a flag off is the base's setting measured the other way round
     knob = _knob_label(diff)
     if knob:
         return knob
