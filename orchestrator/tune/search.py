@@ -363,6 +363,7 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
                 f"{out} already holds a tune ({', '.join(found) or TUNE_FILE}). Pass --resume to finish it, "
                 "or --out to write somewhere else; nothing was changed."
             )
+    pruned = _pruned(opts.prune_from)  # a bad --prune-from is refused before Ray starts
     t0 = time.monotonic()
     resume = shlex.join(["orchestrate", "tune", spec.source or "SWEEP.yaml", "--out", str(out), "--resume"])
     jobs_run: dict[str, int] = {}
@@ -404,7 +405,6 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         classes = cluster_classes(opts.cpus_per_job)
         hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
         stack = software_stack()
-        pruned = _pruned(opts.prune_from)
         space = {
             cell: candidates(
                 spec.configs,

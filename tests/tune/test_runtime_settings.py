@@ -248,3 +248,15 @@ def test_compile_tuned_sets_the_presets_runtime_settings_in_a_fresh_process(tmp_
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["match"] == "exact" and got["flag"] is True and got["runtime"] == {"cudnn_benchmark": True}
     assert any("cudnn_benchmark: False -> True" in w for w in got["warned"])
+
+
+def test_tune_refuses_an_unknown_base_and_a_missing_prune_source_before_any_work(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    sweep = ROOT / "sweeps" / "tune-smoke.yaml"
+    assert main(["tune", str(sweep), "--out", str(tmp_path / "a"), "--bases", "max-autotun"]) == 2
+    assert "--bases: unknown mode 'max-autotun'" in capsys.readouterr().err
+    code = main(["tune", str(sweep), "--out", str(tmp_path / "b"), "--prune-from", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--prune-from" in err and "does not exist" in err, err
+    assert not (tmp_path / "b" / "tune.json").exists()
