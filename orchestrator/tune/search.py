@@ -451,7 +451,11 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         # A cell whose survivors are one stock config and one other goes straight to the
         # confirmation, which measures exactly those two, better: rung 1 would only repeat it.
         ranked = {
-            cell for cell, keep in survivors.items() if len(keep) > 2 or len({c.stock for c in keep}) < 2
+            cell
+            for cell, keep in survivors.items()
+            if len(keep) > 2
+            or len({c.stock for c in keep}) < 2
+            or any((cell, c) not in jobs0 for c in keep)  # a combination rung 0 never measured
         }
         measure1 = rung_measure(spec.measure, "rung1")
         jobs1 = {
