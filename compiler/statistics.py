@@ -288,6 +288,21 @@ def latency_verdict(ratio: Interval, thresholds: Thresholds) -> str:
     return "unchanged"
 
 
+def gain_verdict(gain: Interval, thresholds: Thresholds) -> str:
+    """What a setting did to a cell, from the interval of `without / with` latencies: `faster`
+    (`beats`), `slower` (wholly below 1), `no gain` (it cannot be faster by more than the
+    `latency_change` the project counts), or `unclear` (too noisy to tell: a wide interval)."""
+    if math.isnan(gain.low):
+        return "unclear"
+    if beats(gain):
+        return "faster"
+    if gain.high < 1.0:
+        return "slower"
+    if gain.high < 1 + thresholds.latency_change:
+        return "no gain"
+    return "unclear"
+
+
 def figure_verdict(current: float | None, baseline: float | None, change: float, floor: float) -> str:
     """The same for a figure measured once per run (compile time, peak memory): a change beyond
     both the relative `change` and the absolute `floor`."""

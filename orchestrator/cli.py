@@ -349,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prune-from",
         metavar="DIR",
-        help="an earlier tune's --out: the knobs it found faster on no cell of a hardware class are left out "
+        help="an earlier tune's --out: the knobs it measured to gain nothing (or to hurt) on every cell of a hardware class are left out "
         "of that class's search (tune.json says which, and why)",
     )
     p.add_argument(

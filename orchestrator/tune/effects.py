@@ -6,11 +6,12 @@ Two configs of one cell that differ in exactly one setting (a tuner knob such as
 faster), with the interval of `compiler.statistics.ratio_interval` over the two rows' samples
 (unpaired: the rows come from different processes). Per hardware class the effects are summed
 up across the suite: in how many cells a setting helped (its interval lies above 1, the
-project's one "faster than" rule `statistics.beats`), hurt (below 1) or changed nothing
-measurable, its geometric-mean gain, and which models it helped and hurt, so a setting that helps
+project's one "faster than" rule `statistics.beats`), hurt (below 1), gained nothing (at most
+the regression report's `latency_change`) or could not be told apart (too noisy), its
+geometric-mean gain, and which models it helped and hurt, so a setting that helps
 one model family and hurts another says so.
 
-A setting that helped in no cell of a class is marked `drop`: `orchestrate tune --prune-from
+A setting measured in every cell of a class to gain nothing or to hurt is marked `drop`: `orchestrate tune --prune-from
 PREVIOUS` leaves it out of that class's next search, and the tune's `tune.json` says why.
 """
 
@@ -95,7 +96,8 @@ class CellEffect:
     low: float
     high: float
     verdict: str
-    """helps, hurts or same."""
+    """helps, hurts, same (no gain beyond the project's `latency_change`) or unclear (an
+    interval too wide to tell: one short process per side on a noisy host)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -116,8 +118,9 @@ class SettingEffect:
 
     @property
     def verdict(self) -> str:
-        """keep (it helped somewhere) or drop (it helped nowhere on this class)."""
-        return "keep" if any(c.verdict == "helps" for c in self.cells) else "drop"
+        """drop (measured in every cell to gain nothing or to hurt: no cell faster, none unclear)
+        or keep (it helped somewhere, or the figures are too noisy to rule a gain out)."""
+        return "drop" if all(c.verdict in ("hurts", "same") for c in self.cells) else "keep"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -140,8 +143,11 @@ class SettingEffect:
             text += f"; faster on {', '.join(helped)}"
         if hurt:
             text += f"; slower on {', '.join(hurt)}"
-        if not helped:
-            text += "; faster on no cell: dropped from this class's next search"
+        unclear = sum(c.verdict == "unclear" for c in self.cells)
+        if unclear:
+            text += f"; {unclear} cells too noisy to tell"
+        if self.verdict == "drop":
+            text += "; no gain on any cell: dropped from this class's next search"
         return text
 
 
@@ -150,12 +156,12 @@ def _samples(row: dict[str, Any]) -> list[list[float]]:
     return cstats.split_groups(samples, row.get("samples_per_repeat")) if samples else []
 
 
+_VERDICTS = {"faster": "helps", "slower": "hurts", "no gain": "same", "unclear": "unclear"}
+
+
 def _verdict(iv: cstats.Interval) -> str:
-    if cstats.beats(iv):
-        return "helps"
-    if iv.high < 1.0:
-        return "hurts"
-    return "same"
+    """helps, hurts, same (gains at most the project's `latency_change`) or unclear (too noisy)."""
+    return _VERDICTS[cstats.gain_verdict(iv, cstats.load_thresholds())]
 
 
 def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEffect]]:
@@ -180,10 +186,10 @@ def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEf
                     iv = cstats.ratio_interval(b, o, paired=False)
                     gain, low, high = iv.estimate, iv.low, iv.high
                     verdict = _verdict(iv)
-                else:  # no samples (hand-made rows): the medians, without an interval
+                else:  # no samples: the medians, without an interval
                     gain = base["compiled_ms"] / other["compiled_ms"]
                     low = high = math.nan
-                    verdict = "helps" if gain > 1 else "hurts" if gain < 1 else "same"
+                    verdict = "unclear"
                 effect = found[hw].setdefault(label, SettingEffect(hw, label))
                 effect.cells.append(
                     CellEffect(
@@ -206,7 +212,7 @@ def effects_document(effects: dict[str, dict[str, SettingEffect]]) -> dict[str, 
 
 def dropped_knobs(document: dict[str, Any]) -> dict[str, dict[str, str]]:
     """hardware class -> knob -> why, for the knobs an earlier tune's `setting_effects` (as in its
-    tune.json) found faster on no cell of that class."""
+    tune.json) measured to gain nothing or to hurt on every cell of that class."""
     from orchestrator.tune.space import KNOB_NAMES
 
     return {

@@ -94,7 +94,7 @@ class TuneOptions:
     """Torch modes added as bases (candidates with knobs of their own) where the sweep lacks them;
     None: `max-autotune` and `max-autotune-no-cudagraphs` on GPU classes, none on CPU."""
     prune_from: Target | None = None
-    """An earlier tune's output: knobs it found faster on no cell of a class are left out of that
+    """An earlier tune's output: knobs it measured to gain nothing (or to hurt) on every cell of a class are left out of that
     class's search (`orchestrator.tune.effects.dropped_knobs`)."""
     budgets: Budgets = field(default_factory=Budgets)
     eta: int = DEFAULT_ETA

@@ -200,7 +200,7 @@ def test_what_won_says_which_setting_helped_which_model_and_pruning_follows():
     assert freezing.models("helps") == [] and freezing.verdict == "drop"
     doc = effects_document(effects)
     assert dropped_knobs(doc) == {"A100": {"freezing": doc["A100"]["freezing"]["why"]}}
-    assert "faster on no cell" in doc["A100"]["freezing"]["why"]
+    assert "no gain on any cell" in doc["A100"]["freezing"]["why"]
     assert "slower on vit" in doc["A100"]["cudnn_benchmark"]["why"]
 
     data = derive_presets(rows_to_table(rows), Budgets())
@@ -260,3 +260,22 @@ def test_tune_refuses_an_unknown_base_and_a_missing_prune_source_before_any_work
     err = capsys.readouterr().err
     assert code == 2 and "--prune-from" in err and "does not exist" in err, err
     assert not (tmp_path / "b" / "tune.json").exists()
+
+
+def test_a_knob_too_noisy_to_judge_is_kept_and_the_verdicts_use_the_one_threshold():
+    from compiler import statistics as cstats
+
+    th = cstats.load_thresholds()
+    tight_same = cstats.ratio_interval([samples(8.0, seed=1)], [samples(8.0, seed=2)], paired=False)
+    noisy = cstats.ratio_interval(
+        [samples(8.0, spread=0.3, seed=1)], [samples(8.0, spread=0.3, seed=2)], paired=False
+    )
+    assert cstats.gain_verdict(tight_same, th) == "no gain" and tight_same.high < 1 + th.latency_change
+    assert cstats.gain_verdict(noisy, th) == "unclear"
+    rows = effect_rows()
+    for r in rows:  # the same figures, far noisier: nothing can be ruled out any more
+        if r["config"] == "ro+freezing":
+            r["compiled_samples_ms"] = samples(8.0, spread=0.3, seed=7)
+    freezing = setting_effects(rows)["A100"]["freezing"]
+    assert {c.verdict for c in freezing.cells} == {"unclear"} and freezing.verdict == "keep"
+    assert "too noisy to tell" in freezing.why
