@@ -307,3 +307,47 @@ def test_a_job_killed_by_its_timeout_mid_autotune_keeps_the_choices_it_had_made(
     printed = capsys.readouterr().out
     assert sum("packed_linear" in x and "none (partial compile)" in x for x in printed.splitlines()) == 2
     assert "2 of 2 autotuned ops come from 1 compile(s) that did not finish" in printed
+
+
+@pytest.mark.integration
+def test_a_job_process_killed_mid_autotune_keeps_the_choices_it_had_made(tuned_job, monkeypatch, tmp_path):
+    """The crash path: the job process is SIGKILLed (as the kernel's OOM killer would) while it
+    compiles, after two ops are on disk. The runner classifies the crash and keeps those ops."""
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    monkeypatch.setenv(STALL_ENV, "2")
+    job = dataclasses.replace(
+        tuned_job, model=ModelSpec(id="python:workers.toy:mlp", name="mlp"), timeout_s=600
+    )
+    scratch = tmp_path / "scratch"
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.update(run_job(job, threads=1, scratch_root=str(scratch))))
+    worker.start()
+    killed = None
+    deadline = time.monotonic() + 300
+    while worker.is_alive() and killed is None and time.monotonic() < deadline:
+        for stream in scratch.glob("job-*/*.jsonl"):
+            if read_choice_stream(stream)[0] >= 2:
+                bench = [
+                    p
+                    for p in psutil.Process().children(recursive=True)
+                    if "workers.bench" in " ".join(p.cmdline())
+                ]
+                for p in bench:
+                    p.send_signal(signal.SIGKILL)
+                killed = len(bench)
+        time.sleep(0.2)
+    worker.join(timeout=120)
+    assert killed, f"the job never got two ops on disk: {str(out.get('error'))[:500]}"
+    assert (
+        out["status"] == "crash"
+        and "killed by SIGKILL" in out["error"]
+        and "in phase 'compile'" in out["error"]
+    )
+    assert "after autotuning 2 ops" in out["error"] and out["autotuned_ops"] == 2
+    rows = out["kernel_choices"]
+    assert {r["op_index"] for r in rows} == {0, 1} and all(r["partial"] for r in rows)
