@@ -47,7 +47,6 @@ def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
 
     from compiler.config import CompileConfig
     from workers.bench import JobRun, _call
-    from workers.job import Job, MeasureSpec, ModelSpec
 
     presets = json.loads((Path(export_dir) / "presets.json").read_text())
     entry = [e for e in presets["presets"] if e.get("bundle")][index]
@@ -57,20 +56,7 @@ def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
 
         pick_vec_isa()
     config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
-    job = Job(
-        sweep="bundle-bench",
-        hardware=presets["hardware"],
-        device=device,
-        model=ModelSpec(**entry["model_spec"]),
-        batch_size=entry["batch_size"],
-        dtype=entry["dtype"],
-        config=config,
-        measure=MeasureSpec(),
-        timeout_s=3600,
-    )
-    scratch = Path(tempfile.mkdtemp())
-    (scratch / "job.json").write_text(json.dumps(job.to_dict()))
-    run = JobRun(scratch / "job.json", scratch / "result.json")
+    run = JobRun.for_preset("bundle-bench", presets["hardware"], entry, config, entry["dtype"])
     model, input_sets, _ = run.build(keep_fp32_copy=False)
     inputs = input_sets[0]
     with torch.no_grad():  # eager first, as the job that made the bundle did: some models (SegFormer)

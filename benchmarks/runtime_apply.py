@@ -44,27 +44,14 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
     from compiler.config import CompileConfig
     from compiler.precision import apply_precision
     from workers.bench import JobRun
-    from workers.job import Job, MeasureSpec, ModelSpec
 
     presets = json.loads((Path(export_dir) / "presets.json").read_text())
     entry = [e for e in presets["presets"] if (e["compile"].get("runtime") or {})][index]
     device = "cpu" if presets["hardware"] == "cpu" else "cuda"
     config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
     stock = dataclasses.replace(config, runtime={})  # the model is built under torch's defaults
-    job = Job(
-        sweep="runtime-apply",
-        hardware=presets["hardware"],
-        device=device,
-        model=ModelSpec(**entry["model_spec"]),
-        batch_size=entry["batch_size"],
-        dtype=entry.get("precision") or entry["dtype"],
-        config=stock,
-        measure=MeasureSpec(),
-        timeout_s=3600,
-    )
-    scratch = Path(tempfile.mkdtemp())
-    (scratch / "job.json").write_text(json.dumps(job.to_dict()))
-    run = JobRun(scratch / "job.json", scratch / "result.json")
+    dtype = entry.get("precision") or entry["dtype"]
+    run = JobRun.for_preset("runtime-apply", presets["hardware"], entry, stock, dtype)
     model, input_sets, _ = run.build(keep_fp32_copy=False)
     if side == "tuned":
         compiled, applied = compile_tuned(
@@ -77,7 +64,7 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
         )
         assert applied.match == "exact", applied.summary()
     else:
-        apply_precision(job.dtype)
+        apply_precision(dtype)
         stock.apply_globals()
         compiled = torch.compile(model, **stock.compile_kwargs())
     call = run._rotating(compiled, input_sets, mark_step=True)

@@ -188,6 +188,29 @@ class JobRun:
             with suppress(ValueError):
                 self.result["phase_start_s"] = max(0.0, time.time() - float(spawned))
 
+    @classmethod
+    def for_preset(cls, sweep: str, hardware: str, entry: dict[str, Any], config, dtype: str) -> JobRun:
+        """A JobRun (in a fresh temporary directory) of an exported preset's cell compiled with
+        `config`, for benchmarks that build the preset's model and inputs as its job did."""
+        import tempfile
+
+        from workers.job import Job, MeasureSpec, ModelSpec
+
+        job = Job(
+            sweep=sweep,
+            hardware=hardware,
+            device="cpu" if hardware == "cpu" else "cuda",
+            model=ModelSpec(**entry["model_spec"]),
+            batch_size=entry["batch_size"],
+            dtype=dtype,
+            config=config,
+            measure=MeasureSpec(),
+            timeout_s=3600,
+        )
+        scratch = Path(tempfile.mkdtemp())
+        (scratch / "job.json").write_text(json.dumps(job.to_dict()))
+        return cls(scratch / "job.json", scratch / "result.json")
+
     def save(self, final: bool = False) -> None:
         self.result["final"] = final
         if self.notes:
