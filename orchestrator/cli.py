@@ -303,13 +303,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="search beyond the stock modes per cell; keep a tuned config only where it is faster by a margin "
         "the statistics support",
         description="Candidates per (hardware class, model, batch size, precision) cell: the sweep's configs "
-        "(the stock modes), each with one Inductor knob turned (--knobs), and, where allowed, the stock configs "
-        "under other precision policies (--precisions). Successive halving across the cluster: every candidate "
-        "measured cheaply (rung0), the best 1/eta and the best stock config measured again (rung1), then the "
-        "best candidate and the best stock config compiled and timed in the same processes (confirm). A "
-        "candidate becomes the preset only if the paired 95% interval of stock/candidate lies above 1; every "
-        "candidate must pass the fp64 accuracy check and the budgets. Writes OUT/rung0, OUT/rung1, OUT/confirm "
-        "(sweep outputs), OUT/tune.json (every decision) and OUT/presets.{parquet,json} (for `export`).",
+        "(the stock modes), torch's max-autotune modes as extra bases on GPU classes (--bases), each of those "
+        "with one knob turned (--knobs: Inductor options, freezing, channels-last, and runtime settings such "
+        "as cudnn_benchmark), and, where allowed, the stock configs under other precision policies "
+        "(--precisions). Successive halving across the cluster: every candidate measured cheaply (rung0), the "
+        "best 1/eta, the best stock config and the knobs that each helped turned together measured again "
+        "(rung1), then the best candidate and the best stock config timed in the same processes, or in "
+        "processes of their own where they differ in a runtime setting (confirm). A candidate becomes the "
+        "preset only if the 95% interval of stock/candidate lies above 1; every candidate must pass the fp64 "
+        "accuracy check and the budgets. Jobs share compile and autotune work through Redis unless "
+        "--no-shared-cache. Writes OUT/rung0, OUT/rung1, OUT/confirm (sweep outputs), OUT/tune.json (every "
+        "decision, what each setting gained) and OUT/presets.{parquet,json} (for `export`); prints per class "
+        "what won.",
     )
     p.add_argument(
         "sweep",
