@@ -73,6 +73,12 @@ def setting_label(base: dict[str, Any], other: dict[str, Any], other_mode: str |
     diff = {k: other[k] for k in keys if base.get(k) != other.get(k)}
     if not diff or any(other.get(k) is False for k in diff):
         return None  # turning a flag off is the base's setting measured the other way round
+    if all(k.startswith("options.") for k in diff):
+        # exactly one of torch's modes: named as the mode (as `preset_settings` names it), even
+        # where a knob sets the same options (reduce-overhead is the `cudagraphs` knob's option)
+        for name, mode_opts in sorted(inductor_modes().items()):
+            if mode_opts and {f"options.{k}": v for k, v in mode_opts.items()} == diff:
+                return f"mode {name}"
     knob = _knob_label(diff)
     if knob:
         return knob

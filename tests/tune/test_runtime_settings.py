@@ -279,3 +279,22 @@ def test_a_knob_too_noisy_to_judge_is_kept_and_the_verdicts_use_the_one_threshol
     freezing = setting_effects(rows)["A100"]["freezing"]
     assert {c.verdict for c in freezing.cells} == {"unclear"} and freezing.verdict == "keep"
     assert "too noisy to tell" in freezing.why
+
+
+def test_a_mode_is_named_alike_where_it_is_measured_and_where_a_preset_uses_it():
+    cell = Cell("A100", "cuda", RESNET, 1, "fp32")
+    cands = {c.config.name: c for c in candidates(STOCK, RESNET, "cuda", "fp32")}
+    rows = [
+        row(
+            make_job(_spec(), cell, cands[name], MeasureSpec(), None, stack={"torch": "x"}),
+            ms=ms,
+            compiled_samples_ms=samples(ms, seed=i),
+            samples_per_repeat=[90],
+        )
+        for i, (name, ms) in enumerate((("default", 9.0), ("ro", 6.0)))
+    ]
+    data = derive_presets(rows_to_table(rows), Budgets())
+    (won,) = data["what_won"]  # reduce-overhead's option is also the cudagraphs knob's: one line
+    assert (
+        won["setting"] == "mode reduce-overhead" and won["presets"] == 1 and won["helps_models"] == ["resnet"]
+    )
