@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from compiler.env import project_pythonpath  # noqa: E402
-from compiler.statistics import ratio_interval  # noqa: E402
+from compiler.statistics import ratio_interval, summarize  # noqa: E402
 
 
 def child(side: str, export_dir: str, index: int, iterations: int) -> None:
@@ -139,10 +139,7 @@ def main() -> int:
                 saved.append(result)
                 groups[side].append(result["samples_ms"])
         iv = ratio_interval(groups["stock"], groups["tuned"], paired=False)
-        med = {
-            s: sorted(x for g in groups[s] for x in g)[len(groups[s]) * len(groups[s][0]) // 2]
-            for s in groups
-        }
+        med = {s: summarize([x for g in groups[s] for x in g]).median_ms for s in groups}
         cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
         print(
             f"| {cell} | {json.dumps(entry['compile']['runtime'])} | {med['tuned']:.3f} | {med['stock']:.3f} | "

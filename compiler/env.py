@@ -10,6 +10,19 @@ from pathlib import Path
 from typing import Any
 
 
+def die_with_parent() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG), so a killed
+    driver or Ray task never leaves a child behind; False where the call is not available."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def project_pythonpath(current: str | None, extra: Iterable[str] = ()) -> str:
     """PYTHONPATH for a subprocess that imports this project's packages: this checkout's root
     first (so it finds them the way this process did), then `extra`, then `current`'s entries

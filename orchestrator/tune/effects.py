@@ -25,16 +25,16 @@ from typing import Any
 
 from compiler import runtime
 from compiler import statistics as cstats
-from compiler.config import inductor_modes
+from compiler.config import CompileConfig, inductor_modes
 
 
 def row_settings(row: dict[str, Any]) -> dict[str, Any]:
     """Everything a results row's config compiled and ran with, as flat key -> value (the mode
     written out as its Inductor options)."""
-    mode = row.get("mode")
-    options = dict(inductor_modes().get(mode, {})) if mode not in (None, "default") else {}
-    options.update(json.loads(row.get("options") or "{}"))
-    flat: dict[str, Any] = {f"options.{k}": v for k, v in options.items()}
+    from orchestrator.tune.space import expanded_options
+
+    config = CompileConfig("row", mode=row.get("mode"), options=json.loads(row.get("options") or "{}"))
+    flat: dict[str, Any] = {f"options.{k}": v for k, v in expanded_options(config).items()}
     flat.update(
         backend=row.get("backend"),
         fullgraph=bool(row.get("fullgraph")),
@@ -165,9 +165,9 @@ def _samples(row: dict[str, Any]) -> list[list[float]]:
 _VERDICTS = {"faster": "helps", "slower": "hurts", "no gain": "same", "unclear": "unclear"}
 
 
-def _verdict(iv: cstats.Interval) -> str:
+def _verdict(iv: cstats.Interval, thresholds: cstats.Thresholds) -> str:
     """helps, hurts, same (gains at most the project's `latency_change`) or unclear (too noisy)."""
-    return _VERDICTS[cstats.gain_verdict(iv, cstats.load_thresholds())]
+    return _VERDICTS[cstats.gain_verdict(iv, thresholds)]
 
 
 def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEffect]]:
@@ -178,6 +178,7 @@ def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEf
         if r.get("status") == "ok" and r.get("compiled_ms") and not r.get("baseline_config"):
             cells[(r["hardware"], r["model"], r["batch_size"], r["dtype"])].append(r)
     found: dict[str, dict[str, SettingEffect]] = defaultdict(dict)
+    thresholds = cstats.load_thresholds()  # read once, not per pair of rows
     for (hw, model, bs, dtype), cell_rows in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
         flat = [(r, row_settings(r)) for r in cell_rows]
         for base, base_flat in flat:
@@ -191,7 +192,7 @@ def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEf
                 if b and o:
                     iv = cstats.ratio_interval(b, o, paired=False)
                     gain, low, high = iv.estimate, iv.low, iv.high
-                    verdict = _verdict(iv)
+                    verdict = _verdict(iv, thresholds)
                 else:  # no samples: the medians, without an interval
                     gain = base["compiled_ms"] / other["compiled_ms"]
                     low = high = math.nan
