@@ -51,6 +51,10 @@ CELLS = {
         "resnet-50/bs1/tf32/default", "launch-bound", "hf:microsoft/resnet-50", 1, "tf32", None
     ),
     "vit": Cell("vit/bs16/fp32/default", "GPU-bound", "hf:google/vit-base-patch16-224", 16, "fp32", None),
+    # the two cells of sweeps/regression-gpu.yaml: vit above and this one
+    "resnet-50-fp32": Cell(
+        "resnet-50/bs16/fp32/default", "GPU-bound", "hf:microsoft/resnet-50", 16, "fp32", None
+    ),
     # issue 8 saw bimodal compiled samples here (p10 2.76 ms, median 4.04, p90 4.53)
     "resnet-50-bs16": Cell(
         "resnet-50/bs16/tf32/default", "bimodal in issue 8", "hf:microsoft/resnet-50", 16, "tf32", None

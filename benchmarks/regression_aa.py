@@ -1,7 +1,9 @@
 """Calibrate the regression report on real repeated runs: every pair of sweeps of one cell
 (same stack, separate processes) compared by `reports.regression.compare`, as they are (A/A:
-no regression expected) and with the current side's compiled samples slowed 10% (expected
-flagged where the cell's noise allows).
+no regression expected) and with the current side's compiled samples slowed 10%, wall and
+device time alike, as the `ORCHESTRATE_TEST_SLOWDOWN` hook does in a job (expected flagged). A
+host-bound cell is judged on its device time, a device-bound one on its wall time
+(`compiler.statistics.judged_figure`); the table says which.
 
 Input: the JSON files `benchmarks/noise.py --save FILE` writes (N sweeps of `--repeats`
 processes of the same cells). Prints one line per pair and the verdict counts.
@@ -32,6 +34,9 @@ KEEP = (
     "graph_breaks",
     "recompiles",
     "samples_per_repeat",
+    "device_samples_per_repeat",
+    "compiled_device_ms",
+    "compiled_host_bound_share",
 )
 
 
@@ -39,6 +44,9 @@ def _table(cell: str, row: dict, slow: float, tag: str) -> pa.Table:
     model, bs, dtype, config = cell.split("/")
     data = {k: row.get(k) for k in KEEP}
     data["compiled_samples_ms"] = [x * slow for x in row["compiled_samples_ms"]]
+    data["compiled_device_samples_ms"] = [x * slow for x in row.get("compiled_device_samples_ms") or []] or None
+    if data.get("compiled_device_ms") is not None:
+        data["compiled_device_ms"] *= slow
     data.update(hardware=row.get("device_name") or "GPU", model=model, batch_size=int(bs[2:]), dtype=dtype)
     data.update(config=config, job_id=tag, started_at=None)
     return pa.Table.from_pylist([data])
@@ -55,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     thresholds = cstats.load_thresholds()
     counts: dict[float, dict[str, int]] = {1.0: {}, args.slowdown: {}}
-    print("| cell | sweeps | slowdown | verdict | current / baseline [95% CI] |")
-    print("|---|---|---|---|---|")
+    print("| cell | sweeps | slowdown | verdict | judged on | wall: current / baseline [CI] | device: current / baseline [CI] |")
+    print("|---|---|---|---|---|---|---|")
     for path in args.files:
         for cell, runs in json.loads(path.read_text())["cells"].items():
             for a, b in itertools.combinations(range(len(runs)), 2):
@@ -68,7 +76,14 @@ def main(argv: list[str] | None = None) -> int:
                     c = got.cells[0]
                     counts[slow][c.verdict] = counts[slow].get(c.verdict, 0) + 1
                     ci = f"{c.latency_ratio:.3f} [{c.latency_ci[0]:.3f}, {c.latency_ci[1]:.3f}]"
-                    print(f"| {cell} | {a} vs {b} | x{slow:g} | {c.verdict} | {ci} |")
+                    dev = (
+                        "-"
+                        if c.device_ratio is None
+                        else f"{c.device_ratio:.3f} [{c.device_ci[0]:.3f}, {c.device_ci[1]:.3f}]"
+                    )
+                    share = c.host_bound_share[1]
+                    judged = f"{c.judged_on}" + ("" if share is None else f" (idle {share:.0%})")
+                    print(f"| {cell} | {a} vs {b} | x{slow:g} | {c.verdict} | {judged} | {ci} | {dev} |")
     for slow, found in counts.items():
         print(f"slowdown x{slow:g}: {found}")
     return 0

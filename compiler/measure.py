@@ -4,6 +4,7 @@ samples are `compiler.statistics`."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import resource
 import statistics
@@ -61,6 +62,72 @@ def back_to_back_ms(call: Callable[[int], Any], iterations: int, device: str) ->
     for i in range(iterations):
         call(i)
     return (time.perf_counter() - t0) * 1e3 / iterations
+
+
+DEVICE_MARK = "co::device_time::"
+"""Prefix of the profiler ranges `device_busy_ms` puts around each call it profiles."""
+
+
+def device_busy_ms(sides: Sequence[Callable[[int], Any]], calls: int) -> list[list[float]]:
+    """Time the GPU spent working during each call, ms: `calls` calls of every side (in turns, a
+    synchronize before and after each), under `torch.profiler` with CUDA activities. A call's
+    figure is the union of the intervals of the kernels, copies and sets that started on the
+    device between its start and the next call's start (the kernels' own records from CUPTI, so
+    the idle gaps a host-bound call leaves between its launches are not in it, and the
+    profiler's own host overhead is not either). Returns each side's figures, a list per side;
+    a side whose calls showed no device work gets an empty list. CUDA only."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            for s, side in enumerate(sides):
+                torch.cuda.synchronize()
+                with record_function(f"{DEVICE_MARK}{s}:{i}"):
+                    side(i)
+                torch.cuda.synchronize()
+    marks, busy = [], []
+    for e in prof.events():
+        if e.name.startswith(DEVICE_MARK):
+            if e.device_type == DeviceType.CPU:
+                marks.append((e.time_range.start, int(e.name[len(DEVICE_MARK) :].split(":")[0])))
+        elif e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+            busy.append((e.time_range.start, e.time_range.end))
+    return split_busy(marks, busy, len(sides))
+
+
+def split_busy(
+    marks: Sequence[tuple[float, int]], busy: Sequence[tuple[float, float]], sides: int
+) -> list[list[float]]:
+    """`device_busy_ms`'s bookkeeping, apart from the profiler: `marks` are (start us, side) of
+    each profiled call, `busy` the (start us, end us) of every device activity. Each activity
+    belongs to the last call that started before it; a call's figure is the length of the union
+    of its activities (overlapping streams count once), ms. Calls with no activity are left out."""
+    order = sorted(marks)
+    starts = [t for t, _ in order]
+    per_call: list[list[tuple[float, float]]] = [[] for _ in order]
+    for a, b in busy:
+        i = bisect.bisect_right(starts, a) - 1
+        if i >= 0 and b > a:
+            per_call[i].append((a, b))
+    out: list[list[float]] = [[] for _ in range(sides)]
+    for (_, side), spans in zip(order, per_call, strict=True):
+        if spans:
+            out[side].append(_union_us(spans) / 1e3)
+    return out
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
 
 
 def host_probe_us(ops: int = 200, repeats: int = 5) -> float:

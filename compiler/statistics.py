@@ -160,6 +160,7 @@ def ratio_interval(
     level: float = LEVEL,
     n_boot: int = N_BOOT,
     seed: int = 0,
+    borrow_between: bool = False,
 ) -> Interval:
     """median(pooled numerator) / median(pooled denominator), with its interval.
 
@@ -167,6 +168,12 @@ def ratio_interval(
     job process): processes are resampled jointly, so what a process does to both sides alike
     (slow clocks, a slow host) cancels in the ratio. `paired=False`: independent measurements
     (two runs compared by a regression report): each side's processes are resampled on their own.
+
+    `borrow_between` (unpaired only): a side measured in one process gets the other side's
+    between-process variance (when that side has several processes), drawn as a normal shift of
+    its centre per replicate and counted with the other side's degrees of freedom. The regression
+    report's history mode uses it: a window of runs estimates the process noise a one-process
+    run cannot show. Without it a one-process side adds no between-process variance at all.
     """
     num, den = _Side.of(numerator, level), _Side.of(denominator, level)
     if num is None or den is None:
@@ -196,10 +203,22 @@ def ratio_interval(
     reps_den = _two_stage(
         den, den.shrunk_centers(den.shrink_factor()), _process_draws(rng, n_boot, den.p), rng
     )
-    b_num, b_den = num.between_var() / num.p, den.between_var() / den.p
+    parts = [(num.between_var() / num.p, num.p), (den.between_var() / den.p, den.p)]
+    if borrow_between:
+        for i, (side, other) in enumerate(((num, den), (den, num))):
+            if side.p == 1 and other.p > 1:
+                lent = other.between_var()
+                shift = rng.normal(0.0, math.sqrt(lent), n_boot)
+                if i == 0:
+                    reps_num = reps_num + shift
+                else:
+                    reps_den = reps_den + shift
+                parts[i] = (lent, other.p)
     within = num.within_mean() / num.p + den.within_mean() / den.p
-    df = _welch_df([(b_num, num.p), (b_den, den.p)], within)
-    return _interval(estimate, reps_num - reps_den, level, min(num.p, den.p), df, b_num + b_den, within)
+    df = _welch_df(parts, within)
+    between = sum(b for b, _ in parts)
+    processes = min(p for _, p in parts)  # a lent spread counts as the processes it came from
+    return _interval(estimate, reps_num - reps_den, level, processes, df, between, within)
 
 
 def beats(ratio: Interval) -> bool:
@@ -222,7 +241,9 @@ def paired_speedup(
 # --- comparing two runs ---------------------------------------------------------------------------
 
 THRESHOLDS_FILE = Path(__file__).with_name("thresholds.json")
-THRESHOLDS_VERSION = 1
+THRESHOLDS_VERSION = 2
+_ADDED_IN_V2 = {"host_bound_share": 0.25, "min_processes": 2, "noise_processes": 3}
+"""Keys version 2 added, with the values a version-1 file is read with."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +269,15 @@ class Thresholds:
     consecutive: int
     """History mode: a latency, compile-time or memory regression must hold on this many runs in a
     row (each against its own window) before it counts (PyTorch's dashboard: 2)."""
+    host_bound_share: float = 0.25
+    """A GPU cell is host-bound when its device sat idle for at least this share of the wall
+    latency (1 - device time / wall time); it is then judged on device time (`judged_figure`)."""
+    min_processes: int = 2
+    """A latency verdict needs at least this many processes per cell on each side: one process's
+    interval cannot cover the spread between processes (`undecided_reason`)."""
+    noise_processes: int = 3
+    """History mode: a side with too few processes is decided anyway when the other side pools at
+    least this many (runs of the window), whose spread estimates the process noise it lacks."""
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:
@@ -258,6 +288,10 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: cannot read the thresholds: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of thresholds, got {type(data).__name__}")
+    if data.get("version") == 1:
+        data = {**_ADDED_IN_V2, **data, "version": THRESHOLDS_VERSION}
     names = [f.name for f in dataclasses.fields(Thresholds)]
     missing = [n for n in names if n not in data]
     unknown = sorted(set(data) - set(names))
@@ -269,12 +303,73 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
         value = data[name]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{path}: {name} must be a non-negative number, got {value!r}")
-    for name in ("window_runs", "consecutive"):
+    for name in ("window_runs", "consecutive", "min_processes", "noise_processes"):
         if not isinstance(data[name], int) or isinstance(data[name], bool) or data[name] < 1:
             raise ValueError(f"{path}: {name} must be a positive integer, got {data[name]!r}")
-    if not 0 < data["level"] < 1:
-        raise ValueError(f"{path}: level must be between 0 and 1, got {data['level']!r}")
+    for name in ("level", "host_bound_share"):
+        if not 0 < data[name] < 1:
+            raise ValueError(f"{path}: {name} must be between 0 and 1, got {data[name]!r}")
     return Thresholds(**data)
+
+
+def host_bound_share(device_ms: float | None, wall_ms: float | None) -> float | None:
+    """How much of the wall latency of a call the device sat idle: 1 - device / wall, in [0, 1]
+    (None without both figures). A launch-bound call (small kernels, the host issuing them one by
+    one) has a high share; its wall time moves with the host's speed, its device time does not."""
+    if not device_ms or not wall_ms or device_ms <= 0 or wall_ms <= 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - device_ms / wall_ms))
+
+
+def judged_figure(share: float | None, thresholds: Thresholds) -> tuple[str, str]:
+    """Which latency figure a comparison judges a cell on, and why: ``("device", why)`` for a
+    host-bound cell (its device idle at least `host_bound_share` of the wall time: device time is
+    what a regression in generated kernels moves there, while the wall time moves with the host),
+    ``("wall", why)`` otherwise. A wall-time change shown with confidence counts either way (more
+    guards or Python per call are a regression too)."""
+    if share is None:
+        return "wall", "wall time (no device time measured)"
+    if share >= thresholds.host_bound_share:
+        return "device", f"device time: host-bound, the device idle {share:.0%} of the wall time"
+    return "wall", f"wall time: device-bound, the device idle {share:.0%} of the wall time"
+
+
+def family_level(level: float, tests: int) -> float:
+    """The confidence level of each of `tests` intervals that decide one verdict together, so
+    that the verdict's false-alarm rate stays within 1 - `level` (Bonferroni)."""
+    return 1 - (1 - level) / max(1, tests)
+
+
+def undecided_reason(
+    current_processes: int, baseline_processes: int, thresholds: Thresholds, history: bool = False
+) -> str | None:
+    """Why a latency comparison cannot be decided (None when it can): a side measured in fewer
+    than `min_processes` processes has an interval of one process's calls, which cannot cover
+    the spread between processes; in history mode the other side pooling `noise_processes`
+    processes (runs of the window) estimates that spread for it (`ratio_interval`'s
+    `borrow_between`)."""
+    few = [
+        (name, n)
+        for name, n in (("this run", current_processes), ("the baseline", baseline_processes))
+        if n < thresholds.min_processes
+    ]
+    if not few:
+        return None
+    if history and len(few) == 1:
+        other = baseline_processes if few[0][0] == "this run" else current_processes
+        if other >= thresholds.noise_processes:
+            return None
+    sides = " and ".join(f"{name} ({n} process{'es' if n != 1 else ''})" for name, n in few)
+    return (
+        f"undecided: one process per cell in {sides} cannot show the spread between processes; "
+        f"set measure.repeats: 3"
+    )
+
+
+def borrows_between(current_processes: int, baseline_processes: int, thresholds: Thresholds) -> bool:
+    """Whether a history-mode comparison decided by `undecided_reason` lends one side's process
+    spread to the other (`ratio_interval(..., borrow_between=True)`)."""
+    return min(current_processes, baseline_processes) < thresholds.min_processes
 
 
 def latency_verdict(ratio: Interval, thresholds: Thresholds) -> str:

@@ -16,6 +16,7 @@ from reports.regression import Comparison
 COLORS = {"baseline": "#9aa5b1", "current": "#1f6feb"}
 VERDICT_COLORS = {
     "regression": "#cf222e",
+    "watch": "#9a6700",
     "improvement": "#1a7f37",
     "unchanged": "#57606a",
     "new": "#8250df",
@@ -194,16 +195,32 @@ def render_html(comparison: Comparison, title: str = "Regression report") -> str
         for hw, series in sorted(by_hw.items()):
             out.append(trend_chart(f"{hw}: speedup over eager, per run", runs, series, "x"))
     out.append("<h2>Cells</h2><table class='sortable'><thead><tr>")
-    for head in ("cell", "verdict", "compiled ms", "current / baseline", "95% CI", "reasons"):
+    heads = (
+        "cell",
+        "verdict",
+        "compiled ms",
+        "current / baseline",
+        "95% CI",
+        "device ms",
+        "device ratio [95% CI]",
+    )
+    for head in (*heads, "judged on", "reasons"):
         out.append(f"<th>{head}</th>")
     out.append("</tr></thead><tbody>")
     for c in comparison.cells:
         ratio = "" if c.latency_ratio is None else f"{c.latency_ratio:.3f}"
         ci = "" if c.latency_ci[0] is None else f"[{c.latency_ci[0]:.3f}, {c.latency_ci[1]:.3f}]"
         ms = " &rarr; ".join("-" if v is None else f"{v:.3f}" for v in c.compiled_ms)
+        dms = " &rarr; ".join("-" if v is None else f"{v:.3f}" for v in c.device_ms)
+        dratio = (
+            ""
+            if c.device_ratio is None
+            else f"{c.device_ratio:.3f} [{c.device_ci[0]:.3f}, {c.device_ci[1]:.3f}]"
+        )
         out.append(
             f"<tr><td>{_e(c.name)}</td><td style='color:{VERDICT_COLORS[c.verdict]}'>{_e(c.verdict)}</td>"
-            f"<td>{ms}</td><td data-v='{ratio}'>{ratio}</td><td>{ci}</td><td>{_e('; '.join(c.reasons))}</td></tr>"
+            f"<td>{ms}</td><td data-v='{ratio}'>{ratio}</td><td>{ci}</td><td>{dms}</td><td>{dratio}</td>"
+            f"<td>{_e(c.judged_on or '')}</td><td>{_e('; '.join(c.reasons))}</td></tr>"
         )
     out.append(f"</tbody></table><script>{SORT_JS}</script></body></html>")
     return "".join(out)

@@ -26,7 +26,9 @@ from compiler import statistics as cstats
 from orchestrator.store.rows import latest_rows
 
 KEY = ("hardware", "model", "batch_size", "dtype", "config")
-VERDICTS = ("regression", "improvement", "unchanged", "new", "missing")
+VERDICTS = ("regression", "watch", "improvement", "unchanged", "new", "missing")
+"""`watch`: over a threshold, but not decided: too few processes per side
+(`statistics.undecided_reason`), or in history mode not yet on enough consecutive runs."""
 ENV_KEYS = ("torch_version", "triton_version", "cuda_version", "driver_version", "device_name")
 
 
@@ -48,6 +50,15 @@ class CellChange:
     peak_mem_bytes: tuple[int | None, int | None] = (None, None)
     graph_breaks: tuple[int | None, int | None] = (None, None)
     recompiles: tuple[int | None, int | None] = (None, None)
+    device_ms: tuple[float | None, float | None] = (None, None)
+    """Compiled device time per call (GPU rows), baseline -> current."""
+    device_ratio: float | None = None
+    device_ci: tuple[float | None, float | None] = (None, None)
+    host_bound_share: tuple[float | None, float | None] = (None, None)
+    judged_on: str | None = None
+    """The latency figure the verdict rests on: "wall" or "device" (`statistics.judged_figure`)."""
+    processes: tuple[int, int] = (0, 0)
+    """Processes whose samples each side's latency interval rests on, baseline and current."""
 
     @property
     def name(self) -> str:
@@ -60,8 +71,17 @@ class CellChange:
         self.reasons.append(f"{verdict}: {reason}" if verdict in ("regression", "improvement") else reason)
         if verdict == "regression":
             self.regressed_on.append(what)
-        if verdict == "regression" or (verdict == "improvement" and self.verdict == "unchanged"):
+        if (
+            verdict == "regression"
+            or (verdict == "watch" and self.verdict in ("unchanged", "improvement"))
+            or (verdict == "improvement" and self.verdict == "unchanged")
+        ):
             self.verdict = verdict
+
+    @property
+    def undecided(self) -> bool:
+        """A `watch` for too few processes per side (`statistics.undecided_reason`)."""
+        return self.verdict == "watch" and any(r.startswith("undecided:") for r in self.reasons)
 
 
 @dataclass
@@ -80,6 +100,20 @@ class Comparison:
             found[c.verdict] += 1
         return found
 
+    def undecided(self) -> int:
+        """Cells left `watch` because a side had too few processes (the fix: `measure.repeats`)."""
+        return sum(c.undecided for c in self.cells)
+
+    def undecided_line(self) -> str:
+        n = self.undecided()
+        if not n:
+            return ""
+        return (
+            f"{n} cell{'s' if n != 1 else ''} left undecided (watch): measured in one process per cell, "
+            f"whose interval cannot cover the spread between processes; set measure.repeats: 3 in the sweep "
+            f"file to decide them"
+        )
+
     def by_model(self) -> dict[str, dict[str, list[str]]]:
         """The cross-GPU view: per model, the hardware classes where some cell regressed and
         where some improved (a regression on one class only is the finding to look at)."""
@@ -96,6 +130,7 @@ class Comparison:
             "format": 1,
             "thresholds": asdict(self.thresholds),
             "counts": self.counts(),
+            "undecided": self.undecided(),
             "by_model": self.by_model(),
             "environment": self.environment,
             "trend": self.trend,
@@ -105,6 +140,12 @@ class Comparison:
 
 def _groups(row: dict[str, Any]) -> list[list[float]]:
     return cstats.split_groups(row.get("compiled_samples_ms") or [], row.get("samples_per_repeat"))
+
+
+def _device_groups(row: dict[str, Any]) -> list[list[float]]:
+    return cstats.split_groups(
+        row.get("compiled_device_samples_ms") or [], row.get("device_samples_per_repeat")
+    )
 
 
 def _first_line(text: str | None) -> str:
@@ -138,10 +179,12 @@ def compare(
     t = thresholds or cstats.load_thresholds()
     cur, base = _latest(current), _latest(baseline)
     pooled: dict[tuple, list[list[float]]] = defaultdict(list)
+    pooled_device: dict[tuple, list[list[float]]] = defaultdict(list)
     for table in window:
         for key, row in _latest(table).items():
             if row["status"] == "ok":
                 pooled[key] += _groups(row)
+                pooled_device[key] += _device_groups(row)
     cur_win, base_win = _winners(current_choices), _winners(baseline_choices)
     cells = []
     for key in sorted(set(cur) | set(base), key=lambda k: tuple(map(str, k))):
@@ -154,18 +197,25 @@ def compare(
             c.verdict = "missing"
             c.reasons.append(f"not in this run; was {before['status']}")
         else:
-            _compare_cell(c, now, before, t, pooled.get(key, []))
+            _compare_cell(c, now, before, t, pooled.get(key, []), pooled_device.get(key, []))
             _compare_winners(c, cur_win.get(now["job_id"], {}), base_win.get(before["job_id"], {}))
         cells.append(c)
     return Comparison(cells, _environment(current, baseline), t)
 
 
 def _compare_cell(
-    c: CellChange, now: dict[str, Any], before: dict[str, Any], t: cstats.Thresholds, older: list[list[float]]
+    c: CellChange,
+    now: dict[str, Any],
+    before: dict[str, Any],
+    t: cstats.Thresholds,
+    older: list[list[float]],
+    older_device: list[list[float]] = (),
 ) -> None:
     c.status = (before["status"], now["status"])
     for name in ("compiled_ms", "speedup", "compile_s", "peak_mem_bytes", "graph_breaks", "recompiles"):
         setattr(c, name, (before.get(name), now.get(name)))
+    c.device_ms = (before.get("compiled_device_ms"), now.get("compiled_device_ms"))
+    c.host_bound_share = (before.get("compiled_host_bound_share"), now.get("compiled_host_bound_share"))
     if before["status"] == "ok" and now["status"] != "ok":
         c.note("regression", f"ok -> {now['status']}: {_first_line(now.get('error'))}", "status")
         return
@@ -177,19 +227,71 @@ def _compare_cell(
         return
     if before["status"] != "ok":
         return
-    reference = _groups(before) + older
-    ratio = cstats.ratio_interval(_groups(now), reference, paired=False, level=t.level)
-    if ratio.processes:
-        c.latency_ratio, c.latency_ci = ratio.estimate, (ratio.low, ratio.high)
-        verdict = cstats.latency_verdict(ratio, t)
-        if verdict != "unchanged":
-            against = f" against {len(reference)} processes of the window" if older else ""
-            c.note(
-                verdict,
-                f"compiled {before['compiled_ms']:.3f} -> {now['compiled_ms']:.3f} ms, "
-                f"x{ratio.estimate:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] ({ratio.scope}){against}",
-                "latency",
-            )
+    _compare_latency(c, now, before, t, older, list(older_device))
+    _compare_figures(c, now, before, t)
+
+
+def _compare_latency(
+    c: CellChange,
+    now: dict[str, Any],
+    before: dict[str, Any],
+    t: cstats.Thresholds,
+    older: list[list[float]],
+    older_device: list[list[float]],
+) -> None:
+    """The latency verdict: wall time always, device time too where the cell is host-bound
+    (`statistics.judged_figure`); a regression on either counts, and a comparison with too few
+    processes per side is only a `watch` (`statistics.undecided_reason`)."""
+    current, reference = _groups(now), _groups(before) + older
+    history = bool(older)
+    undecided = cstats.undecided_reason(len(current), len(reference), t, history=history)
+    borrow = history and undecided is None and cstats.borrows_between(len(current), len(reference), t)
+    c.processes = (len(reference), len(current))
+    dev_now, dev_ref = _device_groups(now), _device_groups(before) + older_device
+    shares = [s for s in c.host_bound_share if s is not None]
+    figure, why = cstats.judged_figure(max(shares) if shares and dev_now and dev_ref else None, t)
+    c.judged_on = figure
+    # a host-bound cell is tested on two figures: each at the level that keeps the cell's own
+    # false-alarm rate at t.level (Bonferroni)
+    level = cstats.family_level(t.level, 2 if figure == "device" else 1)
+    wall = cstats.ratio_interval(current, reference, paired=False, level=level, borrow_between=borrow)
+    if not wall.processes:
+        return
+    c.latency_ratio, c.latency_ci = wall.estimate, (wall.low, wall.high)
+    device = None
+    if dev_now and dev_ref:
+        device = cstats.ratio_interval(dev_now, dev_ref, paired=False, level=level, borrow_between=borrow)
+        c.device_ratio, c.device_ci = device.estimate, (device.low, device.high)
+    verdicts = {"wall": cstats.latency_verdict(wall, t)}
+    if figure == "device":
+        verdicts["device"] = cstats.latency_verdict(device, t)
+    found = [v for v in ("regression", "improvement") if v in verdicts.values()]
+    against = f" against {len(reference)} processes of the window" if older else ""
+    text = (
+        f"compiled {before['compiled_ms']:.3f} -> {now['compiled_ms']:.3f} ms, "
+        f"x{wall.estimate:.3f} [{wall.low:.3f}, {wall.high:.3f}] ({wall.scope}){against}"
+    )
+    if device is not None:
+        text += (
+            f"; device {c.device_ms[0]:.3f} -> {c.device_ms[1]:.3f} ms, "
+            f"x{device.estimate:.3f} [{device.low:.3f}, {device.high:.3f}]"
+        )
+    if not found:
+        return
+    verdict = found[0]
+    shown_by = [f for f, v in verdicts.items() if v == verdict]
+    text += f"; judged on {why}" + (
+        "" if figure in shown_by else f"; shown by the {' and '.join(shown_by)} time"
+    )
+    if undecided:
+        c.note("watch", f"{undecided} ({verdict} if decided: {text})", "latency")
+    else:
+        c.note(verdict, text, "latency")
+
+
+def _compare_figures(
+    c: CellChange, now: dict[str, Any], before: dict[str, Any], t: cstats.Thresholds
+) -> None:
     verdict = cstats.figure_verdict(
         now.get("compile_s"), before.get("compile_s"), t.compile_time_change, t.compile_time_floor_s
     )
@@ -252,12 +354,12 @@ def compare_history(
             continue
         held = [any(e.name == cell.name and e.verdict == "regression" for e in comp.cells) for comp in others]
         if not reference:
-            cell.verdict = "unchanged"
+            cell.verdict = "watch"
             cell.reasons.append(
                 f"watch: {len(runs)} runs are too few for the {k}-run rule; against the previous run only"
             )
         elif not all(held):
-            cell.verdict = "unchanged"
+            cell.verdict = "watch"
             cell.reasons.append(f"watch: over the threshold on {1 + sum(held)} of the last {k} runs ({rule})")
         else:
             cell.reasons.append(f"rule fired: {rule}, every one over the threshold")
@@ -328,6 +430,8 @@ def to_markdown(comparison: Comparison, limit: int = 40) -> str:
         f"with {comparison.thresholds.level:.0%} confidence)",
         "",
     ]
+    if comparison.undecided():
+        lines += [comparison.undecided_line() + ".", ""]
     if comparison.environment:
         lines.append("**Environment changes**")
         lines.append("")
@@ -343,13 +447,13 @@ def to_markdown(comparison: Comparison, limit: int = 40) -> str:
                 f"| {_md(model)} | {', '.join(d['regression']) or '-'} | {', '.join(d['improvement']) or '-'} |"
             )
         lines.append("")
-    shown = [c for c in comparison.cells if c.verdict == "regression"]
-    shown += [c for c in comparison.cells if c.verdict == "improvement"]
+    shown = [c for v in ("regression", "watch", "improvement") for c in comparison.cells if c.verdict == v]
     if shown:
-        lines += ["| cell | verdict | compiled ms | why |", "|---|---|---|---|"]
+        lines += ["| cell | verdict | compiled ms | device ms | why |", "|---|---|---|---|---|"]
         for c in shown[:limit]:
             lines.append(
-                f"| {_md(c.name)} | {c.verdict} | {_ms(c.compiled_ms)} | {_md('; '.join(c.reasons))} |"
+                f"| {_md(c.name)} | {c.verdict} | {_ms(c.compiled_ms)} | {_ms(c.device_ms)} "
+                f"| {_md('; '.join(c.reasons))} |"
             )
         if len(shown) > limit:
             lines.append(f"\n... {len(shown) - limit} more in the JSON report")

@@ -128,10 +128,13 @@ def _timing_thread_pinned():
         os.sched_setaffinity(0, allowed)
 
 
+DEVICE_CALLS = 20
+"""Calls of each side a GPU job profiles for its device time (after its timed rounds)."""
+
 SLOWDOWN_ENV = "ORCHESTRATE_TEST_SLOWDOWN"
 """A test hook of the regression report: `CLASS=FACTOR[,CLASS=FACTOR...]` (e.g. `H100=1.10`)
-multiplies the compiled samples of jobs on those hardware classes by FACTOR before the row is
-computed, and the row's notes say so. For checking that a known slowdown is flagged on real
+multiplies the compiled samples of jobs on those hardware classes by FACTOR, wall and device time
+alike, before the row is computed, and the row's notes say so. For checking that a known slowdown is flagged on real
 hardware noise; never set it in a real sweep."""
 
 
@@ -618,7 +621,7 @@ class JobRun:
 
         from compiler import measure
         from compiler.clocks import ClockSampler
-        from workers.repeats import latency_fields
+        from workers.repeats import device_fields, latency_fields
 
         job, dev = self.job, self.job.device
         self.enter("timing")
@@ -649,9 +652,12 @@ class JobRun:
             compiled_b2b = measure.back_to_back_ms(
                 self._rotating(compiled, input_sets, mark_step=True), n, dev
             )
+            device = self.device_times(model, compiled, input_sets, factor) if dev == "cuda" else None
         self.result.update(
             latency_fields([eager_ms], [compiled_ms], [samples[1]] if baseline is not None else None)
         )
+        if device is not None:
+            self.result.update(device_fields([device[0]], [device[1]], eager_ms, compiled_ms))
         self.result.update(eager_b2b_ms=eager_b2b, compiled_b2b_ms=compiled_b2b, host_probe_us=probes)
         steal = measure.steal_share(steal_before, measure.cpu_steal_ticks())
         if steal is not None:
@@ -661,6 +667,29 @@ class JobRun:
                 self.notes.append(f"clocks not sampled during timing: {sampler.unavailable}")
             else:
                 self.result.update(sampler.summary())
+
+    def device_times(self, model, compiled, input_sets, factor: float = 1.0):
+        """Device (GPU) busy time per call of eager and of compiled, from the profiler's kernel
+        records of `DEVICE_CALLS` calls each (`compiler.measure.device_busy_ms`); the slowdown
+        test hook scales the compiled side as it scales the wall samples. None, with a note, where
+        the profiler gives nothing (no CUPTI, or no kernel records)."""
+        from compiler import measure
+
+        calls = min(DEVICE_CALLS, max(1, self.job.measure.iterations))
+        try:
+            eager, comp = measure.device_busy_ms(
+                [self._rotating(model, input_sets), self._rotating(compiled, input_sets, mark_step=True)],
+                calls,
+            )
+        except Exception as exc:  # a profiler that cannot start must not fail the job
+            self.notes.append(f"device time not measured: {_error_text(exc)[:200]}")
+            return None
+        if not eager or not comp:
+            self.notes.append("device time not measured: the profiler recorded no kernels")
+            return None
+        if factor != 1.0:
+            comp = [x * factor for x in comp]
+        return eager, comp
 
     def count_flops(self, model, inputs):
         import torch

@@ -32,6 +32,16 @@ CLOCK_KEYS = (
     "timing_cpus",
 )
 
+DEVICE_KEYS = (
+    "device_samples_per_repeat",
+    *(
+        f"{side}_{name}"
+        for side in ("eager", "compiled")
+        for name in ("device_ms", "device_samples_ms", "device_ci_low", "device_ci_high", "host_bound_share")
+    ),
+)
+"""The columns `device_fields` fills."""
+
 
 def latency_fields(
     eager_groups: Sequence[Sequence[float]],
@@ -70,6 +80,35 @@ def latency_fields(
         "compiled_ci_low": compiled_iv.low,
         "compiled_ci_high": compiled_iv.high,
     }
+
+
+def device_fields(
+    eager_groups: Sequence[Sequence[float]],
+    compiled_groups: Sequence[Sequence[float]],
+    eager_wall_ms: float | None,
+    compiled_wall_ms: float | None,
+) -> dict[str, Any]:
+    """The device-time columns of a GPU row from per-process groups of per-call device busy
+    times (`compiler.measure.device_busy_ms`), and the host-bound share of each side against its
+    wall median (`compiler.statistics.host_bound_share`)."""
+    fields: dict[str, Any] = {"device_samples_per_repeat": [len(g) for g in eager_groups]}
+    for side, groups, wall in (
+        ("eager", eager_groups, eager_wall_ms),
+        ("compiled", compiled_groups, compiled_wall_ms),
+    ):
+        flat = [float(x) for g in groups for x in g]
+        if not flat:
+            continue
+        median = cstats.summarize(flat).median_ms
+        iv = cstats.median_interval(groups)
+        fields |= {
+            f"{side}_device_ms": median,
+            f"{side}_device_samples_ms": flat,
+            f"{side}_device_ci_low": iv.low,
+            f"{side}_device_ci_high": iv.high,
+            f"{side}_host_bound_share": cstats.host_bound_share(median, wall),
+        }
+    return fields
 
 
 def _baseline_fields(
@@ -126,6 +165,26 @@ def merge(
                 baseline if len(baseline) == len(timed) else None,
             )
         )
+        device = [
+            p for p in timed if p.get("eager_device_samples_ms") and p.get("compiled_device_samples_ms")
+        ]
+        if len(device) == len(timed):
+            row.update(
+                device_fields(
+                    [p["eager_device_samples_ms"] for p in device],
+                    [p["compiled_device_samples_ms"] for p in device],
+                    row.get("eager_ms"),
+                    row.get("compiled_ms"),
+                )
+            )
+        else:
+            for key in DEVICE_KEYS:
+                row[key] = None
+            if device:
+                row["notes"] = _join_notes(
+                    row.get("notes"),
+                    f"device time measured in {len(device)} of {len(timed)} processes: left out",
+                )
         for side in ("eager", "compiled"):
             b2b = [p[f"{side}_b2b_ms"] for p in timed if p.get(f"{side}_b2b_ms") is not None]
             row[f"{side}_b2b_ms"] = stdstats.median(b2b) if b2b else None

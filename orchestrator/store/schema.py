@@ -112,6 +112,44 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("eager_b2b_ms", pa.float64(), "eager ms per call over a back-to-back block with one sync (throughput)"),
     ("compiled_b2b_ms", pa.float64(), "compiled ms per call over a back-to-back block with one sync"),
     (
+        "eager_device_ms",
+        pa.float64(),
+        "GPU rows: median time the device spent in an eager call's kernels, copies and sets, ms (from the "
+        "profiler's kernel records of 20 calls per process after the timed rounds; the idle gaps between "
+        "launches are not in it)",
+    ),
+    ("compiled_device_ms", pa.float64(), "GPU rows: the same for a compiled call, ms"),
+    (
+        "eager_device_ci_low",
+        pa.float64(),
+        "95% CI of eager_device_ms, low end (over processes, as eager_ci_*)",
+    ),
+    ("eager_device_ci_high", pa.float64(), "95% CI of eager_device_ms, high end"),
+    ("compiled_device_ci_low", pa.float64(), "95% CI of compiled_device_ms, low end"),
+    ("compiled_device_ci_high", pa.float64(), "95% CI of compiled_device_ms, high end"),
+    (
+        "eager_host_bound_share",
+        pa.float64(),
+        "GPU rows: share of the eager wall latency the device sat idle, 1 - eager_device_ms / eager_ms "
+        "(high: launch-bound, the wall time moves with the host's speed)",
+    ),
+    (
+        "compiled_host_bound_share",
+        pa.float64(),
+        "GPU rows: the same for compiled, 1 - compiled_device_ms / compiled_ms",
+    ),
+    (
+        "eager_device_samples_ms",
+        pa.list_(pa.float64()),
+        "every profiled eager call's device time, ms, process after process (see device_samples_per_repeat)",
+    ),
+    ("compiled_device_samples_ms", pa.list_(pa.float64()), "every profiled compiled call's device time, ms"),
+    (
+        "device_samples_per_repeat",
+        pa.list_(pa.int32()),
+        "how many device-time samples each process contributed, in process order",
+    ),
+    (
         "eager_samples_ms",
         pa.list_(pa.float64()),
         "every timed eager call, ms, in order, process after process (see samples_per_repeat)",
@@ -415,7 +453,7 @@ _PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -429,6 +467,9 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   the shared compile cache's columns: `compile_cache`, `compile_from_cache`, `cache_namespace`,
   `fx_cache_*`, `autotune_cache_*`, `gemm_cache_*`; `kernel_choices` gains `partial` (rows kept
   from a compile that timed out or crashed mid-autotune).
+- 6: results gain device time beside wall time on GPU rows: `eager_device_ms`, `compiled_device_ms`,
+  their intervals and samples (`*_device_*`, `device_samples_per_repeat`) and the host-bound
+  shares `eager_host_bound_share`, `compiled_host_bound_share`.
 """
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 

@@ -136,6 +136,23 @@ def test_repeats_compile_warm_and_pool_samples_on_the_gpu():
     assert result["clock_samples"] >= 2
 
 
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_device_time_beside_wall_time_eager_and_compiled(mode):
+    """The profiler's kernel records give each side's device busy time per call (CUDA graph
+    replays included): below the wall time, and a small-batch small model is host-bound in eager."""
+    job = _job(_small_resnet(), mode=mode, batch_size=1)
+    job = dataclasses.replace(job, measure=MeasureSpec(warmup=5, iterations=40, rounds=4, repeats=2))
+    result = run_job(job, threads=THREADS)
+    assert result["status"] == "ok", result.get("error")
+    assert result["device_samples_per_repeat"] == [20, 20], result.get("notes")
+    for side in ("eager", "compiled"):
+        device, wall = result[f"{side}_device_ms"], result[f"{side}_ms"]
+        assert 0 < device <= wall * 1.05, (side, device, wall)
+        assert result[f"{side}_device_ci_low"] <= device <= result[f"{side}_device_ci_high"]
+        assert 0 <= result[f"{side}_host_bound_share"] <= 1
+    assert result["eager_host_bound_share"] > 0.25, result["eager_host_bound_share"]
+
+
 # --- kernel choices under max-autotune ------------------------------------------------------------------
 
 
