@@ -157,6 +157,40 @@ def cpu_steal_ticks() -> tuple[int, int] | None:
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 
+def cpu_mhz(cores: Sequence[int]) -> float | None:
+    """Mean current frequency of `cores`, MHz: cpufreq's `scaling_cur_freq` where the host has it,
+    else the `cpu MHz` lines of /proc/cpuinfo; None where neither says (Linux only)."""
+    found = []
+    for n in cores:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{n}/cpufreq/scaling_cur_freq") as f:
+                found.append(int(f.read().strip()) / 1e3)
+        except (OSError, ValueError):
+            break
+    if len(found) == len(cores) and found:
+        return statistics.fmean(found)
+    try:
+        with open("/proc/cpuinfo") as f:
+            per_core, core = {}, None
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "processor":
+                    core = int(value)
+                elif key.strip() == "cpu MHz" and core is not None:
+                    per_core[core] = float(value)
+    except (OSError, ValueError):
+        return None
+    values = [per_core[n] for n in cores if n in per_core]
+    return statistics.fmean(values) if values else None
+
+
+def gc_collections() -> int:
+    """Python garbage collections so far, all generations."""
+    import gc
+
+    return sum(s["collections"] for s in gc.get_stats())
+
+
 def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
     """Share of the CPU time between two `cpu_steal_ticks` readings that the hypervisor stole."""
     if before is None or after is None or after[1] <= before[1]:

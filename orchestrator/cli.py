@@ -815,7 +815,7 @@ def cmd_nightly(args) -> int:
     if result.comparison is None:
         print(f"{result.run}: the first run under {history}; nothing to compare yet")
         return 0
-    print(to_markdown(result.comparison))
+    print(to_markdown(result.comparison, terminal=True))
     print(f"reports: {result.run.join('regression.md')}, .json and .html beside it")
     return 1 if result.comparison.counts()["regression"] else 0
 
@@ -860,7 +860,7 @@ def _compare_runs(args, out, table) -> int:
     for target, text in pages:
         if target:  # before printing: a closed pipe must not cost the files
             Path(target).write_text(text)
-    print(markdown)
+    print(to_markdown(comparison, terminal=True))
     regressions = comparison.counts()["regression"]
     return 1 if args.fail_on == "regression" and regressions else 0
 

@@ -15,6 +15,7 @@ with its reasons in words. The decisions and their thresholds are `compiler.stat
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -418,9 +419,16 @@ def _ms(pair: tuple[float | None, float | None]) -> str:
     return " -> ".join("-" if v is None else f"{v:.3f}" for v in pair)
 
 
-def to_markdown(comparison: Comparison, limit: int = 40) -> str:
+def to_markdown(comparison: Comparison, limit: int = 40, terminal: bool = False) -> str:
     """A summary short enough for a CI comment: the counts, the cross-GPU view, the environment
-    diff, and the regressions (then the improvements) with their reasons, `limit` lines at most."""
+    diff, and the regressions (then the watches and improvements) with their reasons, `limit`
+    lines at most. Text from the data (model names, errors, reasons) is escaped so that a
+    Markdown renderer shows it as text: no link, image, HTML or emphasis can come from a row.
+    `terminal=True`: the same lines for a terminal, with the text as it is."""
+
+    def _md(text: str) -> str:
+        return _plain(text) if terminal else _escaped(text)
+
     counts = comparison.counts()
     lines = [
         "## Regression report",
@@ -460,8 +468,20 @@ def to_markdown(comparison: Comparison, limit: int = 40) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+_MD_SPECIAL = set("\\`*_[]<>|&~!:")
+
+
+def _escaped(text: str) -> str:
+    """`text` as literal Markdown: every character that could start inline markup under
+    CommonMark or GitHub's flavour backslash-escaped (links, images, raw HTML, entities,
+    emphasis, code, strikethrough, table cells, and the `://` and `www.` that GitHub would turn
+    into a link), newlines folded."""
+    out = "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in _plain(text))
+    return re.sub(r"(?i)\b(www)\.", r"\1\\.", out)
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.splitlines())
 
 
 def to_json_text(comparison: Comparison) -> str:

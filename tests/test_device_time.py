@@ -148,8 +148,10 @@ def test_device_busy_time_is_the_union_of_each_calls_activities():
 def test_device_columns_merge_over_processes_and_are_dropped_when_a_process_lacks_them():
     first = {"status": "ok", "eager_samples_ms": [5.0] * 4, "compiled_samples_ms": [4.0] * 4}
     first |= {"eager_device_samples_ms": [2.0] * 3, "compiled_device_samples_ms": [1.0] * 3}
-    second = dict(first, compiled_device_samples_ms=[1.2] * 3)
+    first |= {"host_cpu_mhz": [2400.0], "host_load_1m": [0.5], "timing_gc_collections": [3]}
+    second = dict(first, compiled_device_samples_ms=[1.2] * 3, host_cpu_mhz=[None], timing_gc_collections=[0])
     row = merge(first, [second])
+    assert row["host_cpu_mhz"] == [2400.0, None] and row["timing_gc_collections"] == [3, 0]
     assert row["device_samples_per_repeat"] == [3, 3]
     assert row["compiled_device_ms"] == pytest.approx(1.1)
     assert row["compiled_host_bound_share"] == pytest.approx(1 - 1.1 / 4.0)

@@ -367,3 +367,34 @@ def test_autotune_winner_changes_are_reasons_and_the_latest_row_wins(table_jobs,
     lost = {**current[0], "started_at": None, "status": "hardware_lost"}
     kept = latest_rows([current[0], lost, {**lost}], lambda r: r["job_name"])
     assert kept[current[0]["job_name"]]["status"] == "ok"  # a row without a start time is the oldest
+
+
+def test_the_markdown_summary_shows_hostile_text_as_text_and_the_terminal_as_it_is(
+    tmp_path, table_jobs, make_result, capsys
+):
+    """A CI comment renders the summary: an error text with a link, an image and HTML must come
+    out as literal text under CommonMark; the terminal gets the text unescaped."""
+    from markdown_it import MarkdownIt
+
+    evil = "[click me](https://evil.example/phish) ![pixel](https://evil.example/p.png) <b>bold</b> a|b"
+    current = run_rows(table_jobs, make_result, 11)
+    current[0]["status"], current[0]["error"] = "crash", evil
+    got = compare(rows_to_table(current), rows_to_table(run_rows(table_jobs, make_result, 12)))
+    html = MarkdownIt("commonmark").enable("table").render(to_markdown(got))
+    assert "<a " not in html and "<img" not in html and "<b>" not in html
+    assert "[click me](https://evil.example/phish)" in html.replace("&quot;", '"')
+    assert "a|b" in html  # the pipe stayed inside its cell
+    terminal = to_markdown(got, terminal=True)
+    assert evil in terminal and "&gt;" not in terminal and "\\[" not in terminal
+    for name, rows in (("before", run_rows(table_jobs, make_result, 12)), ("after", current)):
+        with closing(ResultSink(tmp_path / name)) as sink:
+            for row in rows:
+                sink.add(row)
+    md = tmp_path / "r.md"
+    assert (
+        main(["report", str(tmp_path / "after"), "--baseline", str(tmp_path / "before"), "--md", str(md)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert evil in out and " -> " in out and "&gt;" not in out
+    assert "\\[click me\\]" in md.read_text()

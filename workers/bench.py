@@ -34,6 +34,7 @@ import copy
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import traceback
@@ -627,6 +628,8 @@ class JobRun:
         self.enter("timing")
         probes: list[float] = []
         steal_before = measure.cpu_steal_ticks()
+        cores = sorted(os.sched_getaffinity(0))
+        host = {"load": os.getloadavg()[0], "mhz": [measure.cpu_mhz(cores)], "gc": measure.gc_collections()}
         sampler = ClockSampler() if dev == "cuda" else nullcontext()
         sides = [self._rotating(model, input_sets), self._rotating(compiled, input_sets, mark_step=True)]
         if baseline is not None:
@@ -662,6 +665,12 @@ class JobRun:
         steal = measure.steal_share(steal_before, measure.cpu_steal_ticks())
         if steal is not None:
             self.result["host_steal_share"] = steal
+        mhz = [m for m in (*host["mhz"], measure.cpu_mhz(cores)) if m is not None]
+        self.result.update(
+            host_cpu_mhz=[statistics.fmean(mhz) if mhz else None],
+            host_load_1m=[host["load"]],
+            timing_gc_collections=[measure.gc_collections() - host["gc"]],
+        )
         if isinstance(sampler, ClockSampler):
             if sampler.unavailable:
                 self.notes.append(f"clocks not sampled during timing: {sampler.unavailable}")

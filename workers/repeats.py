@@ -196,6 +196,8 @@ def merge(
     if len(timed) > 1:
         row.update(combine_summaries([{k: p.get(k) for k in CLOCK_KEYS} for p in timed]))
         row["host_probe_us"] = [x for p in timed for x in p.get("host_probe_us") or []]
+        for key in ("host_cpu_mhz", "host_load_1m", "timing_gc_collections"):
+            row[key] = [x for p in timed for x in p.get(key) or []]
         steal = [p["host_steal_share"] for p in timed if p.get("host_steal_share") is not None]
         row["host_steal_share"] = max(steal) if steal else None
 

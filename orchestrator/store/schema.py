@@ -312,6 +312,22 @@ _RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         pa.float64(),
         "share of the host's CPU time a hypervisor gave to other tenants during the timed rounds",
     ),
+    (
+        "host_cpu_mhz",
+        pa.list_(pa.float64()),
+        "per process: mean current frequency of the job's cores during the timed rounds, MHz (cpufreq or "
+        "/proc/cpuinfo; null where the host does not say)",
+    ),
+    (
+        "host_load_1m",
+        pa.list_(pa.float64()),
+        "per process: the host's 1-minute load average when its timing began",
+    ),
+    (
+        "timing_gc_collections",
+        pa.list_(pa.int32()),
+        "per process: Python garbage collections (all generations) during the timed rounds",
+    ),
     ("clocks_locked", pa.bool_(), "SM clock locked for the job (--lock-clocks); null when not asked"),
     ("cpu_affinity", pa.string(), "cores the job's processes ran on, e.g. 0-7"),
     ("cpu_pinned", pa.bool_(), "the processes were pinned to cores reserved for the job"),
@@ -469,7 +485,8 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   from a compile that timed out or crashed mid-autotune).
 - 6: results gain device time beside wall time on GPU rows: `eager_device_ms`, `compiled_device_ms`,
   their intervals and samples (`*_device_*`, `device_samples_per_repeat`) and the host-bound
-  shares `eager_host_bound_share`, `compiled_host_bound_share`.
+  shares `eager_host_bound_share`, `compiled_host_bound_share`; the host's state per process
+  during timing: `host_cpu_mhz`, `host_load_1m`, `timing_gc_collections`.
 """
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 
