@@ -189,7 +189,7 @@ class SharedCache:
 
     def columns(self) -> dict[str, Any]:
         """The row's cache columns for the compile since `start_counting` (FX graph counts are
-        `compiler.stats.fxgraph_cache_counts`, read by the caller)."""
+        `compiler.capture.fxgraph_cache_counts`, read by the caller)."""
         cols: dict[str, Any] = {"compile_cache": self.mode, "cache_namespace": self.namespace}
         if self.mode == "shared":
             now = _remote_counts()

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from compiler.statistics import spread
-from workers.bench import PHASES
+from workers.job import PHASES
 
 SPREAD_TARGET = 0.05
 """Issue 8: a cell's speedup across separate sweeps within 5%, or every interval holding the median."""

@@ -1,6 +1,6 @@
 """Columns that tests of a real ok job (with `warm_compile: true`) require to be non-null."""
 
-from workers.bench import PHASES
+from workers.job import PHASES
 
 # Every measurement field a job reports that its results row must carry.
 MEASUREMENT_COLUMNS = (
@@ -65,3 +65,20 @@ MEASUREMENT_COLUMNS = (
     "cpu_pinned",
     *(f"phase_{p}_s" for p in PHASES),
 )
+
+
+def assert_pinned_or_says_why(row: dict, cores: int | None = None) -> None:
+    """A job is pinned to `cores` cores (any number when None) it reserved, or, when another
+    program (another sweep on this machine) holds them, runs unpinned and its row says so: a
+    test must not depend on the machine being otherwise idle."""
+    import os
+
+    from compiler.env import parse_cpus
+
+    if row["cpu_pinned"]:
+        pinned = parse_cpus(row["cpu_affinity"])
+        assert pinned and pinned <= os.sched_getaffinity(0), row["cpu_affinity"]
+        assert cores is None or len(pinned) == cores, row["cpu_affinity"]
+    else:
+        assert "not pinned to cores: only" in (row.get("notes") or ""), row.get("notes")
+        assert "held by other jobs" in row["notes"], row["notes"]

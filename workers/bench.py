@@ -45,23 +45,11 @@ from typing import Any
 
 from compiler.env import die_with_parent
 from workers.affinity import pin_from_environment
+from workers.job import PHASES
 
 PARENT_PID_ENV = "CO_PARENT_PID"
 SPAWNED_AT_ENV = "CO_SPAWNED_AT"
 PIN_TIMING_THREAD_ENV = "CO_PIN_TIMING_THREAD"
-PHASES = (
-    "start",
-    "imports",
-    "build",
-    "eager",
-    "compile",
-    "compiled_warmup",
-    "timing",
-    "flops",
-    "accuracy",
-    "exit",
-)
-"""Phases of a job process, in order; each has a `phase_<name>_s` column (summed over processes)."""
 ERROR_CHARS = 4000
 INPUT_SETS = 3
 
@@ -276,7 +264,7 @@ class JobRun:
         """Process `repeat` of the job. The first compiles cold and does everything; a later one
         (`measure.repeats`) compiles against the first one's cache, times again and checks its
         compiled output against its own eager one (FLOPs and the fp64 reference are the first's)."""
-        from compiler.stats import fxgraph_cache_counts
+        from compiler.capture import fxgraph_cache_counts
 
         first = repeat == 1
         if not first:
@@ -320,7 +308,7 @@ class JobRun:
             with torch.no_grad():
                 _call(model, input_sets[0])
             self.compile_phase(model, input_sets[0])
-            from compiler.stats import fxgraph_cache_counts
+            from compiler.capture import fxgraph_cache_counts
 
             self.result.update(fxgraph_cache_counts())
             self.result["status"] = "ok"
@@ -348,7 +336,7 @@ class JobRun:
         self.enter("bundle")
         artifacts = torch.compiler.save_cache_artifacts()
         if artifacts is None:
-            from compiler.stats import fxgraph_cache_counts
+            from compiler.capture import fxgraph_cache_counts
 
             why = "the compile left nothing in the caches to bundle"
             if fxgraph_cache_counts()["fxgraph_cache_misses"]:
@@ -480,7 +468,7 @@ class JobRun:
         candidate's compile statistics are its own."""
         import torch
 
-        from compiler import measure, stats
+        from compiler import capture, measure
         from compiler.precision import apply_precision
         from workers import zoo
 
@@ -498,7 +486,7 @@ class JobRun:
             _call(model, base_inputs[0])
         self.compile_imports()
         self.enter("compile")
-        stats.reset()
+        capture.reset()
         base.config.apply_globals()
         side = _sides()[0](base.config.prepare_model(model))
         compiled = torch.compile(side, **base.config.compile_kwargs())
@@ -521,14 +509,14 @@ class JobRun:
     def compile_phase(self, model, inputs):
         import torch
 
-        from compiler import measure, stats
+        from compiler import capture, measure
         from compiler.kernels import KernelChoiceRecorder, autotuner_ids, triton_kernel_rows
         from workers import zoo
 
         dev = self.job.device
         self.compile_imports()
         self.enter("compile")  # also saves the eager numbers, should the compile never return
-        stats.reset(dynamo=self.job.baseline is None)  # the baseline, compiled already, stays
+        capture.reset(dynamo=self.job.baseline is None)  # the baseline, compiled already, stays
         self.shared_cache.start_counting()
         cfg = self.job.config
         cfg.apply_globals()
@@ -548,7 +536,7 @@ class JobRun:
             out = [t.clone() for t in zoo.output_tensors(_call(compiled, inputs))]
             measure.synchronize(dev)
         self.result["compile_s"] = time.perf_counter() - t0
-        self.result.update(stats.capture_stats().to_dict())
+        self.result.update(capture.capture_stats().to_dict())
         self.record_cache_use()
         if choices.rows:  # only a compile that autotuned (a warm one hits the FX-graph cache)
             self.result["kernel_choices"] = choices.rows
@@ -583,7 +571,7 @@ class JobRun:
     def record_cache_use(self) -> None:
         """Whether and how the compile just timed used the shared cache: `compile_s` of a compile
         served from it is not a cold compile, and the row must say so."""
-        from compiler.stats import fxgraph_cache_counts
+        from compiler.capture import fxgraph_cache_counts
 
         fx = fxgraph_cache_counts()
         cache = self.shared_cache.columns()
@@ -659,8 +647,9 @@ class JobRun:
         self.result.update(
             latency_fields([eager_ms], [compiled_ms], [samples[1]] if baseline is not None else None)
         )
-        if device is not None:
-            self.result.update(device_fields([device[0]], [device[1]], eager_ms, compiled_ms))
+        if device is not None:  # against the wall medians just computed
+            wall = (self.result["eager_ms"], self.result["compiled_ms"])
+            self.result.update(device_fields([device[0]], [device[1]], *wall))
         self.result.update(eager_b2b_ms=eager_b2b, compiled_b2b_ms=compiled_b2b, host_probe_us=probes)
         steal = measure.steal_share(steal_before, measure.cpu_steal_ticks())
         if steal is not None:

@@ -34,7 +34,7 @@ from transformers import (
     ViTConfig,
 )
 
-from workers.zoo import Task  # the zoo imports this module on first use of an hf: id
+from workers.job import Task
 
 try:  # transformers >= 5 gives MaskFormer's decoder a config class of its own
     from transformers.models.maskformer.configuration_maskformer import MaskFormerDetrConfig

@@ -15,6 +15,29 @@ from typing import Any, Literal
 
 from compiler.config import CompileConfig
 
+PHASES = (
+    "start",
+    "imports",
+    "build",
+    "eager",
+    "compile",
+    "compiled_warmup",
+    "timing",
+    "flops",
+    "accuracy",
+    "exit",
+)
+"""Phases of a job process, in order; each has a `phase_<name>_s` column (summed over processes)."""
+
+Task = Literal[
+    "image-classification",
+    "image-segmentation",
+    "object-detection",
+    "zero-shot-object-detection",
+    "other",
+]
+"""What a model does (the zoo's entries and a sweep's `task:` override)."""
+
 Precision = Literal["fp32", "tf32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 PRECISION_ALIASES = {

@@ -17,7 +17,7 @@ from typing import Any
 
 from compiler import statistics as cstats
 from compiler.clocks import combine_summaries
-from workers.bench import PHASES
+from workers.job import PHASES
 
 CLOCK_KEYS = (
     "clock_samples",

@@ -22,9 +22,11 @@ import keyword
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
+
+from workers.job import Task
 
 if TYPE_CHECKING:
     from workers.hf_models import HFModelSpec
@@ -46,15 +48,6 @@ __all__ = [
     "load_pretrained",
     "load_python_factory",
     "output_tensors",
-]
-
-
-Task = Literal[
-    "image-classification",
-    "image-segmentation",
-    "object-detection",
-    "zero-shot-object-detection",
-    "other",
 ]
 
 
