@@ -44,7 +44,9 @@ def _table(cell: str, row: dict, slow: float, tag: str) -> pa.Table:
     model, bs, dtype, config = cell.split("/")
     data = {k: row.get(k) for k in KEEP}
     data["compiled_samples_ms"] = [x * slow for x in row["compiled_samples_ms"]]
-    data["compiled_device_samples_ms"] = [x * slow for x in row.get("compiled_device_samples_ms") or []] or None
+    data["compiled_device_samples_ms"] = [
+        x * slow for x in row.get("compiled_device_samples_ms") or []
+    ] or None
     if data.get("compiled_device_ms") is not None:
         data["compiled_device_ms"] *= slow
     data.update(hardware=row.get("device_name") or "GPU", model=model, batch_size=int(bs[2:]), dtype=dtype)
@@ -63,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     thresholds = cstats.load_thresholds()
     counts: dict[float, dict[str, int]] = {1.0: {}, args.slowdown: {}}
-    print("| cell | sweeps | slowdown | verdict | judged on | wall: current / baseline [CI] | device: current / baseline [CI] |")
+    print(
+        "| cell | sweeps | slowdown | verdict | judged on | wall: current / baseline [CI] | device: current / baseline [CI] |"
+    )
     print("|---|---|---|---|---|---|---|")
     for path in args.files:
         for cell, runs in json.loads(path.read_text())["cells"].items():

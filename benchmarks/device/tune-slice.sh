@@ -1,0 +1,25 @@
+# Run one slice of a tune on a GPU machine within one device call, and pack what it wrote.
+#
+#   bash benchmarks/device/tune-slice.sh DEADLINE_S OUT_NAME TUNE_ARGS...
+#
+# Runs `orchestrate tune TUNE_ARGS... --out runs/OUT_NAME` (add --resume to carry on from an
+# earlier call's runs/OUT_NAME, brought back with `carry`), interrupting it with SIGINT at
+# DEADLINE_S seconds so that it cancels its jobs cleanly as on Ctrl-C and keeps every finished
+# row. Then packs runs/OUT_NAME into $OUT/OUT_NAME.tgz (hive folder names survive inside the
+# archive) with the tune's log and its wall time in seconds (OUT_NAME.wall).
+#
+# Start the device command with `. .devcarry/setup.sh && ` (../shared/device/README.md).
+set -u
+deadline=$1; name=$2; shift 2
+out=${OUT:-/tmp/out}
+mkdir -p runs "$out"
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=/tmp/pyc RAY_AUTH_MODE=disabled
+t0=$(date +%s.%N)
+timeout -s INT -k 30 "$deadline" python3 -m orchestrator tune "$@" --out "runs/$name" 2>&1 | tee "$out/$name.log"
+rc=${PIPESTATUS[0]}
+t1=$(date +%s.%N)
+python3 -c "print(round($t1 - $t0, 1))" >"$out/$name.wall"
+echo "tune rc=$rc wall=$(cat "$out/$name.wall") s"
+tar -C runs -czf "$out/$name.tgz" "$name"
+exit 0
