@@ -1,0 +1,148 @@
+"""What the command modules share: exit codes, argparse types and flag groups, loading a sweep
+file, and running a sweep or a tune."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _whole(least: int):
+    """An argparse type: a whole number of at least `least`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number above 0 (seconds, MiB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _add_only(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--only",
+        metavar="PATTERN",
+        help="run only jobs whose name (hardware/model/bsN/dtype/config, e.g. cpu/resnet-50/bs1/fp32/default) "
+        "matches: a glob such as '*/bs1/*' must match the whole name, a plain word such as 'resnet' "
+        "matches anywhere; separate several patterns with commas",
+    )
+
+
+def _add_budgets(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-compile-s",
+        type=_positive,
+        metavar="SECONDS",
+        help="budget: a config whose cold compile (first compiled call) took longer is never a preset",
+    )
+    p.add_argument(
+        "--max-memory-mb",
+        type=_positive,
+        metavar="MIB",
+        help="budget: a config whose compiled peak memory (CUDA allocator, or process RSS on CPU) was higher "
+        "is never a preset",
+    )
+
+
+def _add_cache_redis(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-redis",
+        metavar="HOST:PORT",
+        help="an existing Redis server for the shared compile cache (one every worker node reaches, on a "
+        "cluster); checked before anything runs. Default: a private redis-server on 127.0.0.1 for the run, "
+        "stopped at its end (jobs on this machine only); without a redis-server binary the run goes on "
+        "without the cache, with one warning",
+    )
+
+
+def _cache_address(args, enabled: bool, flag: str) -> str | None:
+    """The --cache-redis of a run that shares its compile cache, checked (a bad one raises
+    CacheAddressError: one error line, exit 2); refused where the cache is off."""
+    from orchestrator.fleet.cache import CacheAddressError, check_address
+
+    if args.cache_redis is None:
+        return None
+    if not enabled:
+        raise CacheAddressError(f"--cache-redis names the shared compile cache's server, which {flag}")
+    return str(check_address(args.cache_redis))
+
+
+def _budgets(args):
+    from orchestrator.tune.presets import Budgets
+
+    return Budgets(max_compile_s=args.max_compile_s, max_memory_mb=args.max_memory_mb)
+
+
+def _load(path: Path):
+    from orchestrator.spec.sweep import SpecError, load_spec
+
+    try:
+        return load_spec(path)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _sweep_options(args, out, **extra):
+    """SweepOptions from the flags `sweep` and `nightly` share, plus `extra`."""
+    from orchestrator.fleet.driver import SweepOptions
+
+    return SweepOptions(
+        out_dir=out,
+        address=args.address,
+        only=args.only,
+        cpus_per_job=args.cpus_per_job,
+        scratch_root=args.scratch,
+        timeout_cap_s=args.timeout_cap,
+        allow_missing=args.allow_missing,
+        argv=sys.argv,
+        **extra,
+    )
+
+
+def _drive(run):
+    """Run a sweep or a tune: (its summary, None), or (None, the exit code) after printing why it
+    could not start or was interrupted."""
+    from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted
+    from orchestrator.fleet.inventory import MissingHardwareError
+    from orchestrator.store.storage import StorageError
+    from orchestrator.tune.search import NothingToTune
+
+    try:
+        return run(), None
+    except (OutputExistsError, MissingHardwareError, StorageError, NothingToTune) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, EXIT_BAD_INPUT
+    except SweepInterrupted as exc:
+        print(f"\n{exc}", file=sys.stderr)
+        return None, EXIT_INTERRUPTED
+
+
+def _print_what_won(table: list[dict] | None) -> None:
+    """Per class, which settings the presets use and what each gained where measured alone."""
+    from orchestrator.tune.effects import what_won_markdown
+
+    if table:
+        print("\nWhat won, per hardware class (gain: the same config without the setting / with it):")
+        print(what_won_markdown(table))

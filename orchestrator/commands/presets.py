@@ -1,0 +1,52 @@
+"""`presets`: the fastest ok config per hardware class, model, batch size and dtype."""
+
+from __future__ import annotations
+
+import sys
+
+from orchestrator.commands.common import EXIT_BAD_INPUT, _add_budgets, _budgets, _print_what_won
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser(
+        "presets",
+        help="write OUT/presets.json and OUT/presets.parquet: the fastest ok config per hardware/model/batch/dtype",
+        description="Per hardware class, model, batch size and precision: the fastest config whose output "
+        "passed the fp64 accuracy check, within the budgets if given; per class and precision a default for "
+        "models never swept (eligible on the most cells, then the best geometric-mean speedup). Written as "
+        "the `presets` table (OUT/presets.parquet) and as JSON keyed by hardware class and software stack.",
+    )
+    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+    _add_budgets(p)
+    p.set_defaults(func=cmd_presets)
+
+
+def cmd_presets(args) -> int:
+    from orchestrator.store.storage import StorageError, checked
+    from orchestrator.tune.presets import write_presets
+
+    try:
+        path, data = write_presets(checked(args.out), _budgets(args))
+    except (FileNotFoundError, StorageError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        print(f"error: {args.out}: cannot write the presets there ({exc.strerror or exc})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for p in data["presets"]:
+        vs_default = f"{p['speedup_vs_default']:.2f}x" if p["speedup_vs_default"] else "n/a"
+        print(
+            f"{p['hardware']}/{p['model']}/bs{p['batch_size']}/{p['dtype']}: {p['config']} "
+            f"({p['speedup_vs_eager']:.2f}x vs eager, {vs_default} vs default)"
+        )
+    for m in data["no_preset"]:
+        print(f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: no ok config {m['statuses']}")
+    for hardware, by_dtype in data["defaults"].items():
+        for dtype, d in by_dtype.items():
+            print(
+                f"{hardware}/*/{dtype} (class default, for models never swept): {d['config']} "
+                f"(ok on {d['cells']} cells, geomean {d['geomean_speedup_vs_eager']:.2f}x vs eager)"
+            )
+    _print_what_won(data.get("what_won"))
+    print(f"wrote {path}")
+    return 0

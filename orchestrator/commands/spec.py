@@ -1,0 +1,71 @@
+"""`validate` and `plan`: check a sweep file, show its job matrix; nothing runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from orchestrator.commands.common import EXIT_BAD_INPUT, _add_only, _load, _whole
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("validate", help="check a sweep file; exit 2 listing every problem with file:line")
+    p.add_argument("sweep", type=Path, help="sweep YAML file")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="print the job matrix of a sweep and its job count; runs nothing")
+    p.add_argument("sweep", type=Path, help="sweep YAML file")
+    p.add_argument(
+        "--hardware",
+        metavar="CLASSES",
+        help="comma-separated hardware classes to plan for when the sweep says `hardware: auto` "
+        "(default: what this machine has, e.g. cpu or H100)",
+    )
+    p.add_argument(
+        "--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep` (changes the slot counts shown)"
+    )
+    _add_only(p)
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_validate(args) -> int:
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    print(
+        f"{args.sweep}: ok ({len(spec.models)} models x {len(spec.batch_sizes)} batch sizes x "
+        f"{len(spec.dtypes)} dtypes x {len(spec.configs)} configs per hardware class)"
+    )
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from orchestrator.fleet.driver import plan_jobs
+    from orchestrator.fleet.inventory import CPU_CLASS, HardwareClass, MissingHardwareError, local_classes
+
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    if args.hardware:
+        names = [h.strip() for h in args.hardware.split(",") if h.strip()]
+        classes = {n: HardwareClass(n, "cpu" if n == CPU_CLASS else "cuda", slots=1) for n in names}
+    elif spec.hardware != "auto":
+        classes = {n: HardwareClass(n, "cpu" if n == CPU_CLASS else "cuda", slots=1) for n in spec.hardware}
+    else:
+        classes = local_classes(args.cpus_per_job)
+    try:
+        jobs = plan_jobs(spec, classes, args.only)
+    except MissingHardwareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"sweep {spec.name!r} from {args.sweep}: {len(jobs)} jobs")
+    print(
+        f"hardware: {', '.join(sorted({j.hardware for j in jobs})) or 'none'}"
+        + (" (auto: this machine)" if spec.hardware == "auto" and not args.hardware else "")
+    )
+    width = max((len(j.name) for j in jobs), default=4)
+    print(f"{'#':>4}  {'job':<{width}}  {'job_id':<20}  timeout")
+    for i, job in enumerate(jobs, 1):
+        print(f"{i:>4}  {job.name:<{width}}  {job.job_id:<20}  {job.timeout_s:g}s")
+    print(f"{len(jobs)} jobs")
+    return 0

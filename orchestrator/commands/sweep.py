@@ -1,0 +1,146 @@
+"""`sweep`: run a sweep and write its result tables."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from orchestrator.commands.common import (
+    EXIT_BAD_INPUT,
+    _add_cache_redis,
+    _add_only,
+    _cache_address,
+    _drive,
+    _load,
+    _positive,
+    _sweep_options,
+    _whole,
+)
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("sweep", help="run a sweep and write its result tables")
+    p.add_argument("sweep", type=Path, help="sweep YAML file")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output directory (default: runs/<sweep name>): a local path, or a URI every node can reach, "
+        "e.g. s3://BUCKET/PREFIX, gs://BUCKET/PREFIX (quote a URI with ?options in the shell)",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster to use (e.g. ray://head:10001 or auto); default: start a private local Ray "
+        "for this sweep and stop it at the end",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a sweep in an output directory that already has rows: jobs with a row are "
+        "skipped, so no job gets a second row (without it, a non-empty --out is refused)",
+    )
+    p.add_argument(
+        "--cpus-per-job",
+        type=_whole(1),
+        metavar="N",
+        help="cores each job on a CPU node reserves, and its OMP/compile thread count (default: all cores "
+        "of the node, one job at a time, so jobs do not disturb each other's timings)",
+    )
+    p.add_argument(
+        "--scratch",
+        metavar="DIR",
+        help="where job processes keep caches and logs, on each node (created if missing; default: temp dir)",
+    )
+    p.add_argument(
+        "--lock-clocks",
+        action="store_true",
+        help="lock each GPU job's SM clock at the GPU's maximum through NVML while it runs (as tritonbench "
+        "does), then reset it; needs root on the GPU nodes and nvidia-ml-py. Where NVML refuses, the job "
+        "runs unlocked, its row has clocks_locked=false and a note with the reason, and the sweep prints it",
+    )
+    p.add_argument(
+        "--history",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an earlier output directory (path or URI) whose job times order this sweep longest-first "
+        "(repeatable); its rows are read for timing only and never count as done",
+    )
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="when the sweep names hardware classes the cluster lacks, run the ones present instead of "
+        "refusing to start",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=_whole(1),
+        default=3,
+        metavar="N",
+        help="tries per job when its Ray worker or node dies (default 3); a job's own failure is never retried",
+    )
+    p.add_argument(
+        "--timeout-cap",
+        type=_positive,
+        metavar="SECONDS",
+        help="lower every job's time limit to at most this (for a run that must end within a window); "
+        "jobs that hit it become `timeout` rows",
+    )
+    p.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="jobs share Inductor's FX graph cache, Triton autotune cache and GEMM/conv autotune results "
+        "through Redis (per hardware class and software stack). Off by default, because a sweep measures "
+        "cold compiles: with it, compile_s may be served from the cache, and each row says how "
+        "(compile_cache, compile_from_cache, *_cache_hits/misses)",
+    )
+    _add_cache_redis(p)
+    _add_only(p)
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args) -> int:
+    from orchestrator.fleet.driver import check_ray_address, run_sweep
+    from orchestrator.fleet.progress import format_duration
+    from orchestrator.store.schema import results_path
+    from orchestrator.store.storage import StorageError, check_writable, checked
+
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    check_ray_address(args.address)  # seconds, not Ray's minute of retries
+    cache_redis = _cache_address(args, args.shared_cache, "a sweep uses only with --shared-cache")
+    try:
+        out = checked(args.out or str(Path("runs") / spec.name))
+        check_writable(out)
+        history = [checked(earlier) for earlier in args.history]
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for earlier in history:
+        if not results_path(earlier).is_dir():
+            print(
+                f"error: --history {earlier}: not an output directory (it has no results/)", file=sys.stderr
+            )
+            return EXIT_BAD_INPUT
+    opts = _sweep_options(
+        args,
+        out,
+        resume=args.resume,
+        max_attempts=args.max_attempts,
+        history_dirs=list(history),
+        lock_clocks=args.lock_clocks,
+        shared_cache=args.shared_cache,
+        cache_redis=cache_redis,
+    )
+    summary, code = _drive(lambda: run_sweep(spec, opts))
+    if summary is None:
+        return code
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.counts.items())) or "nothing to run"
+    print(
+        f"done in {format_duration(summary.wall_s)}: {counts}; {summary.skipped} skipped as already done.\n"
+        f"results: {results_path(out)}  (next: orchestrate report {shlex.quote(str(out))}; "
+        f"orchestrate presets {shlex.quote(str(out))})"
+    )
+    return 0

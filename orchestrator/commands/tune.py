@@ -1,0 +1,210 @@
+"""`tune`: search beyond the stock modes per cell, by successive halving across the cluster."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from orchestrator.commands.common import (
+    EXIT_BAD_INPUT,
+    _add_budgets,
+    _add_cache_redis,
+    _add_only,
+    _budgets,
+    _cache_address,
+    _drive,
+    _load,
+    _positive,
+    _print_what_won,
+    _whole,
+)
+
+
+def _knob_names() -> list[str]:
+    from orchestrator.tune.space import KNOBS
+
+    return [f"{k.name} ({k.help})" for k in KNOBS]
+
+
+def _mode_names() -> list[str]:
+    from compiler.config import inductor_modes
+
+    return sorted(inductor_modes())
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="search beyond the stock modes per cell; keep a tuned config only where it is faster by a margin "
+        "the statistics support",
+        description="Candidates per (hardware class, model, batch size, precision) cell: the sweep's configs "
+        "(the stock modes), torch's max-autotune modes as extra bases on GPU classes (--bases), each of those "
+        "with one knob turned (--knobs: Inductor options, freezing, channels-last, and runtime settings such "
+        "as cudnn_benchmark), and, where allowed, the stock configs under other precision policies "
+        "(--precisions). Successive halving across the cluster: every candidate measured cheaply (rung0), the "
+        "best 1/eta, the best stock config and the knobs that each helped turned together measured again "
+        "(rung1), then the best candidate and the best stock config timed in the same processes, or in "
+        "processes of their own where they differ in a runtime setting (confirm). A candidate becomes the "
+        "preset only if the 95% interval of stock/candidate lies above 1; every candidate must pass the fp64 "
+        "accuracy check and the budgets. Jobs share compile and autotune work through Redis unless "
+        "--no-shared-cache. Writes OUT/rung0, OUT/rung1, OUT/confirm (sweep outputs), OUT/tune.json (every "
+        "decision, what each setting gained) and OUT/presets.{parquet,json} (for `export`); prints per class "
+        "what won.",
+    )
+    p.add_argument(
+        "sweep",
+        type=Path,
+        help="sweep YAML file: its models, batch sizes, dtypes, hardware, measure "
+        "settings, and its configs as the stock modes to beat",
+    )
+    p.add_argument(
+        "--out", metavar="DIR", help="output directory (default: runs/<sweep name>-tune); a path or URI"
+    )
+    p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
+    p.add_argument(
+        "--resume", action="store_true", help="finish a tune in --out: jobs already recorded are skipped"
+    )
+    p.add_argument(
+        "--precisions",
+        metavar="LIST",
+        default="",
+        help="precision policies a candidate may use besides the cell's own, e.g. tf32,bf16 (default: none; "
+        "a faster precision changes the numbers, so it is only tried when asked, and still gated by the "
+        "fp64 accuracy rule)",
+    )
+    p.add_argument(
+        "--knobs",
+        metavar="LIST",
+        help="the knobs to try on each stock config, comma-separated (default: all that apply to the device "
+        "and model): " + ", ".join(_knob_names()) + ". A freezing preset's exported bundle barely shortens "
+        "its start (torch cannot cache AOTAutograd with freezing): leave freezing out where start-up matters",
+    )
+    p.add_argument(
+        "--bases",
+        metavar="LIST",
+        help="torch modes added as bases where the sweep's configs lack them: candidates of their own, each "
+        "with the knobs too (default: max-autotune,max-autotune-no-cudagraphs on GPU classes, none on CPU, "
+        "where a max-autotune compile takes minutes; '' for none)",
+    )
+    p.add_argument(
+        "--prune-from",
+        metavar="DIR",
+        help="an earlier tune's --out: the knobs it measured to gain nothing (or to hurt) on every cell of a hardware class are left out "
+        "of that class's search (tune.json says which, and why)",
+    )
+    p.add_argument(
+        "--eta",
+        type=_whole(2),
+        default=3,
+        metavar="N",
+        help="rung 0 keeps the best 1/N of each cell's candidates for rung 1 (default 3)",
+    )
+    p.add_argument(
+        "--confirm-repeats",
+        type=_whole(2),
+        default=3,
+        metavar="N",
+        help="fresh processes that time the candidate against the stock config (default 3, at least 2)",
+    )
+    _add_budgets(p)
+    p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
+    p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
+    p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
+    p.add_argument("--timeout-cap", type=_positive, metavar="SECONDS", help="as for `sweep`")
+    p.add_argument(
+        "--no-shared-cache",
+        action="store_true",
+        help="compile every candidate cold. By default the tune's jobs share Inductor's FX graph cache, "
+        "Triton autotune cache and GEMM/conv autotune results through Redis, since its rungs recompile the "
+        "same candidates; compile_s is then partly cache-served, and each row says how (compile_cache, "
+        "compile_from_cache, *_cache_hits/misses)",
+    )
+    _add_cache_redis(p)
+    _add_only(p)
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args) -> int:
+    from orchestrator.fleet.driver import check_ray_address
+    from orchestrator.fleet.progress import format_duration
+    from orchestrator.store.storage import StorageError, check_writable, checked
+    from orchestrator.tune.search import TuneOptions, run_tune
+    from orchestrator.tune.space import KNOB_NAMES
+    from workers.job import PRECISIONS, canonical_precision
+
+    spec = _load(args.sweep)
+    if spec is None:
+        return EXIT_BAD_INPUT
+    check_ray_address(args.address)  # seconds, not Ray's minute of retries
+    problems = []
+    precisions = []
+    for name in filter(None, (p.strip() for p in args.precisions.split(","))):
+        canon = canonical_precision(name)
+        if canon is None:
+            problems.append(f"--precisions: unknown policy {name!r}; valid: {', '.join(PRECISIONS)}")
+        else:
+            precisions.append(canon)
+    cache_redis = _cache_address(args, not args.no_shared_cache, "--no-shared-cache turns off")
+    knobs = KNOB_NAMES
+    if args.knobs is not None:
+        knobs = tuple(filter(None, (k.strip() for k in args.knobs.split(","))))
+        problems += [
+            f"--knobs: unknown knob {k!r}; valid: {', '.join(KNOB_NAMES)}"
+            for k in knobs
+            if k not in KNOB_NAMES
+        ]
+    bases = None
+    if args.bases is not None:
+        modes = _mode_names()
+        bases = tuple(filter(None, (b.strip() for b in args.bases.split(","))))
+        problems += [
+            f"--bases: unknown mode {b!r}; valid: {', '.join(modes)}" for b in bases if b not in modes
+        ]
+    budgets = _budgets(args)
+    if problems:
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        out = checked(args.out or str(Path("runs") / f"{spec.name}-tune"))
+        check_writable(out)
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    opts = TuneOptions(
+        out_dir=out,
+        address=args.address,
+        resume=args.resume,
+        only=args.only,
+        precisions=tuple(precisions),
+        knobs=knobs,
+        bases=bases,
+        prune_from=checked(args.prune_from) if args.prune_from else None,
+        budgets=budgets,
+        eta=args.eta,
+        confirm_repeats=args.confirm_repeats,
+        cpus_per_job=args.cpus_per_job,
+        timeout_cap_s=args.timeout_cap,
+        allow_missing=args.allow_missing,
+        scratch_root=args.scratch,
+        shared_cache=not args.no_shared_cache,
+        cache_redis=cache_redis,
+        argv=sys.argv,
+    )
+    summary, code = _drive(lambda: run_tune(spec, opts))
+    if summary is None:
+        return code
+    for cell, why in summary.decisions.items():
+        print(f"{cell}: {why}")
+    for hw, knobs in summary.pruned.items():
+        print(f"{hw}: left out of the search (--prune-from): {', '.join(sorted(knobs))}")
+    _print_what_won(summary.what_won)
+    jobs = ", ".join(f"{n} {r}" for r, n in summary.jobs.items())
+    print(
+        f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {summary.cells} cells, {summary.tuned} tuned, "
+        f"{summary.stock} kept the stock config, {summary.no_preset} without a preset.\n"
+        f"presets: {out.join('presets.json')}  (next: orchestrate export {shlex.quote(str(out))} --hardware CLASS "
+        "--dest DIR)"
+    )
+    return 0

@@ -1,0 +1,165 @@
+"""A tune's cells and the rules that judge their candidates from rows: which go on to rung 1,
+which knobs are turned together, and which config becomes the cell's preset
+(`orchestrator.tune.search` runs the rounds)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from compiler import statistics as cstats
+from orchestrator.tune.presets import Budgets, eligible, preset_entry
+from orchestrator.tune.space import KNOB_NAMES, Candidate, knobs_of, with_knobs
+from workers.job import ModelSpec
+
+
+@dataclass(frozen=True)
+class Cell:
+    hardware: str
+    device: str
+    model: ModelSpec
+    batch_size: int
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.hardware}/{self.model.name}/bs{self.batch_size}/{self.dtype}"
+
+    def __hash__(self) -> int:  # the model's overrides are a dict; its name is unique in a sweep
+        return hash(self.name)
+
+
+def promote(
+    results: list[tuple[Candidate, dict[str, Any] | None]], eta: int, budgets: Budgets
+) -> list[Candidate]:
+    """The candidates of one cell that go on to rung 1: the fastest ceil(n / eta) eligible ones
+    (n: every candidate, failed ones included), and the fastest eligible stock config and the
+    fastest eligible other one, so the confirmation always has both sides (rung 0's one short
+    process ranks; it cannot tell a 2% difference from noise)."""
+    ok = sorted(
+        ((c, r) for c, r in results if r is not None and eligible(r, budgets)),
+        key=lambda cr: cr[1]["compiled_ms"],
+    )
+    keep = [c for c, _ in ok[: max(1, math.ceil(len(results) / eta))]]
+    for side in (True, False):
+        best = next((c for c, _ in ok if c.stock == side), None)
+        if best is not None and best not in keep:
+            keep.append(best)
+    return keep
+
+
+def best_pair(
+    results: list[tuple[Candidate, dict[str, Any] | None]], budgets: Budgets
+) -> tuple[tuple[Candidate, dict[str, Any]] | None, tuple[Candidate, dict[str, Any]] | None, int]:
+    """(fastest eligible stock config, fastest eligible other candidate, how many were eligible),
+    each as (candidate, row); None where there is none."""
+    ok = [(c, r) for c, r in results if r is not None and eligible(r, budgets)]
+
+    def fastest(stock: bool):
+        return min(
+            (cr for cr in ok if cr[0].stock == stock), key=lambda cr: cr[1]["compiled_ms"], default=None
+        )
+
+    return fastest(True), fastest(False), len(ok)
+
+
+def decide(
+    cell: Cell,
+    rung1: list[tuple[Candidate, dict[str, Any] | None]],
+    confirmation: tuple[Candidate, Candidate, dict[str, Any] | None] | None,
+    budgets: Budgets,
+) -> tuple[dict[str, Any] | None, str]:
+    """The cell's preset entry (None: nothing eligible) and the decision in words.
+
+    `confirmation` is (candidate, stock, row of their same-process job, None) where one ran, or
+    (candidate, stock, candidate's row, stock's row) for configs that differ in a runtime setting,
+    which were timed in processes of their own (an unpaired interval)."""
+    stock, tuned, n = best_pair(rung1, budgets)
+    if stock is None and tuned is None:
+        return None, "no candidate passed its accuracy check within the budgets"
+    if stock is None:
+        c, r = tuned
+        why = f"no stock config was eligible; {c.config.name} ({c.dtype}) is the fastest of {n} eligible"
+        return preset_entry(r, cell.dtype, source="tuned", decision=why, candidates=n), why
+    s_cand, s_row = stock
+    stock_fields = {"stock_config": s_cand.config.name, "stock_ms": s_row["compiled_ms"], "candidates": n}
+    if tuned is None:
+        why = f"stock: no other candidate was eligible in rung 1 ({n} eligible)"
+        return preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields), why
+    c, r = tuned
+    row = confirmation[2] if confirmation else None
+    apart = confirmation[3] if confirmation and len(confirmation) > 3 else None
+    failed = next(
+        (x for x in (row, apart) if x is not None and x["status"] != "ok"),
+        None,
+    )
+    if row is None or failed or (apart is None and not row.get("baseline_samples_ms")):
+        bad = failed or row
+        status = "not run" if bad is None else f"{bad['status']}: {(bad.get('error') or '')[:200]}"
+        why = f"stock: the confirmation of {c.config.name} against {s_cand.config.name} failed ({status})"
+        return preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields), why
+    if apart is None:
+        iv = cstats.paired_speedup(
+            row["baseline_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
+        )
+        stock_ms, how = row["baseline_ms"], "processes"
+    else:  # a runtime setting differs: never timed in one process (compiler.runtime)
+        iv = cstats.ratio_interval(
+            cstats.split_groups(apart["compiled_samples_ms"], apart["samples_per_repeat"]),
+            cstats.split_groups(row["compiled_samples_ms"], row["samples_per_repeat"]),
+            paired=False,
+        )
+        stock_ms, how = apart["compiled_ms"], "processes each, apart (they differ in a runtime setting)"
+    figures = (
+        f"{c.config.name} ({c.dtype}) vs {s_cand.config.name}: {iv.estimate:.3f}x "
+        f"[{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} {how}"
+    )
+    paired = {
+        "stock_config": s_cand.config.name,
+        "stock_ms": stock_ms,
+        "speedup_vs_stock": iv.estimate,
+        "speedup_vs_stock_ci_low": iv.low,
+        "speedup_vs_stock_ci_high": iv.high,
+        "candidates": n,
+    }
+    if cstats.beats(iv):
+        why = f"tuned: {figures}"
+        # latency from the paired job; compile time and memory from the candidate's own job (in the
+        # paired one it compiled second, in a process that had compiled already)
+        own = {"compile_s": r["compile_s"], "peak_mem_bytes": r.get("peak_mem_bytes")}
+        return preset_entry(row, cell.dtype, source="tuned", decision=why, **paired, **own), why
+    why = f"stock: {figures}, an interval that does not lie above 1"
+    entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **paired)
+    entry["compiled_ms"] = stock_ms  # the stock side, measured with the candidate
+    entry["speedup_vs_stock"] = 1.0
+    entry["speedup_vs_stock_ci_low"] = entry["speedup_vs_stock_ci_high"] = None
+    return entry, why
+
+
+def combine_helping_knobs(
+    results: list[tuple[Candidate, dict[str, Any] | None]], budgets: Budgets
+) -> Candidate | None:
+    """The fastest eligible base of rung 0 (a stock config or an added mode) with every knob that
+    was faster than it there, turned together, when at least two were: knobs are measured one at
+    a time, and their gains may add up (cudnn_benchmark on top of freezing, ...). None otherwise."""
+    ok = {c.config.name: (c, r) for c, r in results if r is not None and eligible(r, budgets)}
+    bases = [(c, r) for c, r in ok.values() if not knobs_of(c.config)[1]]
+    if not bases:
+        return None
+    base, base_row = min(bases, key=lambda cr: cr[1]["compiled_ms"])
+    helping = [
+        knob
+        for knob in KNOB_NAMES
+        if f"{base.config.name}+{knob}" in ok
+        and ok[f"{base.config.name}+{knob}"][1]["compiled_ms"] < base_row["compiled_ms"]
+    ]
+    if len(helping) < 2:
+        return None
+    cfg = with_knobs(base.config, helping)
+    if cfg is None:
+        return None
+    return Candidate(
+        dataclasses.replace(cfg, name=f"{base.config.name}+{'+'.join(helping)}"), base.dtype, False
+    )
