@@ -17,6 +17,7 @@ import argparse
 import itertools
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     thresholds = cstats.load_thresholds()
     counts: dict[float, dict[str, int]] = {1.0: {}, args.slowdown: {}}
+    latency: dict[float, Counter] = {1.0: Counter(), args.slowdown: Counter()}
     print(
         "| cell | sweeps | slowdown | verdict | judged on | wall: current / baseline [CI] | device: current / baseline [CI] |"
     )
@@ -87,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     share = c.host_bound_share[1]
                     judged = f"{c.judged_on}" + ("" if share is None else f" (idle {share:.0%})")
-                    print(f"| {cell} | {a} vs {b} | x{slow:g} | {c.verdict} | {judged} | {ci} | {dev} |")
+                    figures = " | ".join(c.by_figure.get(f, "unchanged") for f in ("latency", "compile_time"))
+                    latency[slow][c.by_figure.get("latency", "unchanged")] += 1
+                    print(
+                        f"| {cell} | {a} vs {b} | x{slow:g} | {c.verdict} | {figures} | {judged} | {ci} | {dev} |"
+                    )
     for slow, found in counts.items():
-        print(f"slowdown x{slow:g}: {found}")
+        print(f"slowdown x{slow:g}: {found}; latency alone: {dict(latency[slow])}")
     return 0
 
 

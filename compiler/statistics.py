@@ -410,6 +410,44 @@ def figure_verdict(current: float | None, baseline: float | None, change: float,
     return "unchanged"
 
 
+def once_per_run_verdict(
+    current: float | None, reference: Sequence[float], change: float, floor: float, thresholds: Thresholds
+) -> tuple[str, str]:
+    """A figure each run measures once (a cell's cold compile time) against the same figure of
+    the reference runs (the baseline last; in history mode the window's runs before it): the
+    verdict and its reason, or `("unchanged", "")`.
+
+    One value a side cannot show how much the figure moves between runs of one stack (cold
+    compiles of one cell on an H100 ranged 10.9-17.6 s over five sweeps, the first on a fresh
+    machine slowest). With fewer than `noise_processes` reference runs a change beyond
+    `change` and `floor` is a `watch`. With more, their spread decides: the change must also
+    leave the 1 - alpha prediction interval of a new run (log scale, Student's t with n - 1
+    degrees of freedom) around their geometric mean."""
+    values = [float(v) for v in reference if v is not None and v > 0]
+    if current is None or current <= 0 or not values:
+        return "unchanged", ""
+    if len(values) < thresholds.noise_processes:
+        verdict = figure_verdict(current, values[-1], change, floor)
+        if verdict == "unchanged":
+            return verdict, ""
+        return "watch", (
+            f"one value a run cannot show its run-to-run spread ({verdict} if decided); "
+            f"compare against a window of runs (--history, nightly) to decide"
+        )
+    logs = np.log(values)
+    centre = float(np.mean(logs))
+    bound = t_quantile(1 - (1 - thresholds.level) / 2, len(values) - 1) * float(np.std(logs, ddof=1))
+    bound *= math.sqrt(1 + 1 / len(values))
+    verdict = figure_verdict(current, math.exp(centre), change, floor)
+    outside = abs(math.log(current) - centre) > bound
+    if verdict == "unchanged" or not outside:
+        return "unchanged", ""
+    return (
+        verdict,
+        f"outside the spread of the {len(values)} reference runs (geometric mean {math.exp(centre):.1f})",
+    )
+
+
 # --- the engine ---------------------------------------------------------------------------------
 
 

@@ -68,8 +68,14 @@ class CellChange:
     regressed_on: list[str] = field(default_factory=list)
     """What regressed: latency, compile_time, memory, status, graph_breaks, recompiles."""
 
+    by_figure: dict[str, str] = field(default_factory=dict)
+    """The verdict each figure gave on its own where it was not unchanged: latency,
+    compile_time, memory, status, graph_breaks, recompiles."""
+
     def note(self, verdict: str, reason: str, what: str = "") -> None:
         self.reasons.append(f"{verdict}: {reason}" if verdict in ("regression", "improvement") else reason)
+        if what:
+            self.by_figure[what] = verdict
         if verdict == "regression":
             self.regressed_on.append(what)
         if (
@@ -110,9 +116,10 @@ class Comparison:
         if not n:
             return ""
         return (
-            f"{n} cell{'s' if n != 1 else ''} left undecided (watch): measured in one process per cell, "
-            f"whose interval cannot cover the spread between processes; set measure.repeats: 3 in the sweep "
-            f"file to decide them"
+            f"{n} cell{'s' if n != 1 else ''} left undecided (watch): a figure measured once a run (a latency "
+            f"from one process per cell, a cold compile time) cannot show how much it moves between runs; "
+            f"set measure.repeats: 3 in the sweep file for latencies, and compare against a window of runs "
+            f"(--history, nightly) for compile times"
         )
 
     def by_model(self) -> dict[str, dict[str, list[str]]]:
@@ -181,11 +188,13 @@ def compare(
     cur, base = _latest(current), _latest(baseline)
     pooled: dict[tuple, list[list[float]]] = defaultdict(list)
     pooled_device: dict[tuple, list[list[float]]] = defaultdict(list)
+    pooled_compile: dict[tuple, list[float]] = defaultdict(list)
     for table in window:
         for key, row in _latest(table).items():
             if row["status"] == "ok":
                 pooled[key] += _groups(row)
                 pooled_device[key] += _device_groups(row)
+                pooled_compile[key].append(row.get("compile_s"))
     cur_win, base_win = _winners(current_choices), _winners(baseline_choices)
     cells = []
     for key in sorted(set(cur) | set(base), key=lambda k: tuple(map(str, k))):
@@ -198,7 +207,8 @@ def compare(
             c.verdict = "missing"
             c.reasons.append(f"not in this run; was {before['status']}")
         else:
-            _compare_cell(c, now, before, t, pooled.get(key, []), pooled_device.get(key, []))
+            older = (pooled.get(key, []), pooled_device.get(key, []), pooled_compile.get(key, []))
+            _compare_cell(c, now, before, t, *older)
             _compare_winners(c, cur_win.get(now["job_id"], {}), base_win.get(before["job_id"], {}))
         cells.append(c)
     return Comparison(cells, _environment(current, baseline), t)
@@ -211,6 +221,7 @@ def _compare_cell(
     t: cstats.Thresholds,
     older: list[list[float]],
     older_device: list[list[float]] = (),
+    older_compile: list[float] = (),
 ) -> None:
     c.status = (before["status"], now["status"])
     for name in ("compiled_ms", "speedup", "compile_s", "peak_mem_bytes", "graph_breaks", "recompiles"):
@@ -229,7 +240,7 @@ def _compare_cell(
     if before["status"] != "ok":
         return
     _compare_latency(c, now, before, t, older, list(older_device))
-    _compare_figures(c, now, before, t)
+    _compare_figures(c, now, before, t, list(older_compile))
 
 
 def _compare_latency(
@@ -291,13 +302,24 @@ def _compare_latency(
 
 
 def _compare_figures(
-    c: CellChange, now: dict[str, Any], before: dict[str, Any], t: cstats.Thresholds
+    c: CellChange,
+    now: dict[str, Any],
+    before: dict[str, Any],
+    t: cstats.Thresholds,
+    older_compile: list[float] = (),
 ) -> None:
-    verdict = cstats.figure_verdict(
-        now.get("compile_s"), before.get("compile_s"), t.compile_time_change, t.compile_time_floor_s
+    verdict, why = cstats.once_per_run_verdict(
+        now.get("compile_s"),
+        [*older_compile, before.get("compile_s")],
+        t.compile_time_change,
+        t.compile_time_floor_s,
+        t,
     )
     if verdict != "unchanged":
-        c.note(verdict, f"cold compile {before['compile_s']:.1f} -> {now['compile_s']:.1f} s", "compile_time")
+        text = f"cold compile {before['compile_s']:.1f} -> {now['compile_s']:.1f} s"
+        c.note(
+            verdict, f"undecided: {text}: {why}" if verdict == "watch" else f"{text}, {why}", "compile_time"
+        )
     mb = [None if v is None else v / 2**20 for v in (now.get("peak_mem_bytes"), before.get("peak_mem_bytes"))]
     verdict = cstats.figure_verdict(mb[0], mb[1], t.memory_change, t.memory_floor_mb)
     if verdict != "unchanged":

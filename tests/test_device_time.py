@@ -275,3 +275,31 @@ def test_the_calibration_script_slows_wall_and_device_time_alike(tmp_path, capsy
     out = capsys.readouterr().out
     assert "slowdown x1: {'unchanged': 6}" in out and "slowdown x1.2: {'regression': 6}" in out
     assert out.count("| device (idle") == 12
+
+
+def test_a_cold_compile_time_is_decided_only_against_a_window_of_runs():
+    t = cstats.load_thresholds()
+    # two runs: 10.9 -> 17.6 s is what five A/A sweeps of one cell gave on an H100: a watch
+    verdict, why = cstats.once_per_run_verdict(17.6, [10.9], t.compile_time_change, t.compile_time_floor_s, t)
+    assert verdict == "watch" and "(regression if decided)" in why and "--history" in why
+    assert cstats.once_per_run_verdict(11.5, [10.9], 0.25, 2.0, t) == ("unchanged", "")
+    window = [10.9, 12.0, 11.2, 11.7, 12.3]
+    verdict, why = cstats.once_per_run_verdict(24.0, window, 0.25, 2.0, t)
+    assert verdict == "regression" and "5 reference runs" in why
+    assert cstats.once_per_run_verdict(17.6, [10.9, 17.0, 11.2, 16.5, 12.3], 0.25, 2.0, t)[0] == "unchanged"
+    assert cstats.once_per_run_verdict(5.0, window, 0.25, 2.0, t)[0] == "improvement"
+
+
+def test_compile_time_in_the_report_watch_between_two_runs_decided_in_history(table_jobs, make_result):
+    def run(seed: int, compile_s: float):
+        out = rows(table_jobs, make_result, seed)
+        for r in out:
+            r["compile_s"] = compile_s
+        return rows_to_table(out)
+
+    two = compare(run(1, 30.0), run(2, 12.5))
+    assert all(c.verdict == "watch" and c.by_figure == {"compile_time": "watch"} for c in two.cells)
+    assert all(r.startswith("undecided: cold compile 12.5 -> 30.0 s") for c in two.cells for r in c.reasons)
+    nights = [run(10 + n, 12.5 + 0.3 * (n % 3)) for n in range(6)] + [run(20, 30.0), run(21, 30.0)]
+    got = compare_history(nights)
+    assert all(c.verdict == "regression" and "compile_time" in c.regressed_on for c in got.cells)

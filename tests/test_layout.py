@@ -58,3 +58,12 @@ def test_no_import_circle_inside_a_package(package):
 def test_the_circle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_orchestrator_module_over_500_lines_and_a_small_cli():
+    sizes = {
+        p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
+        for p in (ROOT / "orchestrator").rglob("*.py")
+    }
+    assert {p: n for p, n in sizes.items() if n > 500} == {}
+    assert sizes["orchestrator/cli.py"] < 300
