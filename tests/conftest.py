@@ -1,11 +1,18 @@
-"""Shared fixtures: real `Job`s of a small sweep, hand-made task results, an S3 server (moto)."""
+"""Shared fixtures: real `Job`s of a small sweep, hand-made task results, an S3 server (moto), a
+small disk of its own (tmpfs) to fill up."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import shutil
+import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,3 +165,68 @@ def s3_bucket(s3_endpoint, monkeypatch) -> S3Bucket:
     )
     admin.create_dir(bucket.name)
     return bucket
+
+
+# --- a disk of its own: a small tmpfs that fills up for real (ENOSPC) or turns read-only (EROFS) ---
+
+
+@dataclass(frozen=True)
+class SmallDisk:
+    path: Path
+    """Where it is mounted."""
+
+    def free(self) -> int:
+        return shutil.disk_usage(self.path).free
+
+    def fill(self, leave: int = 0) -> Path:
+        """Take the free space, all but about `leave` bytes, with a filler file (delete it to free
+        the space again)."""
+        filler = self.path / f"filler-{uuid.uuid4().hex[:8]}"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while (free := self.free()) > leave:
+                    f.write(b"\0" * min(1 << 20, free - leave))
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+        return filler
+
+    def read_only(self, on: bool = True) -> None:
+        """Remount read-only (or writable again); retried while a file is open for writing."""
+        for _ in range(100):
+            done = subprocess.run(
+                ["mount", "-o", f"remount,{'ro' if on else 'rw'}", str(self.path)], capture_output=True
+            )
+            if done.returncode == 0:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"remount of {self.path} failed: {done.stderr.decode().strip()}")
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Callable[[int], SmallDisk]]:
+    """small_disk(size_bytes): a tmpfs of that size of its own, unmounted after the test. Mounting
+    needs root (CAP_SYS_ADMIN): elsewhere the test is skipped, saying so."""
+    mounted: list[Path] = []
+
+    def mount(size: int) -> SmallDisk:
+        path = tmp_path / f"disk{len(mounted)}"
+        path.mkdir()
+        try:
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                capture_output=True,
+                text=True,
+            )
+        except OSError as exc:
+            pytest.skip(f"cannot mount a tmpfs to fill up: {exc}")
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs to fill up (needs root): {done.stderr.strip()}")
+        mounted.append(path)
+        return SmallDisk(path)
+
+    yield mount
+    for path in mounted:
+        with contextlib.suppress(OSError):
+            if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(path)], capture_output=True)

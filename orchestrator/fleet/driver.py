@@ -6,6 +6,7 @@ every job ends as one row, whatever happened to its task.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -31,7 +32,7 @@ from orchestrator.store.integrity import find_damaged, quarantine
 from orchestrator.store.lock import OutputLock
 from orchestrator.store.schema import TABLES
 from orchestrator.store.sink import ResultSink
-from orchestrator.store.storage import Location, Target, checked
+from orchestrator.store.storage import Location, Target, WriteRefused, checked, refusal_stops
 from workers.job import Job
 
 
@@ -239,16 +240,20 @@ def run_sweep(
     check_ray_address(opts.address)
     if opts.shared_cache and opts.cache_redis:
         check_address(opts.cache_redis)
-    lock = OutputLock.acquire(out, opts.argv)  # before anything is read: one writer per output
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # this run's quarantine folder
-    try:
-        if lock.taken_over:
-            print(f"note: {out}: {lock.taken_over}", file=stream)
-        if opts.resume:
-            _quarantine_damage(out, stream, stamp)
-        return _run_locked(spec, opts, out, history_dirs, lock, stream, stamp, task_body, plan)
-    finally:
-        lock.release()
+    resume = opts.resume_command or shlex.join(
+        ["orchestrate", "sweep", str(spec.source or "SWEEP.yaml"), "--out", str(out), "--resume"]
+    )
+    with refusal_stops(out, "no job of this run was recorded", resume):  # the lock, quarantine/, run.json
+        lock = OutputLock.acquire(out, opts.argv)  # before anything is read: one writer per output
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # this run's quarantine folder
+        try:
+            if lock.taken_over:
+                print(f"note: {out}: {lock.taken_over}", file=stream)
+            if opts.resume:
+                _quarantine_damage(out, stream, stamp)
+            return _run_locked(spec, opts, out, history_dirs, lock, stream, stamp, task_body, plan, resume)
+        finally:
+            lock.release()
 
 
 def _check_run_log(out: Location, stream: TextIO, stamp: str) -> None:
@@ -292,7 +297,11 @@ def _run_locked(
     stamp: str,
     task_body: Callable[..., dict[str, Any]] | None,
     plan: Callable[[dict[str, HardwareClass]], list[Job]] | None,
+    resume: str,
 ) -> SweepSummary:
+    """The sweep, with the lock held. A write the output's filesystem refuses (full, read-only)
+    stops it as Ctrl-C does: running jobs cancelled, rows on disk kept; `WriteRefused` then says
+    what was saved, what was not, and the command that resumes."""
     import ray
 
     history = History.from_output(out, history_dirs)  # one read: job ids done, and durations
@@ -372,26 +381,41 @@ def _run_locked(
         t_dispatch = time.monotonic()
         try:
             scheduler.run(ray, started=progress.started_job, tick=lambda: (sink.tick(), lock.refresh()))
-        except KeyboardInterrupt:
-            cancelled = scheduler.cancel_all(ray)
             sink.close()
+        except (KeyboardInterrupt, WriteRefused) as exc:  # Ctrl-C, SIGTERM, a full or read-only disk
+            cancelled = scheduler.cancel_all(ray)
+            refused = exc if isinstance(exc, WriteRefused) else None
+            if refused is None:
+                try:
+                    sink.close()
+                except WriteRefused as late:  # the rows in hand did not fit either
+                    refused = late
             progress.close()
-            runlog.finish_run(
-                out, run_id, dict(progress.counts), interrupted=True, dispatch_s=time.monotonic() - t_dispatch
-            )
-            resume = (
-                opts.resume_command
-                or f"orchestrate sweep {spec.source or 'SWEEP.yaml'} --out {shlex.quote(str(out))} --resume"
-            )
+            with contextlib.suppress(OSError):  # run.json only describes runs: a full disk may refuse it
+                runlog.finish_run(
+                    out,
+                    run_id,
+                    dict(progress.counts),
+                    interrupted=True,
+                    dispatch_s=time.monotonic() - t_dispatch,
+                )
+            if refused is not None:
+                unrecorded = len(todo) - sink.rows_written
+                saved = (
+                    f"{sink.rows_written} rows of this run saved, {unrecorded} of its jobs not recorded"
+                    + (f" ({cancelled} running jobs cancelled)" if cancelled else "")
+                )
+                raise refused.stopped(saved, resume) from None
             raise SweepInterrupted(
                 f"interrupted: {sink.rows_written} rows of this run are saved in {out}; "
                 f"{cancelled} running jobs were cancelled. Resume with:\n  {resume}"
             ) from None
-        sink.close()
         progress.close()
         dispatch_s = time.monotonic() - t_dispatch
     counts = dict(progress.counts)
-    runlog.finish_run(out, run_id, counts, dispatch_s=dispatch_s)
+    saved = f"all {sink.rows_written} rows of this run saved, but not the end of the run in {runlog.RUN_FILE}"
+    with refusal_stops(out, saved, resume):
+        runlog.finish_run(out, run_id, counts, dispatch_s=dispatch_s)
     return SweepSummary(
         run_id=run_id,
         out_dir=out,

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.store.storage import Location, StorageError, Target, redact, resolve
+from orchestrator.store.storage import Location, StorageError, Target, redact, removed_on_failure, resolve
 
 LOCK_FILE = ".orchestrate.lock"
 HEARTBEAT_S = 30.0
@@ -176,7 +176,7 @@ def _create(loc: Location, info: dict[str, Any]) -> bool:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as f:
+        with removed_on_failure(path), os.fdopen(fd, "wb") as f:  # a full disk leaves no empty lock
             f.write(data)
         return True
     if loc.exists():

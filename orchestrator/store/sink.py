@@ -7,6 +7,10 @@ buffer when the driver dies were never recorded, so `--resume` runs those jobs a
 
 On an object store (s3://, gs://) there is no rename, and none is needed: the file is encoded in
 memory and sent as one object under its final, unique name, which becomes visible only whole.
+
+A write the filesystem refuses (full, over quota, read-only) raises `storage.WriteRefused`, which
+names the part and its size; its dot-file is removed, and the sink writes nothing more (the rows
+it still holds are not recorded: `--resume` runs their jobs again).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from orchestrator.store.schema import (
     rows_to_table,
     table_path,
 )
-from orchestrator.store.storage import Location, Target, resolve
+from orchestrator.store.storage import Target, WriteRefused, is_refused_write, removed_on_failure, resolve
 
 
 def _fsync_dir(path: Path) -> None:
@@ -63,7 +67,10 @@ class ResultSink:
         self._side: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._oldest: float | None = None
         self.rows_written = 0
+        """Result rows on disk; a flush refused halfway counts the partitions it wrote."""
         self.files_written = 0
+        self.refused: WriteRefused | None = None
+        """The write the filesystem refused; every later flush raises it again."""
         if self.out.is_local:
             for table in TABLES:
                 root = table_path(self.out, table).local_path
@@ -91,13 +98,18 @@ class ResultSink:
             self.flush()
 
     def flush(self) -> None:
+        if self.refused is not None:  # rows of that flush may be on disk: never write them twice
+            raise self.refused
         if not self._buffer:
             return
-        for table, rows in self._side.items():
-            self._write(table, rows)
-        self._side.clear()
-        self._write(RESULTS_DIR, self._buffer)
-        self.rows_written += len(self._buffer)
+        try:
+            for table, rows in self._side.items():
+                self._write(table, rows)
+            self._side.clear()
+            self._write(RESULTS_DIR, self._buffer)
+        except WriteRefused as exc:
+            self.refused = exc
+            raise
         self._buffer.clear()
         self._oldest = None
 
@@ -109,35 +121,44 @@ class ResultSink:
             part_dir = table_path(self.out, table).join(
                 *(f"{c}={v}" for c, v in zip(PARTITION_COLUMNS, key, strict=False))
             )
-            arrow = rows_to_table(part, with_partitions=False, table=table)
+            data = _encode(rows_to_table(part, with_partitions=False, table=table))
             name = f"part-{uuid.uuid4().hex}.parquet"
-            if part_dir.is_local:
-                _write_local(part_dir.local_path, name, arrow)
-            else:
-                _write_object(part_dir.join(name), arrow)
+            try:
+                if part_dir.is_local:
+                    _write_local(part_dir.local_path, name, data)
+                else:
+                    part_dir.join(name).write_bytes(data.to_pybytes())  # one whole object
+            except OSError as exc:
+                if not is_refused_write(exc):
+                    raise
+                raise WriteRefused(part_dir.join(name), exc, needed=data.size) from exc
             self.files_written += 1
+            if table == RESULTS_DIR:
+                self.rows_written += len(part)
 
     def close(self) -> None:
         self.flush()
 
 
-def _write_local(part_dir: Path, name: str, table: pa.Table) -> None:
-    """`.name` written and fsynced, then renamed to `name`: a crash leaves only the dot-file."""
-    part_dir.mkdir(parents=True, exist_ok=True)
-    tmp = part_dir / f".{name}"
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f, write_page_checksum=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, part_dir / name)
-    _fsync_dir(part_dir)
-
-
-def _write_object(path: Location, table: pa.Table) -> None:
-    """Encoded in memory first, so a failure to encode sends nothing; then one whole object."""
+def _encode(table: pa.Table) -> pa.Buffer:
+    """The Parquet file, in memory: a failure to encode writes nothing, and its size is known
+    before the write (to say how much space a refused write needed)."""
     buffer = pa.BufferOutputStream()
     pq.write_table(table, buffer, write_page_checksum=True)
-    path.write_bytes(buffer.getvalue().to_pybytes())
+    return buffer.getvalue()
+
+
+def _write_local(part_dir: Path, name: str, data: pa.Buffer) -> None:
+    """`.name` written and fsynced, then renamed to `name`: a crash leaves only the dot-file, and
+    a failed write (a full disk) not even that."""
+    part_dir.mkdir(parents=True, exist_ok=True)
+    with removed_on_failure(part_dir / f".{name}") as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, part_dir / name)
+    _fsync_dir(part_dir)
 
 
 def finished_job_ids(out_dir: Target) -> set[str]:

@@ -20,9 +20,13 @@ written).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import posixpath
 import re
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
@@ -53,6 +57,100 @@ _MANGLED = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/[^/]")
 
 class StorageError(ValueError):
     """An output location that cannot be used; the message names it and says what to do."""
+
+
+REFUSED_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""A write refused because the filesystem is full, over quota or read-only."""
+
+
+def is_refused_write(exc: BaseException) -> bool:
+    """`exc` is a write the output's filesystem refused for lack of space or a read-only mount
+    (Python's and `pyarrow.fs`'s OSErrors both carry the errno)."""
+    return isinstance(exc, OSError) and exc.errno in REFUSED_ERRNOS
+
+
+class WriteRefused(StorageError):
+    """A write to the output refused because its filesystem is full (ENOSPC, EDQUOT) or read-only
+    (EROFS). A sweep stops on it as on Ctrl-C (`orchestrator.fleet.driver`), then raises it
+    again with `stopped`: one line that says what was saved and how to resume."""
+
+    def __init__(
+        self, where: Location, cause: OSError, needed: int | None = None, message: str | None = None
+    ):
+        self.where = where
+        self.cause = cause
+        self.needed = needed
+        """Bytes the refused write needed (the encoded part file), when known."""
+        super().__init__(message or f"{self.reason} writing {where}")
+
+    @classmethod
+    def of(cls, exc: OSError, out: Location) -> WriteRefused:
+        """For an OSError of a write under `out`: names the file when the error does."""
+        where = Location(out.fs, os.fspath(exc.filename)) if exc.filename and out.is_local else out
+        return cls(where, exc)
+
+    @property
+    def reason(self) -> str:
+        return os.strerror(self.cause.errno or errno.EIO).lower()
+
+    def stopped(self, saved: str, resume: str) -> WriteRefused:
+        """This error as the one line a stopped sweep prints: `saved` says what was written and
+        what was not; the space needed and free, where known; the command that resumes."""
+        if self.cause.errno == errno.EROFS:
+            space, fix = "", "Make it writable"
+        else:
+            free = free_bytes(self.where)
+            known = []
+            if self.needed:
+                known.append(f"the part being written needed about {format_size(self.needed)}")
+            if free is not None:
+                known.append(f"{format_size(free)} free")
+            space, fix = (f"; {', '.join(known)}" if known else ""), "Free space"
+        message = f"{self.reason} writing {self.where}: {saved}{space}. {fix} and resume with: {resume}"
+        return WriteRefused(self.where, self.cause, self.needed, message)
+
+
+@contextlib.contextmanager
+def refusal_stops(out: Location, saved: str, resume: str) -> Iterator[None]:
+    """A write under `out` that the filesystem refuses (full, read-only) raises
+    `WriteRefused.stopped(saved, resume)`, one line; any other error passes as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_refused_write(exc):
+            raise
+        raise WriteRefused.of(exc, out).stopped(saved, resume) from None
+
+
+def free_bytes(loc: Location) -> int | None:
+    """Free space of the filesystem holding `loc` (a local path; None elsewhere or if unknown)."""
+    if not loc.is_local:
+        return None
+    with contextlib.suppress(OSError):
+        existing = next(p for p in [loc.local_path, *loc.local_path.parents] if p.exists())
+        return shutil.disk_usage(existing).free
+    return None
+
+
+def format_size(n: int) -> str:
+    """`n` bytes for a person: 0 B, 900 B, 9.5 KiB, 40 KiB, 3.2 MiB."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    size, i = float(n), 0
+    while size >= 1024 and i < len(units) - 1:
+        size /= 1024
+        i += 1
+    return f"{size:.0f} {units[i]}" if i == 0 or size >= 10 else f"{size:.1f} {units[i]}"
+
+
+@contextlib.contextmanager
+def removed_on_failure(tmp: Path) -> Iterator[Path]:
+    """Remove the temporary file `tmp` when the block writing it fails (a full disk, Ctrl-C)."""
+    try:
+        yield tmp
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def is_uri(target: object) -> bool:
@@ -165,9 +263,9 @@ class Location:
         if self.is_local:
             path = self.local_path
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            with removed_on_failure(path.with_name(f".{path.name}.tmp")) as tmp:
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
             return
         with self.fs.open_output_stream(self.path) as f:
             f.write(data)

@@ -47,7 +47,7 @@ from orchestrator.spec.matrix import select
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store.rows import latest_rows
 from orchestrator.store.schema import read_results
-from orchestrator.store.storage import Location, Target, checked
+from orchestrator.store.storage import Location, Target, checked, refusal_stops
 from orchestrator.tune.cells import Cell, best_pair, combine_helping_knobs, decide, promote
 from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
 from orchestrator.tune.presets import Budgets, preset_document, write_preset_files
@@ -399,29 +399,32 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
     won = what_won(entries, effects)
     data = preset_document(entries, missing, list(rows0.values()), opts.budgets)
     data["what_won"] = won
-    write_preset_files(out, data)
-    out.join(TUNE_FILE).write_text(
-        json.dumps(
-            {
-                "format": 1,
-                "sweep": spec.source,
-                "argv": opts.argv,
-                "budgets": opts.budgets.to_dict(),
-                "eta": opts.eta,
-                "confirm_repeats": opts.confirm_repeats,
-                "precisions": list(opts.precisions),
-                "knobs": list(opts.knobs),
-                "bases": list(opts.bases) if opts.bases is not None else "max-autotune modes on GPU classes",
-                "pruned": pruned,
-                "setting_effects": effects_document(effects),
-                "what_won": won,
-                "jobs": jobs_run,
-                "cells": log,
-            },
-            indent=1,
-            default=str,
+    with refusal_stops(out, f"every job's row is saved, but not the presets nor {TUNE_FILE}", resume):
+        write_preset_files(out, data)
+        out.join(TUNE_FILE).write_text(
+            json.dumps(
+                {
+                    "format": 1,
+                    "sweep": spec.source,
+                    "argv": opts.argv,
+                    "budgets": opts.budgets.to_dict(),
+                    "eta": opts.eta,
+                    "confirm_repeats": opts.confirm_repeats,
+                    "precisions": list(opts.precisions),
+                    "knobs": list(opts.knobs),
+                    "bases": list(opts.bases)
+                    if opts.bases is not None
+                    else "max-autotune modes on GPU classes",
+                    "pruned": pruned,
+                    "setting_effects": effects_document(effects),
+                    "what_won": won,
+                    "jobs": jobs_run,
+                    "cells": log,
+                },
+                indent=1,
+                default=str,
+            )
         )
-    )
     sources = [e["source"] for e in entries]
     return TuneSummary(
         out_dir=out,
