@@ -137,3 +137,90 @@ def test_address_auto_without_a_local_cluster_is_one_line(tmp_path, capsys, no_r
     assert main(["sweep", str(SMOKE), "--out", str(tmp_path / "out"), "--address", "auto"]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("error: --address auto: no Ray cluster runs on this machine (start one with")
+
+
+# --- pages, destinations, addresses and special files: one line, exit 2, no hang --------------------
+
+
+@pytest.fixture
+def two_runs(tmp_path, table_jobs, make_result):
+    """Two tiny sweep outputs to compare."""
+    from contextlib import closing
+
+    from orchestrator.store.rows import make_row
+    from orchestrator.store.sink import ResultSink
+
+    for name in ("before", "after"):
+        with closing(ResultSink(tmp_path / name)) as sink:
+            for job in table_jobs.values():
+                sink.add(make_row(job, make_result("ok", 10.0, 5.0), run_id=name))
+    return tmp_path / "after", tmp_path / "before"
+
+
+@pytest.mark.parametrize(
+    ("flag", "target", "expected"),
+    [
+        ("--md", "{tmp}/no/such/dir/x.md", "the directory {tmp}/no/such/dir does not exist"),
+        ("--json", "{tmp}", "is a directory; give a file name"),
+        ("--html", "/dev/full", "error: --html /dev/full: cannot write it: No space left on device"),
+    ],
+)
+def test_report_pages_that_cannot_be_written_are_one_line(flag, target, expected, two_runs, tmp_path, capsys):
+    after, before = two_runs
+    target, expected = target.format(tmp=tmp_path), expected.format(tmp=tmp_path)
+    assert main(["report", str(after), "--baseline", str(before), flag, target]) == 2
+    assert expected in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("dest", "expected"),
+    [
+        ("{file}", "is a file, not a directory"),
+        ("/proc/co-export", "cannot write there"),
+        ("s3://bucket/x", "an export is written to a local directory"),
+        ("gs://bucket/x", "an export is written to a local directory"),
+    ],
+)
+def test_export_destinations_are_checked_before_any_compile(
+    dest, expected, two_runs, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # a URI taken as a path would appear here
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    after, _ = two_runs
+    assert main(["export", str(after), "--hardware", "cpu", "--dest", dest.format(file=file)]) == 2
+    assert expected in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "address", "expected"),
+    [
+        ("status", "::::", "error: bad address 'http://::::': expected http://HOST:PORT"),
+        ("logs", "http://[::1:5", "error: bad address"),
+        ("status", "http://" + "a" * 300 + ":80", "error: bad address"),
+        ("logs", "ray://127.0.0.1:1", "error: ray://127.0.0.1:1: ray:// is Ray Client"),
+    ],
+)
+def test_jobs_commands_refuse_bad_addresses_at_once(command, address, expected, capsys, no_ray):
+    import time
+
+    t0 = time.monotonic()
+    assert main([command, "--address", address, "raysubmit_x"]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(expected)
+    assert time.monotonic() - t0 < 15
+
+
+def test_submit_to_a_ray_client_address_is_refused_at_once(capsys, no_ray):
+    assert main(["submit", str(SMOKE), "--address", "ray://127.0.0.1:1"]) == 2
+    assert "ray:// is Ray Client" in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "fifo"])
+def test_a_device_or_pipe_as_sweep_file_is_refused_without_reading(special, tmp_path, capsys):
+    path = special
+    if special == "fifo":
+        path = str(tmp_path / "fifo.yaml")
+        os.mkfifo(path)  # nobody writes it: reading would block for good
+    assert main(["validate", path]) == 2
+    assert "is not a regular file" in _one_line(capsys.readouterr().err)

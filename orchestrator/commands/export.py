@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
     p.add_argument("--hardware", required=True, help="the hardware class to export (e.g. H100, A100, cpu)")
-    p.add_argument("--dest", required=True, type=Path, help="a new (or empty) local directory to write")
+    p.add_argument("--dest", required=True, help="a new (or empty) local directory to write")
     p.add_argument(
         "--cpus",
         type=_whole(1),
@@ -56,17 +57,19 @@ def cmd_export(args) -> int:
     from orchestrator.tune.export import ExportError, export
 
     try:
+        source = checked(args.out)
+        dest = _local_dest(args.dest)
         manifest = export(
-            checked(args.out),
+            source,
             args.hardware,
-            args.dest,
+            dest,
             threads=args.cpus,
             scratch_root=args.scratch,
             packages=not args.no_packages,
             resume=args.resume,
             log=lambda line: print(line, flush=True),
         )
-    except (ExportError, StorageError) as exc:
+    except (ExportError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     bundles = sum(1 for f in manifest["files"] if f.startswith("bundles/"))
@@ -76,3 +79,24 @@ def cmd_export(args) -> int:
         f"(stack: {manifest['stack']})"
     )
     return 0
+
+
+def _local_dest(text: str) -> Path:
+    """`--dest`, checked before any compile: a local directory that exists or can be made, and
+    that this process can write (ValueError naming the problem and the fix otherwise)."""
+    if "://" in text or text.startswith(("s3:", "gs:", "gcs:", "abfs:", "hdfs:", "file:")):
+        raise ValueError(
+            f"--dest {text}: an export is written to a local directory (the serving nodes copy it from "
+            "there); give a path, then copy it to object storage with your tool of choice"
+        )
+    dest = Path(text)
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"--dest {text}: is a file, not a directory; give a new or empty directory")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        probe = dest / f".write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--dest {text}: cannot write there: {exc.strerror or exc}") from None
+    return dest

@@ -163,6 +163,8 @@ def _compare_runs(args, out, table) -> int:
     try:
         baseline = checked(args.baseline or args.history)
         thresholds = load_thresholds(args.thresholds)
+        for flag in ("md", "json", "html"):
+            _check_page_path(getattr(args, flag), f"--{flag}")
     except (StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -190,9 +192,25 @@ def _compare_runs(args, out, table) -> int:
         )
     markdown = to_markdown(comparison)
     pages = ((args.md, markdown), (args.json, to_json_text(comparison)), (args.html, render_html(comparison)))
-    for target, text in pages:
+    for (target, text), flag in zip(pages, ("--md", "--json", "--html"), strict=True):
         if target:  # before printing: a closed pipe must not cost the files
-            Path(target).write_text(text)
+            try:
+                Path(target).write_text(text)
+            except OSError as exc:
+                print(f"error: {flag} {target}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+                return EXIT_BAD_INPUT
     print(to_markdown(comparison, terminal=True))
     regressions = comparison.counts()["regression"]
     return 1 if args.fail_on == "regression" and regressions else 0
+
+
+def _check_page_path(target: str | None, flag: str) -> None:
+    """A report page's path, checked before the comparison runs: a file in a directory that
+    exists (ValueError naming the flag otherwise)."""
+    if not target:
+        return
+    path = Path(target)
+    if path.is_dir():
+        raise ValueError(f"{flag} {target}: is a directory; give a file name, e.g. {path / 'report'}")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {target}: the directory {path.parent} does not exist; create it first")

@@ -80,6 +80,8 @@ def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
         raise AddressError(f"--address {shown}: expected HOST:PORT, e.g. 10.0.0.5:6379 or ray://head:10001")
     try:
         socket.create_connection((host.strip("[]"), int(port_text)), timeout=timeout_s).close()
+    except UnicodeError:  # a host name no DNS label can hold
+        raise AddressError(f"--address {shown}: {host[:60]!r}... is not a host name") from None
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise AddressError(

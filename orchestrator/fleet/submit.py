@@ -202,15 +202,29 @@ def resolve_address(address: str | None) -> str:
 
 def _check_reachable(address: str) -> None:
     """Fail in seconds, naming the address, where Ray's client would wait for a TCP timeout."""
-    parts = urlsplit(address)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if address == "auto":
         return
+    bad = SubmitError(
+        f"bad address {address!r}: expected http://HOST:PORT, the head's dashboard (port {DASHBOARD_PORT}), "
+        "which serves the Jobs API"
+    )
     try:
+        parts = urlsplit(address)
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = parts.hostname
     except ValueError:
-        raise SubmitError(f"bad address {address!r}: expected http://HOST:PORT") from None
+        raise bad from None
+    if parts.scheme not in ("http", "https") or not host:
+        if parts.scheme == "ray":
+            raise SubmitError(
+                f"{address}: ray:// is Ray Client, which `orchestrate sweep --address` uses; "
+                f"`orchestrate submit`, `status` and `logs` talk to the Jobs API at http://HEAD:{DASHBOARD_PORT}"
+            )
+        raise bad
     try:
-        socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except UnicodeError:  # a host name no DNS label can hold (over 63 characters a label)
+        raise bad from None
     except OSError as exc:
         raise SubmitError(_unreachable(address, exc)) from None
 

@@ -7,7 +7,6 @@ file and line, so a user fixes a sweep file in one pass and nothing runs on a ba
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any, Literal, get_args
 
 from compiler import runtime as runtime_settings
 from compiler.config import CompileConfig, config_problems
+from orchestrator.spec.imports import module_problems
 from orchestrator.spec.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
 from workers.job import PRECISIONS, MeasureSpec, ModelSpec, canonical_precision
 
@@ -176,6 +176,7 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
     tasks = get_args(zoo.Task)
     models: list[ModelSpec] = []
     positions: list[int] = []
+    python_modules: list[tuple[PathKey, str]] = []
     for i, item in enumerate(items):
         path: PathKey = ("models", i)
         if isinstance(item, str):
@@ -194,11 +195,8 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
                     path + ("id",),
                     f"malformed python model id {_show(model_id)}; expected python:package.module:factory",
                 )
-            elif not _module_exists(model_id.split(":")[1]):
-                src.error(
-                    path + ("id",),
-                    f"module {_show(model_id.split(':')[1])} of {_show(model_id)} is not importable",
-                )
+            else:
+                python_modules.append((path + ("id",), model_id))
         elif external.is_external_id(model_id):
             problem = external.check_id(model_id)
             if problem:
@@ -230,8 +228,13 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
             )
             input_size = None
         overrides = item.get("overrides", {})
-        if not isinstance(overrides, dict):
-            src.error(path + ("overrides",), "overrides must be a mapping of config attribute -> value")
+        if not _named_mapping(overrides):
+            src.error(
+                path + ("overrides",), "overrides must be a mapping of config attribute names -> values"
+            )
+            overrides = {}
+        elif problem := _mixed_keys(overrides):
+            src.error(path + ("overrides",), problem)
             overrides = {}
         timeout = _positive_number(src, item.get("timeout_s"), path + ("timeout_s",), "timeout_s")
         positions.append(i)
@@ -245,8 +248,43 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
                 timeout_s=timeout,
             )
         )
+    _check_modules(src, python_modules)
     _duplicates(src, [(i, m.name) for i, m in zip(positions, models, strict=True)], "models")
     return models
+
+
+def _check_modules(src: LocatedYaml, found: list[tuple[PathKey, str]]) -> None:
+    """The `python:` ids' modules, found in a child interpreter (`spec.imports`)."""
+    if not found:
+        return
+    problems = module_problems([model_id.split(":")[1] for _, model_id in found])
+    for path, model_id in found:
+        problem = problems.get(model_id.split(":")[1])
+        if problem == "not found":
+            src.error(path, f"module {_show(model_id.split(':')[1])} of {_show(model_id)} is not importable")
+        elif problem:
+            src.error(path, f"module {_show(model_id.split(':')[1])} of {_show(model_id)}: {problem}")
+
+
+def _named_mapping(value: Any) -> bool:
+    """A mapping whose keys are all names (strings)."""
+    return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+
+
+def _mixed_keys(value: Any, where: str = "overrides") -> str | None:
+    """Where a mapping inside `value` mixes key types (1 and "a"): its keys cannot be ordered, so
+    the job's id (a hash of its sorted JSON) could not be computed."""
+    if isinstance(value, dict):
+        if len({type(k) for k in value}) > 1:
+            return f"{where} mixes key types ({', '.join(sorted({type(k).__name__ for k in value}))}): quote the numbers"
+        for k, v in value.items():
+            if problem := _mixed_keys(v, f"{where}.{k}"):
+                return problem
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if problem := _mixed_keys(v, f"{where}[{i}]"):
+                return problem
+    return None
 
 
 def _default_name(model_id: str) -> str:
@@ -254,13 +292,6 @@ def _default_name(model_id: str) -> str:
         return re.sub(r"[^A-Za-z0-9_.+-]", "-", model_id.replace(":", "-", 1))
     tail = model_id.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
     return re.sub(r"[^A-Za-z0-9_.+-]", "-", tail) or "model"
-
-
-def _module_exists(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
@@ -290,8 +321,8 @@ def _configs(src: LocatedYaml, data: Any) -> list[CompileConfig]:
             ("channels_last", lambda v: isinstance(v, bool), "true or false"),
             ("dynamic", lambda v: v is None or isinstance(v, bool), "true, false or null"),
             ("backend", lambda v: isinstance(v, str), "a string"),
-            ("options", lambda v: isinstance(v, dict), "a mapping"),
-            ("runtime", lambda v: isinstance(v, dict), "a mapping, e.g. {cudnn_benchmark: true}"),
+            ("options", _named_mapping, "a mapping of Inductor option names to values"),
+            ("runtime", _named_mapping, "a mapping of setting names to values, e.g. {cudnn_benchmark: true}"),
         ):
             if key in body and not check(body[key]):
                 src.error(path + (key,), f"{key} must be {kind}, got {_show(body[key])}")

@@ -11,6 +11,7 @@ than Python's stack, and scalars PyYAML cannot construct (a timestamp such as 20
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,14 +74,22 @@ def load_yaml(file: str | Path) -> LocatedYaml:
         return LocatedYaml(file, None, errors=[SourceError(file, 0, message)])
 
     try:
-        if path.is_dir():
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
             return fail("is a directory, not a sweep file; give a YAML file such as sweeps/smoke.yaml")
+        if not stat.S_ISREG(mode):  # a device, FIFO or socket: reading it could block or never end
+            return fail(
+                "is not a regular file (a device, pipe or socket); give a YAML file such as sweeps/smoke.yaml"
+            )
         size = path.stat().st_size
         if size > MAX_BYTES:
             return fail(
                 f"{size} bytes is far larger than a sweep file (at most {MAX_BYTES} bytes); is it the right file?"
             )
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)  # bounded, should the file grow after the check
+        if len(data) > MAX_BYTES:
+            return fail(f"grew beyond {MAX_BYTES} bytes while being read; is it the right file?")
     except OSError as exc:
         return fail(f"cannot read: {exc.strerror or exc}")
     return parse_yaml(data, file)
@@ -213,15 +222,29 @@ def _yaml_error(file: str, exc: yaml.YAMLError) -> SourceError:
     return SourceError(file, mark.line + 1 if mark else 0, f"invalid YAML: {problem}")
 
 
+_KINDS = {"date": "date", "datetime": "timestamp", "bytes": "binary value", "set": "set"}
+
+
 def _construct(node: yaml.Node, loader: yaml.SafeLoader) -> Any:
     """A scalar's value; `_Refused` where PyYAML's constructor fails with a non-YAML error (a
     timestamp such as 2024-13-45 raises ValueError inside it)."""
     try:
-        return loader.construct_object(node, deep=True)
+        value = loader.construct_object(node, deep=True)
     except yaml.YAMLError:
         raise
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise _Refused(node.start_mark.line + 1, f"cannot read the value {node.value!r:.60}: {exc}") from None
+    except Exception as exc:  # PyYAML's constructors raise what they meet: !!bool maybe is a KeyError
+        raise _Refused(
+            node.start_mark.line + 1,
+            f"cannot read the value {node.value!r:.60} (tag {node.tag}): {type(exc).__name__}: {exc!s:.100}",
+        ) from None
+    if value is not None and not isinstance(value, (str, int, float, bool)):
+        raise _Refused(
+            node.start_mark.line + 1,
+            f"the value {node.value!r:.60} reads as a {_KINDS.get(type(value).__name__, type(value).__name__)}; "
+            "a sweep file holds names, "
+            "numbers, true/false, lists and mappings: quote it to make it a string",
+        )
+    return value
 
 
 def _convert(node: yaml.Node, path: PathKey, loader: yaml.SafeLoader, out: LocatedYaml) -> Any:

@@ -62,6 +62,36 @@ CASES: dict[str, Callable[[], bytes | None]] = {
     "input_size 10^6": lambda: _smoke_with("input_size: 64", "input_size: 1000000"),
     "a 500-character name": lambda: _smoke_with("name: smoke", "name: " + "s" * 500),
     "a megabyte-long value": lambda: _smoke_with("dtypes: [fp32]", "dtypes: [" + "x" * 900_000 + "]"),
+    "a tag that cannot be read (!!timestamp)": lambda: _smoke_with("name: smoke", "name: !!timestamp nope"),
+    "a tag that cannot be read (!!bool)": lambda: _smoke_with("name: smoke", "name: !!bool maybe"),
+    "a date as an option value": lambda: _smoke_with(
+        "  default: {}", "  default: {options: {max_autotune: 2024-01-01}}"
+    ),
+    "bytes as an option value": lambda: _smoke_with(
+        "  default: {}", "  default: {options: {max_autotune: !!binary aGk=}}"
+    ),
+    "a number as an option name": lambda: _smoke_with("  default: {}", "  default: {options: {1: true}}"),
+    "overrides with mixed key types": lambda: _smoke_with(
+        "overrides: {embedding_size: 16,", "overrides: {x: {1: 2, a: 3}, embedding_size: 16,"
+    ),
+    "a 40,000-character python: module path": lambda: _smoke_with(
+        "python:workers.toy:mlp", "python:" + "a." * 20_000 + "b:f"
+    ),
+    "a python: package that raises on import": lambda: _smoke_with(
+        "python:workers.toy:mlp", "python:co_fuzz_raises.sub:f"
+    ),
+    "a python: package whose import never returns": lambda: _smoke_with(
+        "python:workers.toy:mlp", "python:co_fuzz_hangs.sub:f"
+    ),
+    "a python: package that calls sys.exit on import": lambda: _smoke_with(
+        "python:workers.toy:mlp", "python:co_fuzz_exits.sub:f"
+    ),
+    "a python: package that calls os._exit on import": lambda: _smoke_with(
+        "python:workers.toy:mlp", "python:co_fuzz_os_exit.sub:f"
+    ),
+    "a python: package that kills its interpreter": lambda: _smoke_with(
+        "python:workers.toy:mlp", "python:co_fuzz_segfault.sub:f"
+    ),
 }
 """Each gives exit 2 and one line per problem; the table in docs/bad-input.md shows the message."""
 
@@ -71,6 +101,28 @@ ACCEPTED = {
     "a UTF-8 description": lambda: _smoke_with("reduced", "r\xe9duit \u2014 reduced").decode().encode(),
 }
 """Files an editor may write that are fine: they must still validate."""
+
+PACKAGES = {
+    "co_fuzz_raises": "raise RuntimeError('this package fails on import')\n",
+    "co_fuzz_hangs": "import time\nwhile True:\n    time.sleep(1)\n",
+    "co_fuzz_exits": "import sys\nsys.exit(0)\n",
+    "co_fuzz_os_exit": "import os\nos._exit(0)\n",
+    "co_fuzz_segfault": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n",
+}
+"""Packages a python: model id may name, each misbehaving in its __init__ (the check that the
+module exists imports the package, in a child interpreter)."""
+
+
+@pytest.fixture(autouse=True)
+def misbehaving_packages(tmp_path_factory, monkeypatch):
+    root = tmp_path_factory.getbasetemp() / "packages"
+    for name, init in PACKAGES.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        (root / name / "__init__.py").write_text(init)
+        (root / name / "sub.py").write_text("def f():\n    pass\n")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr("orchestrator.spec.imports.TIMEOUT_S", 3.0)
+
 
 ERROR_LINE = re.compile(r"^\S.*?(:\d+)?: \S")
 

@@ -1,0 +1,98 @@
+"""Whether the modules of a sweep's `python:` model ids can be found, checked in a child process.
+
+Finding `pkg.mod` imports `pkg` (its `__init__` runs), and a user's package may do anything on
+import: raise, never return, call `sys.exit` or `os._exit`, crash the interpreter. So the check
+runs in a fresh interpreter with a time limit, and each way it can end becomes a message for the
+model's line in the sweep file; the driver process never imports user code (the job processes
+do, and a failure there is a row)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+TIMEOUT_S = 10.0
+MAX_ID_CHARS = 300
+"""A dotted module path longer than this is refused before any import (Python's import
+machinery recurses once per dot)."""
+
+_CHILD = r"""
+import importlib.util, json, sys
+for module in json.loads(sys.argv[1]):
+    print(json.dumps(["start", module]), flush=True)
+    try:
+        found = importlib.util.find_spec(module) is not None
+        print(json.dumps(["done", module, "" if found else "not found"]), flush=True)
+    except ModuleNotFoundError as exc:  # the module or a package on its path is missing
+        mine = exc.name and (module == exc.name or module.startswith(exc.name + "."))
+        text = "not found" if mine else f"importing it raised ModuleNotFoundError: {exc}"
+        print(json.dumps(["done", module, text[:300]]), flush=True)
+    except SystemExit as exc:
+        print(json.dumps(["done", module, f"importing it called sys.exit({exc.code!r})"]), flush=True)
+    except BaseException as exc:
+        text = f"importing it raised {type(exc).__name__}: {exc}"
+        print(json.dumps(["done", module, text[:300]]), flush=True)
+"""
+
+
+def module_problems(modules: list[str], timeout_s: float | None = None) -> dict[str, str]:
+    """Module -> why it cannot be used, for each of `modules` that cannot (found in a child
+    interpreter with this process's search path and working directory)."""
+    problems = {
+        m: f"the module path is {len(m)} characters long (at most {MAX_ID_CHARS})"
+        for m in modules
+        if len(m) > MAX_ID_CHARS
+    }
+    timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
+    todo = sorted({m for m in modules if m not in problems})
+    if not todo:
+        return problems
+    env_path = [p for p in sys.path if p]  # the console script's path, as the job processes see it
+    cmd = [sys.executable, "-c", _CHILD, json.dumps(todo)]
+    env = {**_environ(), "PYTHONPATH": ":".join(env_path)}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+        out, code, timed_out = proc.stdout, proc.returncode, False
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        code, timed_out = None, True
+    started, done = None, set()
+    for line in out.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # the module printed something of its own
+        if not isinstance(event, list) or len(event) < 2:
+            continue
+        if event[0] == "start":
+            started = event[1]
+        elif event[0] == "done" and len(event) == 3:
+            done.add(event[1])
+            if event[2]:
+                problems[event[1]] = event[2]
+    if started is not None and started not in done:
+        if timed_out:
+            problems[started] = f"importing it did not finish within {timeout_s:.0f} s"
+        else:
+            problems[started] = f"importing it ended the interpreter ({_ending(code)})"
+    for module in todo:
+        if module not in done and module not in problems:
+            problems[module] = "not checked: an earlier module's import ended the check"
+    return problems
+
+
+def _ending(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}: os._exit or a crash"
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
