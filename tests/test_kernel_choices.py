@@ -1,6 +1,6 @@
 """Kernel choices as data: real CPU autotuning (Inductor's C++ GEMM template against MKL, which
 max-autotune benchmarks on CPU once `freezing` folds the weights), recorded in the job process,
-carried to the `kernel_choices` table by the sink, and queried as the README shows. Each op's
+carried to the `kernel_choices` table by the sink, and queried as docs/output.md shows. Each op's
 choices are streamed to disk as they are timed, so a job killed mid-autotune keeps them, marked
 partial."""
 
@@ -238,7 +238,7 @@ def test_a_tuned_job_reports_its_choices_and_the_sink_writes_them(tuned_job, tun
     assert pc.sum(choices.column("is_winner")).as_py() == 1
     assert pc.sum(choices.column("emitted")).as_py() == 1  # one kernel in the generated code
 
-    # The README's query: which GEMM kernel won for this shape on this hardware class.
+    # docs/output.md's query: which GEMM kernel won for this shape on this hardware class.
     wins = choices.filter(
         pc.and_(
             pc.equal(choices["hardware"], "cpu"),

@@ -1,6 +1,6 @@
 """The job subprocess: `python -m workers.bench [--warm] JOB.json RESULT.json`.
 
-Runs one job in a fresh process (see README "How a job runs and is measured"):
+Runs one job in a fresh process (see docs/measurement.md, "How a job runs and is measured"):
 
 1. build the model (random weights) and `INPUT_SETS` task-correct input sets, rotated call by
    call so that caches do not flatter either side; keep an fp32 copy for the fp64 reference;

@@ -69,7 +69,7 @@ def add_parsers(sub) -> None:
         description="Runs SWEEP into DIR/<UTC date>T<time>Z (DIR a path or a URI), compares it with the newest "
         "earlier run under DIR that has rows (as `orchestrate report NEW --baseline OLD`), writes "
         "regression.md and regression.json into the new run, prints the summary, and exits 1 when a cell "
-        "regressed (0 otherwise; 2 on bad input; 130 when interrupted). Made for cron and CI: see the README.",
+        "regressed (0 otherwise; 2 on bad input; 130 when interrupted). Made for cron and CI: see docs/regression.md.",
     )
     p.add_argument("sweep", type=Path, help="sweep YAML file")
     p.add_argument("--history", required=True, metavar="DIR", help="where the dated runs live (path or URI)")
