@@ -292,9 +292,10 @@ def _compare_latency(
         return
     verdict = found[0]
     shown_by = [f for f, v in verdicts.items() if v == verdict]
-    text += f"; judged on {why}" + (
-        "" if figure in shown_by else f"; shown by the {' and '.join(shown_by)} time"
-    )
+    if device is not None:  # which figure, where there was a choice
+        text += f"; judged on {why}" + (
+            "" if figure in shown_by else f"; shown by the {' and '.join(shown_by)} time"
+        )
     if undecided:
         c.note("watch", f"{undecided} ({verdict} if decided: {text})", "latency")
     else:
@@ -479,11 +480,16 @@ def to_markdown(comparison: Comparison, limit: int = 40, terminal: bool = False)
         lines.append("")
     shown = [c for v in ("regression", "watch", "improvement") for c in comparison.cells if c.verdict == v]
     if shown:
-        lines += ["| cell | verdict | compiled ms | device ms | why |", "|---|---|---|---|---|"]
+        device = any(v is not None for c in shown for v in c.device_ms)  # GPU rows only
+        lines += [
+            "| cell | verdict | compiled ms |" + (" device ms |" if device else "") + " why |",
+            "|---|---|---|" + ("---|" if device else "") + "---|",
+        ]
         for c in shown[:limit]:
             lines.append(
-                f"| {_md(c.name)} | {c.verdict} | {_ms(c.compiled_ms)} | {_ms(c.device_ms)} "
-                f"| {_md('; '.join(c.reasons))} |"
+                f"| {_md(c.name)} | {c.verdict} | {_ms(c.compiled_ms)} |"
+                + (f" {_ms(c.device_ms)} |" if device else "")
+                + f" {_md('; '.join(c.reasons))} |"
             )
         if len(shown) > limit:
             lines.append(f"\n... {len(shown) - limit} more in the JSON report")
