@@ -7,6 +7,7 @@ file and line, so a user fixes a sweep file in one pass and nothing runs on a ba
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -250,7 +251,23 @@ def _models(src: LocatedYaml, items: list) -> list[ModelSpec]:
         )
     _check_modules(src, python_modules)
     _duplicates(src, [(i, m.name) for i, m in zip(positions, models, strict=True)], "models")
+    _same_model_twice(src, positions, models)
     return models
+
+
+def _same_model_twice(src: LocatedYaml, positions: list[int], models: list[ModelSpec]) -> None:
+    """Two entries that differ only in their name (or timeout) are one model: their jobs would
+    have the same ids, since a name is a label, not part of what a job measures."""
+    first: dict[str, str] = {}
+    for i, m in zip(positions, models, strict=True):
+        key = json.dumps([m.id, m.task, m.input_size, m.overrides], sort_keys=True, default=str)
+        if key in first and first[key] != m.name:
+            src.error(
+                ("models", i),
+                f"model {m.name!r} is model {first[key]!r} again (same id and settings; a name is only a "
+                "label): drop one, or give it other overrides, input_size or task",
+            )
+        first.setdefault(key, m.name)
 
 
 def _check_modules(src: LocatedYaml, found: list[tuple[PathKey, str]]) -> None:

@@ -89,6 +89,10 @@ CASES: dict[str, Callable[[], bytes | None]] = {
     "a python: package that calls os._exit on import": lambda: _smoke_with(
         "python:workers.toy:mlp", "python:co_fuzz_os_exit.sub:f"
     ),
+    "one model twice under two names": lambda: _smoke_with(
+        "  - id: python:workers.toy:mlp\n    name: mlp\n",
+        "  - id: python:workers.toy:mlp\n    name: mlp\n  - id: python:workers.toy:mlp\n    name: mlp2\n",
+    ),
     "a python: package that kills its interpreter": lambda: _smoke_with(
         "python:workers.toy:mlp", "python:co_fuzz_segfault.sub:f"
     ),
