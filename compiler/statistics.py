@@ -242,6 +242,7 @@ def paired_speedup(
 
 THRESHOLDS_FILE = Path(__file__).with_name("thresholds.json")
 THRESHOLDS_VERSION = 2
+_MAX_THRESHOLDS_BYTES = 65536
 _ADDED_IN_V2 = {"host_bound_share": 0.25, "min_processes": 2, "noise_processes": 3}
 """Keys version 2 added, with the values a version-1 file is read with."""
 
@@ -285,7 +286,15 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
     naming the file and the key."""
     path = Path(path) if path is not None else THRESHOLDS_FILE
     try:
-        data = json.loads(path.read_text())
+        if not path.is_file():  # a FIFO or device would block or never end
+            raise ValueError("not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(_MAX_THRESHOLDS_BYTES + 1)
+        if len(raw) > _MAX_THRESHOLDS_BYTES:
+            raise ValueError(f"over {_MAX_THRESHOLDS_BYTES} bytes, far more than a thresholds file holds")
+        data = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{path}: cannot read the thresholds: nested too deeply") from None
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: cannot read the thresholds: {exc}") from None
     if not isinstance(data, dict):

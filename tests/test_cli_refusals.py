@@ -224,3 +224,21 @@ def test_a_device_or_pipe_as_sweep_file_is_refused_without_reading(special, tmp_
         os.mkfifo(path)  # nobody writes it: reading would block for good
     assert main(["validate", path]) == 2
     assert "is not a regular file" in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "deep", "huge"])
+def test_a_thresholds_file_that_cannot_be_read_is_one_line(kind, two_runs, tmp_path, capsys):
+    after, before = two_runs
+    path = tmp_path / "t.json"
+    if kind == "fifo":
+        os.mkfifo(path)  # nobody writes it
+    else:
+        path.write_text("[" * 100_000 + "]" * 100_000 if kind == "huge" else "[" * 5_000 + "]" * 5_000)
+    assert main(["report", str(after), "--baseline", str(before), "--thresholds", str(path)]) == 2
+    assert "cannot read the thresholds" in _one_line(capsys.readouterr().err)
+
+
+def test_a_page_name_too_long_for_the_file_system_is_one_line(two_runs, tmp_path, capsys):
+    after, before = two_runs
+    assert main(["report", str(after), "--baseline", str(before), "--md", str(tmp_path / ("x" * 300))]) == 2
+    assert "unusable path" in _one_line(capsys.readouterr().err)

@@ -210,7 +210,10 @@ def _check_page_path(target: str | None, flag: str) -> None:
     if not target:
         return
     path = Path(target)
-    if path.is_dir():
-        raise ValueError(f"{flag} {target}: is a directory; give a file name, e.g. {path / 'report'}")
-    if not path.parent.is_dir():
-        raise ValueError(f"{flag} {target}: the directory {path.parent} does not exist; create it first")
+    try:
+        if path.is_dir():
+            raise ValueError(f"{flag} {target}: is a directory; give a file name, e.g. {path / 'report'}")
+        if not path.parent.is_dir():
+            raise ValueError(f"{flag} {target}: the directory {path.parent} does not exist; create it first")
+    except OSError as exc:  # a name too long for the file system, ...
+        raise ValueError(f"{flag} {target[:200]}: unusable path: {exc.strerror or exc}") from None

@@ -136,12 +136,13 @@ def _positive_number(src: LocatedYaml, value: Any, path: PathKey, what: str) -> 
     """A time limit in seconds: positive, finite, at most `MAX_TIMEOUT_S`."""
     if value is None:
         return None
-    if not _is_number(value) or not value > 0 or not math.isfinite(value):
+    if not _is_number(value) or not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
         src.error(path, f"{what} must be a positive number of seconds, got {_show(value)}")
         return None
-    if value > MAX_TIMEOUT_S:
+    if value > MAX_TIMEOUT_S:  # an int of any size compares; only float() of a huge one overflows
         src.error(
-            path, f"{what} {value:g} s is more than a week (at most {MAX_TIMEOUT_S:g} s); is it in seconds?"
+            path,
+            f"{what} {_show(value)} s is more than a week (at most {MAX_TIMEOUT_S:g} s); is it in seconds?",
         )
         return None
     return float(value)

@@ -59,6 +59,7 @@ CASES: dict[str, Callable[[], bytes | None]] = {
     "timeout_s .inf": lambda: _smoke_with("timeout_s: 300", "timeout_s: .inf"),
     "timeout_s .nan": lambda: _smoke_with("timeout_s: 300", "timeout_s: .nan"),
     "timeout_s a year": lambda: _smoke_with("timeout_s: 300", "timeout_s: 31536000"),
+    "timeout_s 10^400": lambda: _smoke_with("timeout_s: 300", "timeout_s: 1" + "0" * 400),
     "input_size 10^6": lambda: _smoke_with("input_size: 64", "input_size: 1000000"),
     "a 500-character name": lambda: _smoke_with("name: smoke", "name: " + "s" * 500),
     "a megabyte-long value": lambda: _smoke_with("dtypes: [fp32]", "dtypes: [" + "x" * 900_000 + "]"),
