@@ -307,6 +307,8 @@ def resolve(target: Target) -> Location:
         return target
     import pyarrow.fs as pafs
 
+    if isinstance(target, str) and not target.strip():
+        raise StorageError("an empty path: give a directory (e.g. runs/NAME) or a URI (s3://bucket/prefix)")
     if not is_uri(target):
         text = os.fspath(target)
         if isinstance(target, os.PathLike) and _MANGLED.match(text):
