@@ -9,6 +9,7 @@ do, and a failure there is a row)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -51,7 +52,7 @@ def module_problems(modules: list[str], timeout_s: float | None = None) -> dict[
         return problems
     env_path = [p for p in sys.path if p]  # the console script's path, as the job processes see it
     cmd = [sys.executable, "-c", _CHILD, json.dumps(todo)]
-    env = {**_environ(), "PYTHONPATH": ":".join(env_path)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(env_path)}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
         out, code, timed_out = proc.stdout, proc.returncode, False
@@ -90,9 +91,3 @@ def _ending(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}: os._exit or a crash"
-
-
-def _environ() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)

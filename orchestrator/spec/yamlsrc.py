@@ -74,14 +74,15 @@ def load_yaml(file: str | Path) -> LocatedYaml:
         return LocatedYaml(file, None, errors=[SourceError(file, 0, message)])
 
     try:
-        mode = path.stat().st_mode
+        info = path.stat()
+        mode = info.st_mode
         if stat.S_ISDIR(mode):
             return fail("is a directory, not a sweep file; give a YAML file such as sweeps/smoke.yaml")
         if not stat.S_ISREG(mode):  # a device, FIFO or socket: reading it could block or never end
             return fail(
                 "is not a regular file (a device, pipe or socket); give a YAML file such as sweeps/smoke.yaml"
             )
-        size = path.stat().st_size
+        size = info.st_size
         if size > MAX_BYTES:
             return fail(
                 f"{size} bytes is far larger than a sweep file (at most {MAX_BYTES} bytes); is it the right file?"
