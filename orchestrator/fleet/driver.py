@@ -317,7 +317,9 @@ def _run_locked(
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     t_start = time.monotonic()
     with (
-        shared_cache(opts.shared_cache, opts.cache_redis, opts.scratch_root, stream) as cache_address,
+        shared_cache(
+            opts.shared_cache, opts.cache_redis, opts.scratch_root, stream, keep=out
+        ) as cache_address,
         ray_session(opts.address),
         _sigterm_as_interrupt(),
     ):

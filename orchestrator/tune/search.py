@@ -248,7 +248,9 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
             file=stream,
         )
     with (
-        shared_cache(opts.shared_cache, opts.cache_redis, opts.scratch_root, stream) as cache_address,
+        shared_cache(
+            opts.shared_cache, opts.cache_redis, opts.scratch_root, stream, keep=out
+        ) as cache_address,
         ray_session(opts.address),
     ):
         classes = cluster_classes(opts.cpus_per_job)

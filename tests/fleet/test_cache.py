@@ -193,3 +193,60 @@ def test_gemm_bridge_survives_a_server_that_went_away(tmp_path):
     assert bridge.error and "ConnectionError" in bridge.error and bridge.pushed == 0
     bridge.push({"mm": {"in": {"highest": {"c": 1.0}}}})  # no second attempt per update
     assert bridge.updates == 2
+
+
+@needs_redis
+def test_a_kept_snapshot_carries_autotune_work_to_the_next_server_but_not_fx_graphs(tmp_path):
+    """A tune cut at a deadline resumes on a fresh machine: the next embedded server starts with
+    the autotune entries the first one had, read from OUT/shared-cache.parquet."""
+    import redis
+
+    from orchestrator.store.storage import resolve
+
+    out = resolve(tmp_path / "out")
+    ns = namespace("H100", {"torch": "t"})
+    stream = io.StringIO()
+    with cache.shared_cache(True, None, str(tmp_path), stream, keep=out) as address:
+        c = redis.Redis.from_url(f"redis://{address}")
+        c.hset(f"{ns}gemm-autotune", mapping={"mm|in1": b"0.5", "conv|in2": b"0.25"})
+        c.set(f"{ns}pt2:autotune-best-config-v2::k1:c1", b"\x00{blocks}")
+        c.set(f"{ns}pt2:fx-graph-v1::g1:c1", b"big graph")  # FX graphs stay out of the snapshot
+        c.set("someone-else", b"x")  # keys outside the project's namespaces too
+        c.close()
+    file = tmp_path / "out" / cache.SNAPSHOT_FILE
+    assert file.is_file() and stream.getvalue() == ""
+    first = file.read_bytes()
+
+    stream = io.StringIO()
+    with cache.shared_cache(True, None, str(tmp_path), stream, keep=out) as address:
+        assert stream.getvalue().startswith("shared compile cache: 3 autotune entries from ")
+        c = redis.Redis.from_url(f"redis://{address}")
+        assert c.hgetall(f"{ns}gemm-autotune") == {b"mm|in1": b"0.5", b"conv|in2": b"0.25"}
+        assert c.get(f"{ns}pt2:autotune-best-config-v2::k1:c1") == b"\x00{blocks}"
+        assert c.get(f"{ns}pt2:fx-graph-v1::g1:c1") is None and c.get("someone-else") is None
+        c.close()
+    assert file.read_bytes() == first  # nothing new: the same bytes
+
+    file.write_bytes(b"PAR1 not parquet")  # damaged: one warning, and the sweep goes on afresh
+    stream = io.StringIO()
+    with cache.shared_cache(True, None, str(tmp_path), stream, keep=out) as address:
+        c = redis.Redis.from_url(f"redis://{address}")
+        assert c.dbsize() == 0
+        c.close()
+    assert stream.getvalue().startswith(f"warning: {file}: not loaded (")
+    assert "autotuning starts afresh" in stream.getvalue()
+
+
+@needs_redis
+def test_no_snapshot_for_a_named_server_or_without_keep(tmp_path):
+    from orchestrator.store.storage import resolve
+
+    out = resolve(tmp_path / "out")
+    with (
+        cache.embedded_redis(str(tmp_path)) as named,
+        cache.shared_cache(True, str(named), None, io.StringIO(), keep=out) as address,
+    ):
+        assert address == str(named)  # a long-lived server keeps its own entries
+    with cache.shared_cache(True, None, str(tmp_path), io.StringIO()) as address:
+        assert address
+    assert not (tmp_path / "out").exists()

@@ -154,3 +154,21 @@ def test_sweep_runs_without_the_cache_when_redis_cannot_start(sweep_file, tmp_pa
     assert warnings[0].startswith("warning: shared compile cache off: no redis-server binary found")
     [row] = _rows(out)
     assert row["status"] == "ok" and row["compile_cache"] == "off", json.dumps(row, default=str)[:2000]
+
+
+def test_a_resumed_sweep_on_a_new_server_keeps_the_autotune_work(sweep_file, tmp_path):
+    """The driver's own Redis dies with the sweep; OUT/shared-cache.parquet carries its GEMM
+    timings to the server of the `--resume` (as a tune cut at a device deadline and resumed on a
+    fresh machine), so the other candidate of the cell benchmarks none of them again."""
+    sweep = sweep_file(AUTOTUNE)
+    out = tmp_path / "out"
+    orchestrate("sweep", str(sweep), "--out", str(out), "--shared-cache", "--only", "*/mat")
+    [first] = _rows(out)
+    assert first["status"] == "ok", first["error"]
+    assert first["gemm_cache_misses"] == 3 and first["gemm_cache_shared"] >= 3
+    assert (out / cache.SNAPSHOT_FILE).is_file()
+    proc = orchestrate("sweep", str(sweep), "--out", str(out), "--shared-cache", "--resume")
+    assert "autotune entries from" in proc.stdout + proc.stderr
+    second = next(r for r in _rows(out) if r["config"] == "mat-cd")
+    assert second["status"] == "ok", second["error"]
+    assert (second["gemm_cache_hits"], second["gemm_cache_misses"]) == (3, 0)
