@@ -202,6 +202,12 @@ def test_plan_over_a100_v100_t4_shows_unsupported_cells_with_reasons(mixed, caps
     # max-autotune on T4 in fp32 runs, with a note; nothing about A100.
     assert "note: T4 has 40 SMs" in out and "A100 (" not in out
     assert lines[-1] == "18 jobs: 11 to run, 7 unsupported"
+    # docs/commands.md shows this output: its reasons and notes are the ones printed.
+    doc = [line.strip() for line in (REPO / "docs" / "commands.md").read_text().splitlines()]
+    start = doc.index(f"unsupported: 7 jobs (capability table v{TABLE_VERSION}); not run")
+    end = doc.index("18 jobs: 11 to run, 7 unsupported")
+    shown = [line.strip() for line in lines[lines.index(doc[start]) : -1]]
+    assert doc[start:end] == shown
 
 
 def test_plan_names_classes_the_table_lacks(mixed, capsys):
