@@ -258,3 +258,42 @@ def test_an_unsupported_cell_is_never_a_regression_nor_an_improvement(table_jobs
         assert got[cell].verdict == "unchanged", got[cell].reasons
     got = {c.name: c for c in compare(rows_to_table(now), rows_to_table(before)).cells}
     assert got[cell].reasons == ["ok -> unsupported: A100 (sm80): ruled out (capability table v1)"]
+
+
+# --- the job's own device check -------------------------------------------------------------------
+
+
+def test_a_gpu_job_checks_its_device_before_compiling(tmp_path, monkeypatch):
+    """A job on a device that cannot run its cell ends `unsupported`, naming what the device
+    reported (here a T4, as `from_device` would describe it); a runnable cell gets the notes."""
+    import json
+
+    import compiler.capabilities as capabilities
+    from workers.bench import JobRun
+    from workers.job import Job, MeasureSpec
+
+    def job_run(dtype: str, config: CompileConfig) -> JobRun:
+        job = Job(
+            sweep="s",
+            hardware="RTX-9090",  # a class the table lacks: only the device check can judge it
+            device="cuda",
+            model=ModelSpec(id="python:workers.toy:mlp", name="mlp"),
+            batch_size=1,
+            dtype=dtype,
+            config=config,
+            measure=MeasureSpec(),
+            timeout_s=60,
+        )
+        path = tmp_path / f"{dtype}-{config.name}.json"
+        path.write_text(json.dumps(job.to_dict()))
+        return JobRun(path, tmp_path / "result.json")
+
+    device = dataclasses.replace(known("T4"), name="RTX-9090", source="device", arch_in_build=True)
+    monkeypatch.setattr(capabilities, "from_device", lambda index=0: device)
+    why = job_run("bf16", DEFAULT).unsupported_here()
+    assert (
+        why.startswith("RTX-9090 (sm75) has no native bf16")
+        and "measured on this device: sm75, 40 SMs" in why
+    )
+    run = job_run("fp32", MAX_AUTOTUNE)
+    assert run.unsupported_here() is None and "RTX-9090 has 40 SMs" in run.notes[0]
