@@ -228,6 +228,10 @@ def _compare_cell(
         setattr(c, name, (before.get(name), now.get(name)))
     c.device_ms = (before.get("compiled_device_ms"), now.get("compiled_device_ms"))
     c.host_bound_share = (before.get("compiled_host_bound_share"), now.get("compiled_host_bound_share"))
+    if "unsupported" in (before["status"], now["status"]):  # a cell not run, never a regression
+        if now["status"] != before["status"]:
+            c.reasons.append(f"{before['status']} -> {now['status']}: {_first_line(now.get('error'))}")
+        return
     if before["status"] == "ok" and now["status"] != "ok":
         c.note("regression", f"ok -> {now['status']}: {_first_line(now.get('error'))}", "status")
         return

@@ -270,6 +270,9 @@ class JobRun:
         if not first:
             self.result["repeat"] = repeat
         self.imports()
+        unsupported = self.unsupported_here()
+        if unsupported:
+            return self.fail("unsupported", unsupported)
         try:
             model, input_sets, fp32_copy = self.build(keep_fp32_copy=first)
             reference = self.eager_phase(model, input_sets)
@@ -294,6 +297,21 @@ class JobRun:
             self.check_accuracy(reference, first_out, fp32_copy, input_sets[0])
         else:
             self.check_against_eager(reference, first_out)
+
+    def unsupported_here(self) -> str | None:
+        """Why this device cannot run the job's cell (`compiler.capabilities`, measured from the
+        device: a class the planner's table lacks is judged here), or None; what it runs without
+        goes into the notes."""
+        if self.job.device != "cuda":
+            return None
+        from compiler.capabilities import cell_support, from_device
+
+        caps = from_device()
+        reason, notes = cell_support(caps, self.job.dtype, self.job.config)
+        self.notes.extend(n for n in notes if n not in self.notes)
+        if reason is None:
+            return None
+        return f"{reason} (measured on this device: {caps.sm}, {caps.sm_count} SMs)"
 
     def run_warm(self) -> None:
         """A second compile of the same job against the cache the first run filled."""

@@ -42,6 +42,7 @@ def cmd_validate(args) -> int:
 def cmd_plan(args) -> int:
     from orchestrator.fleet.driver import plan_jobs
     from orchestrator.fleet.inventory import CPU_CLASS, HardwareClass, MissingHardwareError, local_classes
+    from orchestrator.fleet.support import triage
 
     spec = _load(args.sweep)
     if spec is None:
@@ -58,7 +59,10 @@ def cmd_plan(args) -> int:
     except MissingHardwareError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"sweep {spec.name!r} from {args.sweep}: {len(jobs)} jobs")
+    checked = triage(jobs)
+    why = {job.job_id: reason for job, reason in checked.unsupported}
+    ruled_out = f" ({len(why)} unsupported)" if why else ""
+    print(f"sweep {spec.name!r} from {args.sweep}: {len(jobs)} jobs{ruled_out}")
     print(
         f"hardware: {', '.join(sorted({j.hardware for j in jobs})) or 'none'}"
         + (" (auto: this machine)" if spec.hardware == "auto" and not args.hardware else "")
@@ -66,6 +70,27 @@ def cmd_plan(args) -> int:
     width = max((len(j.name) for j in jobs), default=4)
     print(f"{'#':>4}  {'job':<{width}}  {'job_id':<20}  timeout")
     for i, job in enumerate(jobs, 1):
-        print(f"{i:>4}  {job.name:<{width}}  {job.job_id:<20}  {job.timeout_s:g}s")
-    print(f"{len(jobs)} jobs")
+        mark = "  unsupported" if job.job_id in why else ""
+        print(f"{i:>4}  {job.name:<{width}}  {job.job_id:<20}  {job.timeout_s:g}s{mark}")
+    _print_support(checked)
+    print(f"{len(jobs)} jobs" + (f": {len(checked.runnable)} to run, {len(why)} unsupported" if why else ""))
     return 0
+
+
+def _print_support(checked) -> None:
+    """Why the unsupported jobs cannot run, what the others run without, and which classes the
+    capability table does not know."""
+    from compiler.known_gpus import TABLE_VERSION
+
+    if checked.unsupported:
+        print(f"unsupported: {len(checked.unsupported)} jobs (capability table v{TABLE_VERSION}); not run")
+        for reason, n in checked.reason_counts():
+            print(f"  {n:>4} x {reason}")
+    for _, notes in sorted(checked.notes.items()):
+        for note in notes:
+            print(f"note: {note}")
+    for name in checked.unknown:
+        if name != "GPU":
+            print(
+                f"note: {name}: not in the capability table v{TABLE_VERSION}; its jobs check their device when they start"
+            )

@@ -25,11 +25,13 @@ from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_cla
 from orchestrator.fleet.ordering import History, longest_first
 from orchestrator.fleet.progress import Progress
 from orchestrator.fleet.scheduler import Scheduler
+from orchestrator.fleet.support import row_error, triage
 from orchestrator.spec.matrix import expand, select
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store import runlog
 from orchestrator.store.integrity import find_damaged, quarantine
 from orchestrator.store.lock import OutputLock
+from orchestrator.store.rows import failure_row
 from orchestrator.store.schema import TABLES
 from orchestrator.store.sink import ResultSink
 from orchestrator.store.storage import Location, Target, WriteRefused, checked, refusal_stops
@@ -330,6 +332,8 @@ def _run_locked(
             jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s, opts.allow_missing)
         todo = [j for j in jobs if j.job_id not in done_ids]
         skipped = len(jobs) - len(todo)
+        checked_jobs = triage(todo)  # cells the capability table rules out get rows, not tasks
+        todo = checked_jobs.runnable
         used = {j.hardware for j in jobs}
         runlog.start_run(
             out,
@@ -349,12 +353,16 @@ def _run_locked(
         if opts.lock_clocks and not any(classes[n].device == "cuda" for n in used):
             print("note: --lock-clocks: this sweep runs on no GPU class; nothing to lock", file=stream)
         print(
-            f"sweep {spec.name!r}: {len(jobs)} jobs planned, {skipped} already done, {len(todo)} to run "
+            f"sweep {spec.name!r}: {len(jobs)} jobs planned, {skipped} already done, "
+            + (f"{len(checked_jobs.unsupported)} unsupported, " if checked_jobs.unsupported else "")
+            + f"{len(todo)} to run "
             f"on {', '.join(f'{n} ({classes[n].slots} slots)' for n in sorted(used)) or 'nothing'}; "
             f"run {run_id}, output {out}",
             file=stream,
             flush=True,
         )
+        for _, notes in sorted(checked_jobs.notes.items()):
+            print("".join(f"note: {n}\n" for n in notes), end="", file=stream)
         sink = ResultSink(out)
         progress = Progress(total=len(jobs), already_done=skipped, stream=stream)
 
@@ -370,6 +378,8 @@ def _run_locked(
                 why = next((n for n in (row.get("notes") or "").split("; ") if "--lock-clocks" in n), "")
                 progress.message(f"warning: {job.hardware}: clocks not locked, jobs run unlocked. {why}")
 
+        for job, reason in checked_jobs.unsupported:
+            emit(failure_row(job, "unsupported", row_error(reason), run_id=run_id), job, None)
         gpu_classes = sorted(n for n, hw in classes.items() if hw.device == "cuda")
         scheduler = Scheduler(
             classes=classes,
@@ -404,7 +414,7 @@ def _run_locked(
                     dispatch_s=time.monotonic() - t_dispatch,
                 )
             if refused is not None:
-                unrecorded = len(todo) - sink.rows_written
+                unrecorded = len(todo) + len(checked_jobs.unsupported) - sink.rows_written
                 saved = (
                     f"{sink.rows_written} rows of this run saved, {unrecorded} of its jobs not recorded"
                     + (f" ({cancelled} running jobs cancelled)" if cancelled else "")

@@ -9,7 +9,15 @@ from typing import Literal, get_args
 import pyarrow as pa
 
 Status = Literal[
-    "ok", "compile_error", "runtime_error", "accuracy_fail", "oom", "timeout", "crash", "hardware_lost"
+    "ok",
+    "compile_error",
+    "runtime_error",
+    "accuracy_fail",
+    "oom",
+    "timeout",
+    "crash",
+    "hardware_lost",
+    "unsupported",
 ]
 STATUSES: tuple[str, ...] = get_args(Status)
 

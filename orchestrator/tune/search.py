@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from compiler.capabilities import known
 from orchestrator.fleet.cache import check_address, shared_cache
 from orchestrator.fleet.driver import OutputExistsError, SweepOptions, ray_session, run_sweep
 from orchestrator.fleet.inventory import HardwareClass, cluster_classes
@@ -265,6 +266,7 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
                 opts.precisions,
                 tuple(k for k in opts.knobs if k not in pruned.get(cell.hardware, {})),
                 _bases(opts.bases, cell.device),
+                known(cell.hardware),
             )
             for cell in plan_cells(spec, hardware)
         }

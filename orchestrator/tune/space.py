@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from compiler.capabilities import Capabilities, cell_support
 from compiler.config import CompileConfig, inductor_modes
 from workers.job import ModelSpec
 
@@ -192,10 +193,13 @@ def candidates(
     precisions: tuple[str, ...] = (),
     knobs: tuple[str, ...] = KNOB_NAMES,
     bases: tuple[str, ...] = (),
+    capabilities: Capabilities | None = None,
 ) -> list[Candidate]:
     """Every candidate of one cell: the stock configs, torch's modes of `bases` the sweep lacks
     (candidates, not stock), each of those inductor configs with each applicable knob, and the
-    stock configs under each allowed precision other than `dtype`."""
+    stock configs under each allowed precision other than `dtype`. With the class's
+    `capabilities`, no candidate it cannot run is proposed (`compiler.capabilities.cell_support`);
+    the stock configs stay, as the sweep's own (a sweep writes them as `unsupported` rows)."""
     found: list[Candidate] = [Candidate(cfg, dtype, True) for cfg in stock]
     added = extra_bases(stock, bases)
     found += [Candidate(cfg, dtype, False) for cfg in added]
@@ -216,4 +220,6 @@ def candidates(
     for policy in precisions:
         if policy != dtype:
             found += [Candidate(cfg, policy, False) for cfg in stock]
-    return found
+    if capabilities is None:
+        return found
+    return [c for c in found if c.stock or cell_support(capabilities, c.dtype, c.config)[0] is None]
