@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from compiler import durable
 from compiler.config import CompileConfig
 
 PACKAGE_OPTIONS = {
@@ -130,7 +131,6 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
     PackageError); return `package_export_s`, `package_compile_s`, `package_probe_s`,
     `package_bytes`, `package_inputs` (the signature it serves) and `package_cudagraphs`. The
     process's precision policy must already be set. Scrambles the model's weights."""
-    import os
 
     import torch
 
@@ -146,15 +146,13 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
         program = torch.export.export(model, args, kwargs, strict=False)
     t1 = time.perf_counter()
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp.pt2")  # (torch wants the .pt2 suffix)
-    with torch.no_grad():
-        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=options)
-    t2 = time.perf_counter()
-    why = probe_load(tmp)
-    if why:
-        tmp.unlink(missing_ok=True)
-        raise PackageError(why)
-    os.replace(tmp, path)
+    with durable.atomic_path(path, suffix=".pt2") as tmp:  # (torch wants the .pt2 suffix)
+        with torch.no_grad():
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=options)
+        t2 = time.perf_counter()
+        why = probe_load(tmp)
+        if why:
+            raise PackageError(why)  # (the temporary file is removed)
     return {
         "package_export_s": t1 - t0,
         "package_compile_s": t2 - t1,
@@ -212,7 +210,6 @@ def runtime_link_options(cxx: str | None = None) -> dict[str, Any]:
     process dies (SIGSEGV on the H200 image, `std::bad_cast` on GCC 12; the fast tier reproduces
     it). The H200 image's compiler (`CXX=/opt/gcc/bin/g++`) ships only the static archive."""
     import hashlib
-    import os
     import shutil
     import sys
 
@@ -233,10 +230,9 @@ def runtime_link_options(cxx: str | None = None) -> dict[str, Any]:
     script = Path(cache_dir()) / "aoti-runtime" / digest / Path(real).name
     if not script.exists() or script.read_text() != text:
         script.parent.mkdir(parents=True, exist_ok=True)
-        tmp = script.with_name(f".{script.name}.{os.getpid()}")
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        os.replace(tmp, script)
+        with durable.atomic_path(script) as tmp:
+            tmp.write_text(text)
+            tmp.chmod(0o755)
     return {"cpp.cxx": (None, str(script))}
 
 

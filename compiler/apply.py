@@ -21,6 +21,9 @@ refused, never loaded), loads it, applies the config (its global Inductor knobs 
 policy included), compiles, and runs the example inputs once so the compile happens now. On
 another class or stack, or with a damaged export, it warns once (`PresetFallbackWarning`) and
 falls back to plain `torch.compile(model)`; it never raises for those unless `strict=True`.
+The export's files are read through `compiler.export_files`: the manifest and presets checked
+for shape, every path confined to the export, an export at a URI fetched once into a
+content-addressed cache in the user's cache directory.
 
 This module imports neither Ray nor the orchestrator package.
 """
@@ -28,22 +31,47 @@ This module imports neither Ray nor the orchestrator package.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from compiler.aoti import split_inputs
 from compiler.config import CompileConfig
+from compiler.export_files import (
+    CACHE_ENV,
+    EXPORT_FORMAT,
+    MANIFEST,
+    PRESETS,
+    ExportCacheWarning,
+    ExportError,
+    ExportFiles,
+    cache_root,
+    open_export,
+    preset_config,
+    sha256_file,
+    warn_caller,
+)
 from compiler.hardware import hardware_class, software_stack, stack_mismatch
 
-MANIFEST = "manifest.json"
-PRESETS = "presets.json"
-EXPORT_FORMAT = 1
+__all__ = [
+    "CACHE_ENV",
+    "EXPORT_FORMAT",
+    "MANIFEST",
+    "PRESETS",
+    "Applied",
+    "CastInputs",
+    "ExportCacheWarning",
+    "ExportError",
+    "PresetFallbackWarning",
+    "RuntimeSettingWarning",
+    "cache_root",
+    "compile_tuned",
+    "find_preset",
+    "sha256_file",
+]
+
 DTYPE_POLICIES = {"float32": ("fp32", "tf32"), "bfloat16": ("bf16",), "float16": ("fp16",)}
 
 
@@ -55,11 +83,6 @@ class PresetFallbackWarning(UserWarning):
 class RuntimeSettingWarning(UserWarning):
     """`compile_tuned` changed a process-wide runtime setting (`compiler.runtime`) to the value
     the preset was measured under."""
-
-
-class ExportError(RuntimeError):
-    """An export that cannot be made (`orchestrate export`) or used (`compile_tuned` with
-    `strict=True`); the message names the file and what to do."""
 
 
 @dataclass
@@ -106,55 +129,6 @@ class Applied:
             f"{self.hardware}: {self.match} preset {what!r} (package {self.package}, bundle {self.bundle})"
             f"{compile_s}"
         )
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _local_copy(source: str | Path) -> Path:
-    """A local directory holding the export: `source` itself, or a download of a URI's files
-    (`s3://`, `gs://`, `file://`, ... through pyarrow's filesystems) into a temporary directory."""
-    text = str(source)
-    if "://" not in text:
-        return Path(text)
-    import pyarrow.fs as pafs
-
-    fs, root = pafs.FileSystem.from_uri(text)
-    local = Path(tempfile.mkdtemp(prefix="compile-preset-"))
-    selector = pafs.FileSelector(root, recursive=True)
-    for info in fs.get_file_info(selector):
-        if info.type != pafs.FileType.File:
-            continue
-        dest = local / Path(info.path).relative_to(root.rstrip("/"))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with fs.open_input_stream(info.path) as src, open(dest, "wb") as out:
-            out.write(src.read())
-    return local
-
-
-def _verified(root: Path, manifest: dict[str, Any], rel: str) -> bytes:
-    """The bytes of `root/rel`, read once and checked against the manifest's sha256 (raises
-    ExportError), so what is loaded is exactly what was hashed."""
-    expected = (manifest.get("files") or {}).get(rel)
-    path = root / rel
-    if expected is None:
-        raise ExportError(f"{path}: not listed in {root / MANIFEST}; refusing to load it")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ExportError(f"{path}: cannot read it ({exc})") from exc
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != expected:
-        raise ExportError(
-            f"{path}: sha256 {actual[:16]}... does not match the manifest's {expected[:16]}...; the file was "
-            "changed after export: refusing to load it (re-export, or copy the directory again)"
-        )
-    return data
 
 
 def _policies(model: Any, dtype: str | None) -> tuple[str, ...]:
@@ -215,6 +189,7 @@ def compile_tuned(
     run_example: bool = True,
     use_package: bool = True,
     strict: bool = False,
+    filesystem: Any = None,
 ) -> tuple[Any, Applied]:
     """Compile `model` with the preset exported to `source` (a directory or a URI) for this
     hardware class and software stack; return the compiled model and what was applied.
@@ -233,132 +208,249 @@ def compile_tuned(
     once against eager (always, whatever `run_example` says: a package whose outputs differ is not
     used) and returned as a `compiler.aoti.PackagedModel`, which compiles the preset with
     `torch.compile` for any other input signature. Otherwise the bundle and `torch.compile`.
-    With `strict`, what would be a fallback raises `ExportError` instead."""
-    import torch
+    With `strict`, what would be a fallback raises `ExportError` instead.
 
-    device = None
-    with contextlib.suppress(AttributeError, StopIteration):
-        device = next(model.parameters()).device
-    applied = Applied(source=str(source), hardware=hardware_class(device), stack=software_stack())
+    `source` is read through `compiler.export_files`: a directory in place; a URI (or, with
+    `filesystem`, a `pyarrow.fs.FileSystem`, a path in it) through the content-addressed cache in
+    `cache_root()` (`$COMPILE_ORCHESTRATOR_CACHE` moves it): the manifest and presets.json first,
+    then only the bundle and package of the preset it serves, each fetched once per cache."""
+    tuning = _Tuning(model, example_inputs, source, strict=strict, run_example=run_example)
+    return tuning.run(filesystem, model_name, batch_size, dtype, use_package)
 
-    def warn(message: str, stacklevel: int) -> None:  # stacklevel: the caller of compile_tuned
-        applied.warnings.append(message)
-        warnings.warn(message, PresetFallbackWarning, stacklevel=stacklevel)
 
-    def fall_back(reason: str) -> tuple[Any, Applied]:
-        if strict:
+class _Tuning:
+    """One `compile_tuned` call: what it was given, the export and preset it found, and what it
+    did (`applied`)."""
+
+    def __init__(
+        self, model: Any, example_inputs: Any, source: str | Path, *, strict: bool, run_example: bool
+    ):
+        self.model = model
+        self.inputs = example_inputs
+        self.source = source
+        self.strict = strict
+        self.run_example = run_example
+        self.device = None
+        with contextlib.suppress(AttributeError, StopIteration):
+            self.device = next(model.parameters()).device
+        self.applied = Applied(
+            source=str(source), hardware=hardware_class(self.device), stack=software_stack()
+        )
+        self.export: ExportFiles | None = None
+        self.entry: dict[str, Any] = {}
+        self.config = CompileConfig(name="none")
+        self.cast: Any = None
+        """The dtype the preset runs in where it is not the model's: inputs are cast to it."""
+
+    def warn(self, message: str) -> None:
+        self.applied.warnings.append(message)
+        warn_caller(message, PresetFallbackWarning)
+
+    def refused(self, exc: ExportError, instead: str) -> None:
+        """A file of the preset that cannot be used: raise under `strict`, else warn."""
+        if self.strict:
+            raise exc
+        self.warn(f"compile_tuned: {exc}; {instead}")
+
+    def fall_back(self, reason: str) -> tuple[Any, Applied]:
+        import torch
+
+        if self.strict:
             raise ExportError(reason)
-        warn(f"compile_tuned: {reason}; using plain torch.compile instead", stacklevel=4)
-        compiled = torch.compile(model)
-        _first_call(model, compiled)
-        return compiled, applied
+        self.warn(f"compile_tuned: {reason}; using plain torch.compile instead")
+        compiled = torch.compile(self.model)
+        self.first_call(self.model, compiled)
+        return compiled, self.applied
 
-    def _first_call(eager: Any, compiled: Any) -> None:
-        if run_example:
-            with torch.no_grad():  # eagerly first, as the export job did before compiling: some
-                _call(eager, example_inputs)  # models (SegFormer) trace other graphs before it
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                _call(compiled, example_inputs)
-            if device is not None and device.type == "cuda":
-                torch.cuda.synchronize(device)
-            applied.compile_s = time.perf_counter() - t0
+    def first_call(self, eager: Any, compiled: Any) -> None:
+        import torch
 
-    try:
-        root = _local_copy(source)
-        manifest = json.loads((root / MANIFEST).read_text())
-        presets = json.loads(_verified(root, manifest, PRESETS))
-    except (OSError, ValueError, ExportError) as exc:
-        return fall_back(f"cannot use the export at {source}: {exc}")
-    if manifest.get("format") != EXPORT_FORMAT:
-        return fall_back(
-            f"{root / MANIFEST}: format {manifest.get('format')!r}, this code reads {EXPORT_FORMAT}"
-        )
-    if manifest.get("hardware") != applied.hardware:
-        return fall_back(
-            f"the presets in {source} are for hardware class {manifest.get('hardware')!r}; this process runs "
-            f"on {applied.hardware!r}"
-        )
-    differs = stack_mismatch(manifest.get("stack") or {}, applied.stack)
-    if differs:
-        return fall_back(f"the presets in {source} were built on another stack: {', '.join(differs)}")
-
-    batch_size = batch_size or _batch_size(example_inputs)
-    applied.match, entry = find_preset(presets, model_name, batch_size, _policies(model, dtype))
-    if entry is None:
-        return fall_back(
-            f"no preset for model {model_name!r} at batch size {batch_size} and no class default in {source}"
-        )
-    applied.preset = {k: v for k, v in entry.items() if k != "compile"}
-    config = CompileConfig.from_dict({"name": entry.get("config", "preset"), **entry["compile"]})
-    applied.config = config.to_dict()
-
-    def load_bundle() -> None:
-        bundle = entry.get("bundle")
-        if not bundle or applied.bundle != "none":
+        if not self.run_example:
             return
-        applied.bundle_file = str(root / bundle)
-        try:
-            data = _verified(root, manifest, bundle)
-        except ExportError as exc:
-            if strict:
-                raise
-            applied.bundle = "refused"
-            warn(f"compile_tuned: {exc}; compiling without the bundle", stacklevel=5)
-        else:
-            info = torch.compiler.load_cache_artifacts(data)
-            applied.bundle = "loaded"
-            if info is not None:
-                applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}
+        with torch.no_grad():  # eagerly first, as the export job did before compiling: some
+            _call(eager, self.inputs)  # models (SegFormer) trace other graphs before it
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            _call(compiled, self.inputs)
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.applied.compile_s = time.perf_counter() - t0
 
-    cast = None
-    policy = entry.get("precision") or entry.get("dtype")
-    if policy:
+    def choose(
+        self, filesystem: Any, model_name: str | None, batch_size: int | None, dtype: str | None
+    ) -> str | None:
+        """Open the export and pick the preset (`entry`, `config`); the reason to fall back, or None."""
+        source, applied = self.source, self.applied
+        try:
+            self.export = export = open_export(source, filesystem)
+        except ExportError as exc:
+            return f"cannot use the export at {source}: {exc}"
+        manifest = export.manifest
+        if manifest["hardware"] != applied.hardware:
+            return (
+                f"the presets in {source} are for hardware class {manifest['hardware']!r}; this process "
+                f"runs on {applied.hardware!r}"
+            )
+        differs = stack_mismatch(manifest["stack"], applied.stack)
+        if differs:
+            return f"the presets in {source} were built on another stack: {', '.join(differs)}"
+        batch_size = batch_size or _batch_size(self.inputs)
+        match, entry = find_preset(export.presets, model_name, batch_size, _policies(self.model, dtype))
+        if entry is None:
+            return f"no preset for model {model_name!r} at batch size {batch_size} and no class default in {source}"
+        try:
+            self.config = preset_config(entry, export.where(PRESETS))
+        except ExportError as exc:
+            return str(exc)
+        self.entry, applied.match = entry, match
+        applied.preset = {k: v for k, v in entry.items() if k != "compile"}
+        applied.config = self.config.to_dict()
+        return None
+
+    def run(
+        self,
+        filesystem: Any,
+        model_name: str | None,
+        batch_size: int | None,
+        dtype: str | None,
+        use_package: bool,
+    ) -> tuple[Any, Applied]:
+        reason = self.choose(filesystem, model_name, batch_size, dtype)
+        if reason is not None:
+            return self.fall_back(reason)
+        self.set_precision()
+        _apply_runtime(self.config, self.applied)
+        self.model = self.config.prepare_model(self.model)
+        self.config.apply_globals()
+        if self.entry.get("package"):
+            if use_package and self.applied.match == "exact":
+                packaged = self.packaged()
+                if packaged is not None:
+                    return self.casting(packaged), self.applied
+            else:
+                self.applied.package = "skipped"
+        compiled = self.casting(self.compile_preset())
+        self.first_call(self.casting(self.model, note=False), compiled)
+        return compiled, self.applied
+
+    def set_precision(self) -> None:
+        """Apply the preset's precision policy; where its dtype is not the model's, cast the weights
+        as the measured job cast them (`cast`: the inputs are cast too, outside the compiled region,
+        so the graph is the one the bundle holds)."""
         from compiler.precision import apply_precision
 
+        policy = self.entry.get("precision") or self.entry.get("dtype")
         target = apply_precision(policy)
-        applied.precision = policy
-        current = _param_dtype(model)
+        self.applied.precision = policy
+        current = _param_dtype(self.model)
         if current is not None and current.is_floating_point and current != target:
-            # a preset whose precision differs from the model's (tune with --precisions bf16):
-            # the weights are cast as the measured job cast them, and so are the inputs, outside
-            # the compiled region, so the graph is the one the bundle holds
-            model = model.to(target)
-            cast = target
-    _apply_runtime(config, applied)
-    model = config.prepare_model(model)
-    config.apply_globals()
+            self.model = self.model.to(target)
+            self.cast = target
 
-    def compile_preset() -> Any:
-        load_bundle()
-        return torch.compile(model, **config.compile_kwargs())
-
-    def cast_note() -> None:
-        warn(
-            f"compile_tuned: the preset runs in {policy}: the model's weights were cast to {cast} and the "
-            "returned model casts floating-point inputs to it",
-            stacklevel=4,
-        )
-
-    if entry.get("package"):
-        if use_package and applied.match == "exact":
-            packaged = _packaged(
-                model, example_inputs, cast, entry, root, manifest, applied, compile_preset, warn, strict
+    def casting(self, fn: Any, note: bool = True) -> Any:
+        """`fn`, casting its floating-point inputs to the preset's dtype where that is not the model's."""
+        if self.cast is None:
+            return fn
+        if note:
+            self.warn(
+                f"compile_tuned: the preset runs in {self.applied.precision}: the model's weights were cast to "
+                f"{self.cast} and the returned model casts floating-point inputs to it"
             )
-            if packaged is not None:
-                if cast is not None:
-                    packaged = CastInputs(packaged, cast)
-                    cast_note()
-                return packaged, applied
-        else:
-            applied.package = "skipped"
+        return CastInputs(fn, self.cast)
 
-    compiled = compile_preset()
-    if cast is not None:
-        model, compiled = CastInputs(model, cast), CastInputs(compiled, cast)
-        cast_note()
-    _first_call(model, compiled)
-    return compiled, applied
+    def file(self, rel: str, instead: str) -> bytes | None:
+        """The verified bytes of the preset's file `rel`, or None (refused, with a warning)."""
+        assert self.export is not None
+        try:
+            return self.export.verified(rel)
+        except ExportError as exc:
+            self.refused(exc, instead)
+            return None
+
+    def load_bundle(self) -> None:
+        import torch
+
+        bundle = self.entry.get("bundle")
+        if not bundle or self.applied.bundle != "none":
+            return
+        assert self.export is not None
+        self.applied.bundle_file = self.export.where(bundle)
+        data = self.file(bundle, "compiling without the bundle")
+        if data is None:
+            self.applied.bundle = "refused"
+            return
+        info = torch.compiler.load_cache_artifacts(data)
+        self.applied.bundle = "loaded"
+        if info is not None:
+            self.applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}
+
+    def compile_preset(self) -> Any:
+        import torch
+
+        self.load_bundle()
+        return torch.compile(self.model, **self.config.compile_kwargs())
+
+    def packaged(self) -> Any:
+        """The preset's package loaded with the model's weights and checked against eager on the
+        example inputs, or None (with `applied.package` and a warning saying why) to compile
+        instead."""
+        import torch
+
+        from compiler import aoti
+        from compiler.measure import compare_outputs
+
+        applied, entry = self.applied, self.entry
+        assert self.export is not None
+        args, kwargs = split_inputs(self.inputs)
+        if self.cast is not None:
+            caster = CastInputs(None, self.cast)
+            args, kwargs = tuple(map(caster._cast, args)), {k: caster._cast(v) for k, v in kwargs.items()}
+        if aoti.signature(args, kwargs) != entry.get("package_inputs"):
+            applied.package = "skipped"
+            return None
+        applied.package_file = self.export.where(entry["package"])
+        with torch.no_grad():  # the reference the package must reproduce
+            reference = self.model(*args, **kwargs)
+        device = next((t.device for t in aoti.tensors(reference)), None)
+        t0 = time.perf_counter()
+        data = self.file(entry["package"], "compiling the preset instead")
+        if data is None:
+            applied.package = "refused"
+            return None
+        try:
+            with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
+                path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
+                path.write_bytes(data)
+                packaged = aoti.PackagedModel.load(
+                    path,
+                    self.model,
+                    entry["package_inputs"],
+                    bool(entry.get("package_cudagraphs")),
+                    self.compile_preset,
+                )
+            packaged.capture(args, kwargs)
+            with torch.no_grad():
+                out = packaged(*args, **kwargs)
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - t0
+        except Exception as exc:  # a package that will not load here: the preset compiles instead
+            applied.package = "failed"
+            self.warn(
+                f"compile_tuned: {applied.package_file}: {type(exc).__name__}: {exc}; compiling the preset instead"
+            )
+            return None
+        cmp = compare_outputs(aoti.tensors(reference), aoti.tensors(out), applied.precision or "fp32")
+        if not cmp.ok:
+            applied.package = "failed"
+            self.warn(
+                f"compile_tuned: {applied.package_file}: its outputs differ from eager ({cmp.detail}); compiling "
+                "the preset instead"
+            )
+            return None
+        applied.package = "loaded"
+        applied.compile_s = elapsed
+        return packaged
 
 
 def _apply_runtime(config: CompileConfig, applied: Applied) -> None:
@@ -378,80 +470,7 @@ def _apply_runtime(config: CompileConfig, applied: Applied) -> None:
             "they apply to every model in this process"
         )
         applied.warnings.append(message)
-        warnings.warn(message, RuntimeSettingWarning, stacklevel=4)
-
-
-def _packaged(
-    model: Any,
-    example_inputs: Any,
-    cast: Any,
-    entry: dict[str, Any],
-    root: Path,
-    manifest: dict[str, Any],
-    applied: Applied,
-    compile_preset: Any,
-    warn: Any,
-    strict: bool,
-) -> Any:
-    """The preset's package loaded with `model`'s weights and checked against eager on the example
-    inputs, or None (with `applied.package` and a warning saying why) to compile instead."""
-    import torch
-
-    from compiler import aoti
-    from compiler.measure import compare_outputs
-
-    args, kwargs = split_inputs(example_inputs)
-    if cast is not None:
-        caster = CastInputs(None, cast)
-        args, kwargs = tuple(map(caster._cast, args)), {k: caster._cast(v) for k, v in kwargs.items()}
-    if aoti.signature(args, kwargs) != entry.get("package_inputs"):
-        applied.package = "skipped"
-        return None
-    applied.package_file = str(root / entry["package"])
-    with torch.no_grad():  # the reference the package must reproduce
-        reference = model(*args, **kwargs)
-    device = next((t.device for t in aoti.tensors(reference)), None)
-    t0 = time.perf_counter()
-    try:
-        data = _verified(root, manifest, entry["package"])
-    except ExportError as exc:
-        if strict:
-            raise
-        applied.package = "refused"
-        warn(f"compile_tuned: {exc}; compiling the preset instead", stacklevel=4)
-        return None
-    try:
-        with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
-            path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
-            path.write_bytes(data)
-            packaged = aoti.PackagedModel.load(
-                path, model, entry["package_inputs"], bool(entry.get("package_cudagraphs")), compile_preset
-            )
-        packaged.capture(args, kwargs)
-        with torch.no_grad():
-            out = packaged(*args, **kwargs)
-        if device is not None and device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - t0
-    except Exception as exc:  # a package that will not load here: the preset compiles instead
-        applied.package = "failed"
-        warn(
-            f"compile_tuned: {applied.package_file}: {type(exc).__name__}: {exc}; compiling the preset instead",
-            stacklevel=4,
-        )
-        return None
-    cmp = compare_outputs(aoti.tensors(reference), aoti.tensors(out), applied.precision or "fp32")
-    if not cmp.ok:
-        applied.package = "failed"
-        warn(
-            f"compile_tuned: {applied.package_file}: its outputs differ from eager ({cmp.detail}); compiling "
-            "the preset instead",
-            stacklevel=4,
-        )
-        return None
-    applied.package = "loaded"
-    applied.compile_s = elapsed
-    return packaged
+        warn_caller(message, RuntimeSettingWarning)
 
 
 def _param_dtype(model: Any):

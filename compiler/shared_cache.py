@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from compiler import durable
+
 SHARED_CACHE_ENV = "CO_SHARED_CACHE"
 """HOST:PORT of the Redis server a job shares its compile work through (set by the runner)."""
 CONNECT_TIMEOUT_S = 3.0
@@ -114,10 +116,7 @@ class GemmBridge:
                 self.known.add(raw_field.decode() if isinstance(raw_field, bytes) else raw_field)
                 self.shared.setdefault(op, set()).add(inputs)
         if entries:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.co-tmp")
-            tmp.write_text(json.dumps({"system": system, "cache": local}, indent=4))
-            os.replace(tmp, path)
+            durable.write_text(path, json.dumps({"system": system, "cache": local}, indent=4))
         return len(entries)
 
     def push(self, cache: dict[str, Any]) -> None:

@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from compiler import durable
 from compiler.env import die_with_parent
 from workers.affinity import pin_from_environment
 from workers.job import PHASES
@@ -65,9 +66,7 @@ def _die_with_parent() -> None:
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
+    durable.write_text(path, json.dumps(data, default=str))
 
 
 def _error_text(exc: BaseException) -> str:
@@ -364,9 +363,7 @@ class JobRun:
                 why += "); the preset is exported without a bundle and compiles cold where it is applied"
             return self.fail("compile_error", why)
         data, info = artifacts
-        tmp = bundle.with_name(f".{bundle.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, bundle)
+        durable.write_bytes(bundle, data)
         self.result.update(
             status="ok",
             bundle_bytes=len(data),

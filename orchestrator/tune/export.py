@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from compiler import durable
 from compiler.aoti import LOADER_CRASHED
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig
@@ -222,9 +223,7 @@ def export(
     crashed = ""  # a package load that killed its process: this stack cannot serve packages
 
     def save_progress() -> None:
-        tmp = dest / f"{PROGRESS}.tmp"
-        tmp.write_text(json.dumps({"key": key, "entries": finished}, default=str))
-        os.replace(tmp, dest / PROGRESS)
+        durable.write_text(dest / PROGRESS, json.dumps({"key": key, "entries": finished}, default=str))
 
     for i, entry in enumerate(entries, 1):
         if _cell(entry) in done:
@@ -283,7 +282,7 @@ def export(
         "presets": entries,
         "defaults": defaults,
     }
-    (dest / PRESETS).write_text(json.dumps(presets, indent=1, sort_keys=True, default=str) + "\n")
+    durable.write_text(dest / PRESETS, json.dumps(presets, indent=1, sort_keys=True, default=str) + "\n")
     for stray in [p for p in dest.rglob(".*") if p.is_file() and p.name != PROGRESS]:
         stray.unlink()  # the temporary file of a job killed mid-write, on an earlier try
     files = {
@@ -302,8 +301,6 @@ def export(
         "runtime": {_cell(e): e["compile"].get("runtime") or {} for e in entries},
         "files": files,
     }
-    tmp = dest / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, dest / MANIFEST)
+    durable.write_text(dest / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     (dest / PROGRESS).unlink(missing_ok=True)
     return manifest

@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from compiler import runtime
+from compiler import durable, runtime
 from orchestrator.store.schema import PRESETS_SCHEMA, read_results, results_path
-from orchestrator.store.storage import Target, resolve
+from orchestrator.store.storage import Location, Target, resolve
 from orchestrator.tune.effects import setting_effects, what_won
 
 PRESETS_FILE = "presets.json"
@@ -273,10 +273,16 @@ def write_preset_files(out_dir: Target, data: dict[str, Any]) -> Path | str:
     out = resolve(out_dir)
     sink = pa.BufferOutputStream()
     pq.write_table(presets_table(data["presets"]), sink, write_page_checksum=True)
-    out.join(PRESETS_TABLE_FILE).write_bytes(sink.getvalue().to_pybytes())
+    durable_write(out.join(PRESETS_TABLE_FILE), sink.getvalue().to_pybytes())
     path = out.join(PRESETS_FILE)
-    path.write_text(json.dumps(data, indent=2, default=str))
+    durable_write(path, json.dumps(data, indent=2, default=str))
     return path.target
+
+
+def durable_write(loc: Location, data: bytes | str) -> None:
+    """Write the whole file `loc` through `compiler.durable` (fsynced tmp + rename locally, one
+    PUT on an object store)."""
+    durable.write_bytes(loc.path, data.encode() if isinstance(data, str) else data, filesystem=loc.fs)
 
 
 def presets_table(entries: list[dict[str, Any]]) -> pa.Table:

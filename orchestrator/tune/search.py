@@ -51,7 +51,7 @@ from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked, refusal_stops
 from orchestrator.tune.cells import Cell, best_pair, combine_helping_knobs, decide, promote
 from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
-from orchestrator.tune.presets import Budgets, preset_document, write_preset_files
+from orchestrator.tune.presets import Budgets, durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates
 from workers.job import Baseline, Job, MeasureSpec, software_stack
 
@@ -405,7 +405,8 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
     data["what_won"] = won
     with refusal_stops(out, f"every job's row is saved, but not the presets nor {TUNE_FILE}", resume):
         write_preset_files(out, data)
-        out.join(TUNE_FILE).write_text(
+        durable_write(
+            out.join(TUNE_FILE),
             json.dumps(
                 {
                     "format": 1,
@@ -427,7 +428,7 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
                 },
                 indent=1,
                 default=str,
-            )
+            ),
         )
     sources = [e["source"] for e in entries]
     return TuneSummary(
