@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, _whole
+from orchestrator.store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -23,9 +24,16 @@ def add_parsers(sub) -> None:
         "Runs on a node of that class with the stack the sweep ran on, and refuses anything else before "
         "compiling. Load it in production with compiler.apply.compile_tuned.",
     )
-    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+    p.add_argument(
+        "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
+    )
     p.add_argument("--hardware", required=True, help="the hardware class to export (e.g. H100, A100, cpu)")
-    p.add_argument("--dest", required=True, help="a new (or empty) local directory to write")
+    p.add_argument(
+        "--dest",
+        required=True,
+        type=location_arg,
+        help="a new (or empty) local directory to write (a local path, or file:///ABSOLUTE/PATH)",
+    )
     p.add_argument(
         "--cpus",
         type=_whole(1),
@@ -82,21 +90,28 @@ def cmd_export(args) -> int:
 
 
 def _local_dest(text: str) -> Path:
-    """`--dest`, checked before any compile: a local directory that exists or can be made, and
-    that this process can write (ValueError naming the problem and the fix otherwise)."""
-    if "://" in text or text.startswith(("s3:", "gs:", "gcs:", "abfs:", "hdfs:", "file:")):
+    """`--dest`, checked before any compile: a local directory (a path or file:///PATH) that
+    exists or can be made, and that this process can write (ValueError naming the problem and
+    the fix otherwise). Object stores are refused: the packages are built and verified in place."""
+    from orchestrator.store.location import shown
+    from orchestrator.store.storage import is_uri, resolve
+
+    if is_uri(text) and not text.lower().startswith("file://"):
         raise ValueError(
-            f"--dest {text}: an export is written to a local directory (the serving nodes copy it from "
-            "there); give a path, then copy it to object storage with your tool of choice"
+            f"--dest {shown(text)}: an export is written to a local directory (a path or file:///PATH); "
+            "writing it to an object store is not supported: export to a local directory, then copy it "
+            "(e.g. `aws s3 cp --recursive DIR s3://BUCKET/PREFIX`); compile_tuned reads it from there"
         )
-    dest = Path(text)
-    if dest.exists() and not dest.is_dir():
-        raise ValueError(f"--dest {text}: is a file, not a directory; give a new or empty directory")
+    dest = resolve(text).local_path
     try:
+        if dest.exists() and not dest.is_dir():
+            raise ValueError(
+                f"--dest {shown(text)}: is a file, not a directory; give a new or empty directory"
+            )
         dest.mkdir(parents=True, exist_ok=True)
         probe = dest / f".write-check-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ValueError(f"--dest {text}: cannot write there: {exc.strerror or exc}") from None
+        raise ValueError(f"--dest {shown(text)}: cannot write there: {exc.strerror or exc}") from None
     return dest

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, _add_only, _positive, _whole
+from orchestrator.store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -33,6 +34,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--address", metavar="URL", help=address_help)
     p.add_argument(
         "--out",
+        type=location_arg,
         metavar="DIR",
         help="output directory as the head node sees it (default: runs/<sweep name>). A relative path "
         "resolves inside the job's working directory on the head node, a temporary copy under Ray's "

@@ -6,6 +6,7 @@ import json
 import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT
+from orchestrator.store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -17,7 +18,9 @@ def add_parsers(sub) -> None:
         "candidates timed, the winner with its tiles, and the fastest extern and template times. A job whose "
         "compile timed out or crashed mid-autotune keeps the ops it finished, marked partial.",
     )
-    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+    p.add_argument(
+        "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
+    )
     p.add_argument("--hardware", help="only this hardware class (e.g. H100)")
     p.set_defaults(func=cmd_kernels)
 

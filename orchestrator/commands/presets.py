@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, _add_budgets, _budgets, _print_what_won
+from orchestrator.store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -16,7 +17,9 @@ def add_parsers(sub) -> None:
         "models never swept (eligible on the most cells, then the best geometric-mean speedup). Written as "
         "the `presets` table (OUT/presets.parquet) and as JSON keyed by hardware class and software stack.",
     )
-    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
+    p.add_argument(
+        "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
+    )
     _add_budgets(p)
     p.set_defaults(func=cmd_presets)
 

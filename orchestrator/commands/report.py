@@ -15,6 +15,7 @@ from orchestrator.commands.common import (
     _sweep_options,
     _whole,
 )
+from orchestrator.store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -29,12 +30,18 @@ def add_parsers(sub) -> None:
         "improvement, unchanged, new, missing) with its reasons; the hardware classes each model regressed on; "
         "the environment diff. Thresholds: compiler/thresholds.json (or --thresholds).",
     )
-    p.add_argument("out", help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX")
     p.add_argument(
-        "--baseline", metavar="RUN", help="an earlier output directory (path or URI) to compare with"
+        "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
+    )
+    p.add_argument(
+        "--baseline",
+        type=location_arg,
+        metavar="RUN",
+        help="an earlier output directory (path or URI) to compare with",
     )
     p.add_argument(
         "--history",
+        type=location_arg,
         metavar="DIR",
         help="instead of --baseline: the dated runs under DIR (as `nightly` writes them) are the baseline, by "
         "the dashboard's rules: the last `consecutive` runs against the `window_runs` before them, a latency, "
@@ -72,7 +79,13 @@ def add_parsers(sub) -> None:
         "regressed (0 otherwise; 2 on bad input; 130 when interrupted). Made for cron and CI: see docs/regression.md.",
     )
     p.add_argument("sweep", type=Path, help="sweep YAML file")
-    p.add_argument("--history", required=True, metavar="DIR", help="where the dated runs live (path or URI)")
+    p.add_argument(
+        "--history",
+        required=True,
+        type=location_arg,
+        metavar="DIR",
+        help="where the dated runs live (path or URI)",
+    )
     p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
     p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
     p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")

@@ -17,6 +17,7 @@ from orchestrator.commands.common import (
     _sweep_options,
     _whole,
 )
+from orchestrator.store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -24,6 +25,7 @@ def add_parsers(sub) -> None:
     p.add_argument("sweep", type=Path, help="sweep YAML file")
     p.add_argument(
         "--out",
+        type=location_arg,
         metavar="DIR",
         help="output directory (default: runs/<sweep name>): a local path, or a URI every node can reach, "
         "e.g. s3://BUCKET/PREFIX, gs://BUCKET/PREFIX (quote a URI with ?options in the shell)",
@@ -61,6 +63,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--history",
+        type=location_arg,
         action="append",
         default=[],
         metavar="DIR",
@@ -104,7 +107,7 @@ def cmd_sweep(args) -> int:
     from orchestrator.fleet.driver import check_ray_address, run_sweep
     from orchestrator.fleet.progress import format_duration
     from orchestrator.store.schema import results_path
-    from orchestrator.store.storage import StorageError, check_writable, checked
+    from orchestrator.store.storage import StorageError, check_own_output, check_writable, checked
 
     spec = _load(args.sweep)
     if spec is None:
@@ -113,6 +116,7 @@ def cmd_sweep(args) -> int:
     cache_redis = _cache_address(args, args.shared_cache, "a sweep uses only with --shared-cache")
     try:
         out = checked(args.out or str(Path("runs") / spec.name))
+        check_own_output(out)  # not `/` or a home directory
         check_writable(out)
         history = [checked(earlier) for earlier in args.history]
     except StorageError as exc:

@@ -19,6 +19,7 @@ from orchestrator.commands.common import (
     _print_what_won,
     _whole,
 )
+from orchestrator.store.location import arg as location_arg
 
 
 def _knob_names() -> list[str]:
@@ -59,7 +60,10 @@ def add_parsers(sub) -> None:
         "settings, and its configs as the stock modes to beat",
     )
     p.add_argument(
-        "--out", metavar="DIR", help="output directory (default: runs/<sweep name>-tune); a path or URI"
+        "--out",
+        type=location_arg,
+        metavar="DIR",
+        help="output directory (default: runs/<sweep name>-tune); a path or URI",
     )
     p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
     p.add_argument(
@@ -89,6 +93,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--prune-from",
+        type=location_arg,
         metavar="DIR",
         help="an earlier tune's --out: the knobs it measured to gain nothing (or to hurt) on every cell of a hardware class are left out "
         "of that class's search (tune.json says which, and why)",
@@ -128,7 +133,7 @@ def add_parsers(sub) -> None:
 def cmd_tune(args) -> int:
     from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.progress import format_duration
-    from orchestrator.store.storage import StorageError, check_writable, checked
+    from orchestrator.store.storage import StorageError, check_own_output, check_writable, checked
     from orchestrator.tune.search import TuneOptions, run_tune
     from orchestrator.tune.space import KNOB_NAMES
     from workers.job import PRECISIONS, canonical_precision
@@ -168,7 +173,9 @@ def cmd_tune(args) -> int:
         return EXIT_BAD_INPUT
     try:
         out = checked(args.out or str(Path("runs") / f"{spec.name}-tune"))
+        check_own_output(out)
         check_writable(out)
+        prune_from = checked(args.prune_from) if args.prune_from else None
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -180,7 +187,7 @@ def cmd_tune(args) -> int:
         precisions=tuple(precisions),
         knobs=knobs,
         bases=bases,
-        prune_from=checked(args.prune_from) if args.prune_from else None,
+        prune_from=prune_from,
         budgets=budgets,
         eta=args.eta,
         confirm_repeats=args.confirm_repeats,

@@ -35,7 +35,8 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from orchestrator.spec.sweep import SweepSpec, load_spec
-from orchestrator.store.storage import StorageError, check_uri, is_uri, redact
+from orchestrator.store.location import check_form
+from orchestrator.store.storage import StorageError, is_uri, redact
 
 EXCLUDES = [
     ".git",
@@ -60,6 +61,10 @@ TOKEN_ENV_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 CONNECT_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 5.0
+"""How long the first request (the Jobs API's version) may wait for an answer."""
+HTTP_TIMEOUT_S = 60.0
+"""How long any later request may wait between bytes of the answer (a job's logs, a submission)."""
 DASHBOARD_PORT = 8265
 
 
@@ -172,12 +177,11 @@ def prepare(
     root = Path(root).resolve() if root is not None else project_root()
     sweep = _relative_sweep(Path(sweep_path), root)
     out = str(out) if out is not None else f"runs/{spec.name}"
-    if is_uri(out):
-        # Only the form is checked here: the bucket is the head node's to reach, with its credentials.
-        try:
-            check_uri(out)
-        except StorageError as exc:
-            raise SubmitError(f"--out {exc}") from None
+    # Only the form is checked here: the output is the head node's to reach, with its credentials.
+    try:
+        check_form(out)
+    except StorageError as exc:
+        raise SubmitError(f"--out {exc}") from None
     entrypoint, runtime_env = build_submission(sweep, out, extra_args, root, runtime_env_extra)
     return Submission(spec, sweep, out, entrypoint, runtime_env)
 
@@ -261,6 +265,12 @@ def _cluster_errors(address: str, job_id: str | None = None) -> Iterator[None]:
         yield
     except AuthenticationError as exc:
         raise SubmitError(_auth_hint(address, exc)) from None
+    except requests.exceptions.ReadTimeout:
+        raise SubmitError(
+            f"the server at {address} accepted the connection but sent no HTTP answer in time (the first "
+            f"request waits {PROBE_TIMEOUT_S:g} s, later ones {HTTP_TIMEOUT_S:g} s); is that the Ray dashboard "
+            f"(port {DASHBOARD_PORT}), and is the head node responsive?"
+        ) from None
     except (ConnectionError, requests.exceptions.ConnectionError) as exc:
         raise SubmitError(_unreachable(address, exc)) from None
     except RuntimeError as exc:
@@ -307,13 +317,20 @@ def _quiet_ray_logs() -> Iterator[None]:
 
 
 def client(address: str | None):
-    """A connected `JobSubmissionClient` for `address` (see `resolve_address`)."""
+    """A connected `JobSubmissionClient` for `address` (see `resolve_address`), whose every
+    request has a timeout: a port that takes connections and never answers fails in seconds."""
     from ray.job_submission import JobSubmissionClient
+
+    class TimedClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs):
+            first = endpoint == "/api/version"  # the probe the client sends as it connects
+            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, PROBE_TIMEOUT_S if first else HTTP_TIMEOUT_S))
+            return super()._do_request(method, endpoint, **kwargs)
 
     url = resolve_address(address)
     _check_reachable(url)
     with _cluster_errors(url), _address_env_masked():
-        return JobSubmissionClient(url)
+        return TimedClient(url)
 
 
 def submit(

@@ -32,17 +32,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit, urlunsplit
 
+from orchestrator.store.location import (  # noqa: F401  (callers import these from here)
+    _SCHEME_LIKE,
+    BUCKET_SCHEMES,
+    SCHEMES,
+    StorageError,
+    check_form,
+    check_uri,
+    is_uri,
+    redact,
+)
+
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-SCHEMES = ("file", "s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs")
-"""URI schemes accepted for outputs: the `pyarrow.fs` filesystems that every node can reach."""
-BUCKET_SCHEMES = ("s3", "gs", "gcs")
 PROBE_RETRY_LIMIT_S = 5.0
 """How long the up-front check of a gs:// location retries before it reports the failure."""
 MAX_REASON_CHARS = 600
 
-_EXAMPLES = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///ABSOLUTE/PATH"
 _HINTS = {
     "s3": "check the bucket name and the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
     "AWS_PROFILE, ~/.aws/credentials or an instance role); add ?region=REGION to skip the region "
@@ -50,13 +57,12 @@ _HINTS = {
     "(?endpoint_override=HOST:PORT&scheme=http) or as AWS_ENDPOINT_URL=http://HOST:PORT",
     "gs": "check the bucket name and the credentials (GOOGLE_APPLICATION_CREDENTIALS, or "
     "`gcloud auth application-default login`)",
+    "abfs": "write abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH and check the credentials "
+    "(AZURE_STORAGE_ACCOUNT_KEY, AZURE_CLIENT_ID with AZURE_TENANT_ID and AZURE_CLIENT_SECRET, or `az login`)",
 }
 _HINTS["gcs"] = _HINTS["gs"]
+_HINTS["abfss"] = _HINTS["abfs"]
 _MANGLED = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/[^/]")
-
-
-class StorageError(ValueError):
-    """An output location that cannot be used; the message names it and says what to do."""
 
 
 REFUSED_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -151,22 +157,6 @@ def removed_on_failure(tmp: Path) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
-
-
-def is_uri(target: object) -> bool:
-    return isinstance(target, str) and "://" in target
-
-
-def redact(text: str) -> str:
-    """`text` with the secret of a URI's `user:secret@` part replaced by `***`."""
-    if not is_uri(text):
-        return text
-    parts = urlsplit(text)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return text
-    netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 @dataclass(frozen=True)
@@ -278,26 +268,6 @@ Target = Union[str, "os.PathLike[str]", Location]
 """An output location as callers give it: a path, a URI string, or a resolved `Location`."""
 
 
-def check_uri(uri: str) -> None:
-    """Refuse a URI that no filesystem could serve (unknown scheme, no bucket, relative file://),
-    without contacting anything; `StorageError` says what to write instead."""
-    shown = redact(uri)
-    scheme = uri.split("://", 1)[0].lower()
-    if scheme not in SCHEMES:
-        raise StorageError(
-            f"{shown}: unknown filesystem scheme {scheme + '://'!r}; write results to a local path or "
-            f"a URI such as {_EXAMPLES} (schemes: {', '.join(s + '://' for s in SCHEMES)})"
-        )
-    netloc = urlsplit(uri).netloc
-    if scheme in BUCKET_SCHEMES and not netloc.rpartition("@")[2]:
-        raise StorageError(f"{shown}: no bucket in the URI; write {scheme}://BUCKET/PREFIX")
-    if scheme == "file" and netloc:
-        raise StorageError(
-            f"{shown}: a file:// URI takes an absolute path and no host: file:///ABSOLUTE/PATH "
-            "(three slashes), or pass the path itself"
-        )
-
-
 def resolve(target: Target) -> Location:
     """The `Location` of a local path or URI. Nothing is read or written; for s3:// without
     ?region= or an endpoint, `pyarrow` asks AWS for the bucket's region.
@@ -306,9 +276,10 @@ def resolve(target: Target) -> Location:
     if isinstance(target, Location):
         return target
     import pyarrow.fs as pafs
+    from pyarrow.lib import ArrowException
 
-    if isinstance(target, str) and not target.strip():
-        raise StorageError("an empty path: give a directory (e.g. runs/NAME) or a URI (s3://bucket/prefix)")
+    if isinstance(target, str):
+        check_form(target)  # the forms a user may write: one line for any other
     if not is_uri(target):
         text = os.fspath(target)
         if isinstance(target, os.PathLike) and _MANGLED.match(text):
@@ -316,44 +287,80 @@ def resolve(target: Target) -> Location:
                 f"{text}: looks like a URI that went through pathlib.Path, which turns '//' into '/'; "
                 "pass the URI as a string"
             )
+        if _SCHEME_LIKE.match(str(Path(text))):  # ./name:x, which pyarrow would take for a URI
+            text = os.path.abspath(text)
         return Location(pafs.LocalFileSystem(), text)
     uri = str(target)
-    check_uri(uri)
     try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-    except (OSError, ValueError) as exc:
+        with _quiet_azure(uri):
+            fs, path = pafs.FileSystem.from_uri(uri)
+    except (OSError, ValueError, ArrowException) as exc:
         raise StorageError(_cannot_use(uri, "cannot open it", exc)) from None
     return Location(fs, path.rstrip("/") or path, uri)
 
 
 def check_access(loc: Location) -> None:
-    """Fail now, with the fix, if the bucket of `loc` is missing or cannot be reached."""
+    """Fail now, with the fix, if the bucket of `loc` is missing or cannot be reached (for a
+    local path: if it cannot even be looked up, as a path too long or through a file)."""
+    from pyarrow.lib import ArrowException
+
     if loc.is_local:
+        try:
+            loc.fs.get_file_info(loc.path)
+        except (OSError, ValueError, ArrowException) as exc:
+            reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:MAX_REASON_CHARS]
+            raise StorageError(f"{loc}: cannot use this path ({reason}); pick another") from None
         return
-    import pyarrow.fs as pafs
 
     uri = loc.uri or ""
     scheme = urlsplit(uri).scheme.lower()
     bucket = loc.path.split("/", 1)[0]
     try:
-        fs = _probing_fs(uri) or loc.fs
-        if scheme in BUCKET_SCHEMES and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
-            raise StorageError(
-                f"{loc}: bucket {bucket!r} does not exist, or these credentials cannot see it; create "
-                f"it first (e.g. `aws s3 mb s3://{bucket}` or `gcloud storage buckets create gs://{bucket}`)"
-                " or fix the name"
-            )
-        fs.get_file_info(loc.path)
-    except (OSError, ValueError) as exc:
+        with _quiet_azure(uri):
+            _probe(loc, uri, scheme, bucket)
+    except (OSError, ValueError, ArrowException) as exc:
         if isinstance(exc, StorageError):
             raise
         raise StorageError(_cannot_use(uri, "cannot reach it", exc)) from None
+
+
+def _probe(loc: Location, uri: str, scheme: str, bucket: str) -> None:
+    """Look `loc` (and its bucket) up; a bucket that does not exist is a `StorageError`."""
+    import pyarrow.fs as pafs
+
+    fs = _probing_fs(uri) or loc.fs
+    if scheme in BUCKET_SCHEMES and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        raise StorageError(
+            f"{loc}: bucket {bucket!r} does not exist, or these credentials cannot see it; create "
+            f"it first (e.g. `aws s3 mb s3://{bucket}` or `gcloud storage buckets create gs://{bucket}`)"
+            " or fix the name"
+        )
+    fs.get_file_info(loc.path)
+
+
+@contextlib.contextmanager
+def _quiet_azure(uri: str) -> Iterator[None]:
+    """For abfs://: the Azure SDK's credential chain runs `az` in a shell, which writes to this
+    process's stderr (`az: not found`); keep fd 2 closed to it for the block."""
+    if not uri.lower().startswith(("abfs://", "abfss://")):
+        yield
+        return
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def check_writable(loc: Location) -> None:
     """Fail now, with the fix, if nothing can be written under `loc` (a read-only directory or
     bucket, credentials that may read but not write): a probe file is written and removed."""
     import uuid
+
+    from pyarrow.lib import ArrowException
 
     name = f".write-probe-{uuid.uuid4().hex[:12]}"
     try:
@@ -372,7 +379,7 @@ def check_writable(loc: Location) -> None:
             probe.fs.delete_file(probe.path)
     except StorageError:
         raise
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ArrowException) as exc:
         scheme = (loc.uri or "").split("://", 1)[0].lower()
         hint = _HINTS.get(scheme, "pick a directory you can write to, or fix its permissions")
         reason = " ".join(str(exc).split())[:MAX_REASON_CHARS]
@@ -405,3 +412,38 @@ def _cannot_use(uri: str, what: str, exc: BaseException) -> str:
         reason = reason[:MAX_REASON_CHARS] + " ..."
     hint = _HINTS.get(scheme, "check the URI and the credentials of that filesystem")
     return f"{redact(uri)}: {what} ({reason}); {hint}"
+
+
+OUTPUT_MARKERS = frozenset({"run.json", ".orchestrate.lock", "tune.json", "quarantine", "rung0"})
+"""Names that make a directory an orchestrate output (a sweep's or a tune's); so does a table
+folder (`results/`, ...) holding a `hardware=` partition."""
+
+TABLES = frozenset({"results", "kernel_choices", "triton_kernels"})
+"""The table folders of an output (`orchestrator.store.schema.TABLES`)."""
+
+
+def check_own_output(loc: Location) -> None:
+    """Refuse, before anything is written, an output directory that exists, holds something, and
+    is no orchestrate output (`/`, a home directory, a source tree): a sweep would scatter
+    `results/`, `run.json` and a lock among someone else's files."""
+    import pyarrow.fs as pafs
+    from pyarrow.lib import ArrowException
+
+    try:
+        if not loc.is_dir():
+            return
+        names = {i.base_name for i in loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=False))}
+        if not names or names & OUTPUT_MARKERS or any(_partitioned(loc.join(n)) for n in names & TABLES):
+            return
+    except (OSError, ValueError, ArrowException) as exc:
+        raise StorageError(f"{loc}: cannot list it ({' '.join(str(exc).split())[:200]})") from None
+    some = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+    raise StorageError(
+        f"{loc}: a directory that holds other files ({some}) and is no orchestrate output; write "
+        "results to a new or empty directory (nothing was written)"
+    )
+
+
+def _partitioned(table: Location) -> bool:
+    """`table` is a folder of this tool's Parquet table: it holds a `hardware=` partition."""
+    return any(name.startswith("hardware=") for name in table.subdirectories())

@@ -178,7 +178,8 @@ def test_cli_refuses_a_bad_uri_before_any_work(command, uri, says, capsys, tmp_p
     }[command]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"error: {uri}") and says in err, err
+    # refused as the flags are parsed (naming the flag) or as the output is opened
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and uri in err and says in err, err
     assert list(tmp_path.iterdir()) == []
 
 
