@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, _whole
 from orchestrator.store.location import arg as location_arg
+
+if TYPE_CHECKING:
+    from orchestrator.store.storage import Location
 
 
 def add_parsers(sub) -> None:
@@ -32,7 +39,9 @@ def add_parsers(sub) -> None:
         "--dest",
         required=True,
         type=location_arg,
-        help="a new (or empty) local directory to write (a local path, or file:///ABSOLUTE/PATH)",
+        help="where to write the export: a new (or empty) local directory (a path or file:///ABSOLUTE/PATH), or "
+        "a new prefix on an object store (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX), where it is built and "
+        "load-tested in a local staging directory (under --scratch) first, then uploaded, manifest last",
     )
     p.add_argument(
         "--cpus",
@@ -64,9 +73,12 @@ def cmd_export(args) -> int:
     from orchestrator.store.storage import StorageError, checked
     from orchestrator.tune.export import ExportError, export
 
+    def log(line: str) -> None:
+        print(line, flush=True)
+
     try:
         source = checked(args.out)
-        dest = _local_dest(args.dest)
+        dest, remote = _dest(args.dest, args.scratch, args.resume)
         manifest = export(
             source,
             args.hardware,
@@ -75,18 +87,84 @@ def cmd_export(args) -> int:
             scratch_root=args.scratch,
             packages=not args.no_packages,
             resume=args.resume,
-            log=lambda line: print(line, flush=True),
+            log=log,
         )
+        if remote is not None:
+            publish(dest, remote, log)
     except (ExportError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     bundles = sum(1 for f in manifest["files"] if f.startswith("bundles/"))
     packages = sum(1 for f in manifest["files"] if f.startswith("packages/"))
     print(
-        f"wrote {args.dest}: presets.json, {bundles} bundles, {packages} packages, manifest.json "
+        f"wrote {remote or dest}: presets.json, {bundles} bundles, {packages} packages, manifest.json "
         f"(stack: {manifest['stack']})"
     )
     return 0
+
+
+def _dest(text: str, scratch: str | None, resume: bool) -> tuple[Path, Location | None]:
+    """`--dest`, parsed once and checked before any compile: (the local directory the export is
+    built in, None) for a path or file:///PATH; for an object store (s3://, gs://, ...), (a local
+    staging directory, the destination), the destination checked reachable, writable and new."""
+    import pyarrow.fs as pafs
+    from pyarrow.lib import ArrowException
+
+    from compiler.apply import MANIFEST
+    from orchestrator.store.storage import StorageError, check_writable, checked, is_uri
+
+    if not is_uri(text) or text.lower().startswith("file://"):
+        return _local_dest(text), None
+    remote = checked(text)
+    try:
+        finished = remote.join(MANIFEST).exists()
+        held = remote.fs.get_file_info(pafs.FileSelector(remote.path, recursive=False, allow_not_found=True))
+    except (OSError, ArrowException) as exc:
+        raise StorageError(f"--dest {remote}: cannot list it ({' '.join(str(exc).split())[:300]})") from None
+    if finished:
+        raise ValueError(
+            f"--dest {remote}: holds a finished export; export into a new prefix (nothing was changed)"
+        )
+    if not resume and held:
+        raise ValueError(
+            f"--dest {remote}: is not empty; export into a new prefix, or add --resume if an export into it "
+            "was interrupted (nothing was changed)"
+        )
+    check_writable(remote)
+    return _local_dest(str(staging_dir(remote, scratch))), remote
+
+
+def staging_dir(remote: Location, scratch: str | None) -> Path:
+    """Where an export to `remote` is built and load-tested before it is uploaded: one directory
+    per destination, so that `--resume` finds what an interrupted export finished."""
+    key = hashlib.sha256(str(remote.uri).encode()).hexdigest()[:16]
+    return Path(scratch or tempfile.gettempdir()) / f"orchestrate-export-{key}"
+
+
+def publish(staging: Path, remote: Location, log) -> None:
+    """Upload the finished export in `staging` to `remote`, each file one PUT and the manifest
+    last (a reader that finds it finds every file it lists), then remove `staging`."""
+    from pyarrow.lib import ArrowException
+
+    from compiler.apply import MANIFEST
+    from orchestrator.store.storage import StorageError, format_size
+    from orchestrator.tune.export import PROGRESS
+
+    files = [p for p in sorted(staging.rglob("*")) if p.is_file() and p.name not in (MANIFEST, PROGRESS)]
+    size = 0
+    for path in [*files, staging / MANIFEST]:
+        target = remote.join(path.relative_to(staging).as_posix())
+        try:
+            with open(path, "rb") as src, target.fs.open_output_stream(target.path) as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        except (OSError, ArrowException) as exc:
+            raise StorageError(
+                f"uploading {target} failed ({' '.join(str(exc).split())[:300]}); the export is complete in "
+                f"{staging}: run the same command again to upload it (or copy that directory there yourself)"
+            ) from None
+        size += path.stat().st_size
+    log(f"uploaded {len(files) + 1} files ({format_size(size)}) to {remote}")
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _local_dest(text: str) -> Path:
@@ -94,14 +172,8 @@ def _local_dest(text: str) -> Path:
     exists or can be made, and that this process can write (ValueError naming the problem and
     the fix otherwise). Object stores are refused: the packages are built and verified in place."""
     from orchestrator.store.location import shown
-    from orchestrator.store.storage import is_uri, resolve
+    from orchestrator.store.storage import resolve
 
-    if is_uri(text) and not text.lower().startswith("file://"):
-        raise ValueError(
-            f"--dest {shown(text)}: an export is written to a local directory (a path or file:///PATH); "
-            "writing it to an object store is not supported: export to a local directory, then copy it "
-            "(e.g. `aws s3 cp --recursive DIR s3://BUCKET/PREFIX`); compile_tuned reads it from there"
-        )
     dest = resolve(text).local_path
     try:
         if dest.exists() and not dest.is_dir():
