@@ -341,7 +341,7 @@ def _probe(loc: Location, uri: str, scheme: str, bucket: str) -> None:
 @contextlib.contextmanager
 def _quiet_azure(uri: str) -> Iterator[None]:
     """For abfs://: the Azure SDK's credential chain runs `az` in a shell, which writes to this
-    process's stderr (`az: not found`); keep fd 2 closed to it for the block."""
+    process's stderr (`az: not found`): point fd 2 at /dev/null for the block."""
     if not uri.lower().startswith(("abfs://", "abfss://")):
         yield
         return
