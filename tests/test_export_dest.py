@@ -44,8 +44,11 @@ def _interrupted_build(staging, out) -> None:
     (staging / PROGRESS).write_text(json.dumps({"key": key, "entries": finished}))
 
 
-def test_an_export_to_s3_is_uploaded_manifest_last_and_reads_back(s3_bucket, cpu_output, tmp_path, capsys):
+def test_an_export_to_s3_is_uploaded_manifest_last_and_reads_back(
+    s3_bucket, cpu_output, tmp_path, capsys, monkeypatch
+):
     from compiler.apply import MANIFEST, PRESETS
+    from compiler.export_files import CACHE_ENV, open_export
     from orchestrator.commands.export import staging_dir
     from orchestrator.store.storage import resolve
 
@@ -63,6 +66,11 @@ def test_an_export_to_s3_is_uploaded_manifest_last_and_reads_back(s3_bucket, cpu
     assert set(manifest["files"]) == {PRESETS, "bundles/mlp.bin", "bundles/resnet.bin"}
     for rel, digest in manifest["files"].items():  # every listed file is there, byte for byte
         assert hashlib.sha256(remote.join(rel).read_bytes()).hexdigest() == digest
+    # and compile_tuned's reader takes it: manifest and presets checked, each bundle verified
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    served = open_export(dest)
+    assert [e["model"] for e in served.presets["presets"]] == ["mlp", "resnet"]
+    assert served.verified("bundles/mlp.bin") == b"mlp"
 
     # a finished export is never overwritten, resumed or not
     for extra in ([], ["--resume"]):
