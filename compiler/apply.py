@@ -218,6 +218,14 @@ def compile_tuned(
     return tuning.run(filesystem, model_name, batch_size, dtype, use_package)
 
 
+def _unsupported(entry: dict[str, Any], device: Any) -> str | None:
+    """Why this process's device cannot run the preset `entry` (`compiler.capabilities`), or None."""
+    from compiler.capabilities import CPU, check_preset_supported, from_device
+
+    on_gpu = device is not None and device.type == "cuda"
+    return check_preset_supported(from_device(device.index or 0) if on_gpu else CPU, entry)
+
+
 class _Tuning:
     """One `compile_tuned` call: what it was given, the export and preset it found, and what it
     did (`applied`)."""
@@ -302,6 +310,9 @@ class _Tuning:
             self.config = preset_config(entry, export.where(PRESETS))
         except ExportError as exc:
             return str(exc)
+        unsupported = _unsupported(entry, self.device)
+        if unsupported:
+            return f"the preset {entry.get('config')!r} cannot run on this device: {unsupported}"
         self.entry, applied.match = entry, match
         applied.preset = {k: v for k, v in entry.items() if k != "compile"}
         applied.config = self.config.to_dict()

@@ -297,3 +297,35 @@ def test_a_gpu_job_checks_its_device_before_compiling(tmp_path, monkeypatch):
     )
     run = job_run("fp32", MAX_AUTOTUNE)
     assert run.unsupported_here() is None and "RTX-9090 has 40 SMs" in run.notes[0]
+
+
+def test_export_refuses_presets_the_device_cannot_run_before_any_compile():
+    from compiler.export_files import ExportError
+    from orchestrator.tune.export import check_supported
+
+    entries = [
+        {
+            "model": "vit",
+            "batch_size": 1,
+            "dtype": "bf16",
+            "precision": "bf16",
+            "config": "default",
+            "compile": {},
+        },
+        {
+            "model": "vit",
+            "batch_size": 16,
+            "dtype": "fp32",
+            "precision": "fp32",
+            "config": "default",
+            "compile": {},
+        },
+    ]
+    defaults = {"config": "mat", "precision": "fp32", "compile": {"options": {"max_autotune": True}}}
+    check_supported(entries, defaults, "A100", known("A100"))  # all of it runs there
+    with pytest.raises(ExportError) as err:
+        check_supported(entries, defaults, "V100", known("V100"))
+    text = str(err.value)
+    assert text.startswith("1 V100 preset(s) cannot run on this V100 (sm70): ")
+    assert "no native bf16" in text and "Tune again on this class" in text
+    check_supported(entries, defaults, "cpu", known("cpu"))  # the CPU has no such limits

@@ -164,6 +164,29 @@ def _tuned_plan(out: Location, hardware: str) -> tuple[list[dict[str, Any]], dic
     return entries, data["defaults"].get(hardware, {}), row_stack(entries[0])
 
 
+def check_supported(
+    entries: list[dict[str, Any]], defaults: dict[str, Any], hardware: str, caps: Any = None
+) -> None:
+    """Refuse, before any compile, presets that this machine's device (`caps`, by default
+    `compiler.capabilities.from_device()`) cannot run: a class name that covers a smaller board
+    than the one the tune ran on, or presets from before the planner knew the class's limits."""
+    from compiler.capabilities import check_preset_supported, from_device
+
+    caps = caps or from_device()
+    cannot = [
+        f"{_cell(e) if 'model' in e else 'class default'}: {reason}"
+        for e in [*entries, *([defaults] if defaults.get("compile") is not None else [])]
+        if (reason := check_preset_supported(caps, e))
+    ]
+    if cannot:
+        raise ExportError(
+            f"{len(cannot)} {hardware} preset(s) cannot run on this {caps.name} ({caps.sm}): "
+            + "; ".join(cannot[:5])
+            + ("; ..." if len(cannot) > 5 else "")
+            + ". Tune again on this class (the tuner leaves such candidates out) and export that"
+        )
+
+
 def export(
     out: Target,
     hardware: str,
@@ -194,6 +217,7 @@ def export(
             f"the {hardware} presets were measured on another stack than this one: {', '.join(differs)}; export "
             "on the stack that ran the sweep (a bundle only loads on the stack that built it)"
         )
+    check_supported(entries, defaults, hardware)
     specs = _model_specs(out)
     dest = Path(dest)
     key = {"source": str(out), "hardware": hardware, "packages": packages}
