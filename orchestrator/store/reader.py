@@ -21,6 +21,7 @@ A table is answered from part files that pass every check, or not at all:
 from __future__ import annotations
 
 import hashlib
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ from orchestrator.store.integrity import (
     quarantine,
     warn_strays,
 )
+from orchestrator.store.lock import held_by_live_driver
 from orchestrator.store.storage import Location
 
 
@@ -86,10 +88,21 @@ def _problem(out: Location, rel: str, kind: str, reason: str) -> DamagedFile:
     return DamagedFile(out.join(*rel.split("/")), rel, reason[:MAX_REASON_CHARS], kind)
 
 
-def check_table(out: Location, spec: TableSpec, ledger: ledgers.Ledger | None) -> TableCheck:
-    """Every part of table `spec.name` of `out`, verified (see the module's docstring)."""
+IN_FLIGHT_S = 120.0
+"""While a live driver holds the output's lock, an unlisted part younger than this may be a commit
+in progress (the sink lists a part just after writing it): readers leave it out, unread, instead
+of calling it foreign."""
+
+
+def check_table(
+    out: Location, spec: TableSpec, ledger: ledgers.Ledger | None, in_flight_s: float = IN_FLIGHT_S
+) -> TableCheck:
+    """Every part of table `spec.name` of `out`, verified (see the module's docstring). An
+    unlisted part younger than `in_flight_s` is left out: neither read nor named."""
     table_dir = out.join(spec.name)
     parts, strays = list_parts(table_dir)
+    if in_flight_s > 0 and ledger is not None and not held_by_live_driver(out):
+        in_flight_s = 0  # nobody is writing: every unlisted part is foreign
     check = TableCheck(strays=strays)
     root = table_dir.path.rstrip("/")
     present = set()
@@ -105,6 +118,8 @@ def check_table(out: Location, spec: TableSpec, ledger: ledgers.Ledger | None) -
         if ledger is not None:
             listed = ledger.entries.get(rel)
             if not listed:
+                if _younger_than(loc, in_flight_s):
+                    continue
                 reason = (
                     "not listed in the commit ledger (a copy, a rename, or a file this tool did not commit)"
                 )
@@ -130,6 +145,13 @@ def check_table(out: Location, spec: TableSpec, ledger: ledgers.Ledger | None) -
     if spec.unique:
         _refuse_duplicates(out, spec.unique, check)
     return check
+
+
+def _younger_than(loc: Location, seconds: float) -> bool:
+    if seconds <= 0:
+        return False
+    mtime = loc.fs.get_file_info(loc.path).mtime
+    return mtime is not None and time.time() - mtime.timestamp() < seconds
 
 
 def _refuse_duplicates(out: Location, column: str, check: TableCheck) -> None:
@@ -268,26 +290,26 @@ class Repair:
     """Parts of an output without a ledger that are now listed."""
 
 
-def find_damaged(out: Location, specs: list[TableSpec]) -> tuple[list[DamagedFile], list[str]]:
-    """Every part of the tables `specs` of `out` that fails the checks, and every stray (relative
-    to `out`); reads every part whole, changes nothing."""
+def find_damaged(
+    out: Location, specs: list[TableSpec], in_flight_s: float = IN_FLIGHT_S
+) -> tuple[list[DamagedFile], list[str], list[ledgers.Entry], ledgers.Ledger | None]:
+    """Every part of the tables `specs` of `out` that fails the checks, every stray (relative to
+    `out`), the entries of the parts that pass, and the ledger; reads every part whole, changes
+    nothing."""
     ledger = ledgers.load(out)
-    checks = [check_table(out, spec, ledger) for spec in specs]
+    checks = [check_table(out, spec, ledger, in_flight_s) for spec in specs]
     strays = [f"{spec.name}/{s}" for spec, c in zip(specs, checks, strict=True) for s in c.strays]
-    return [p for c in checks for p in c.problems], strays
+    good = [v.entry for c in checks for v in c.good]
+    return [p for c in checks for p in c.problems], strays, good, ledger
 
 
 def repair(out: Location, specs: list[TableSpec], stamp: str) -> Repair:
     """Move every part that fails `check_table` into `out/quarantine/<stamp>/`, and leave a ledger
     that lists exactly the parts kept (old segments go to quarantine too, whole)."""
-    ledger = ledgers.load(out)
-    checks = [check_table(out, spec, ledger) for spec in specs]
-    problems = [p for c in checks for p in c.problems]
-    strays = [f"{spec.name}/{s}" for spec, c in zip(specs, checks, strict=True) for s in c.strays]
+    problems, strays, good, ledger = find_damaged(out, specs, in_flight_s=0)  # the caller holds the lock
     present = [p for p in problems if p.kind != "missing"]
     dests = dict(quarantine(out, [p.rel for p in present], stamp))
     result = Repair([(p, dests.get(p.rel)) for p in problems], strays)
-    good = [v.entry for c in checks for v in c.good]
     if ledger is None:
         if good:
             ledgers.LedgerWriter(out, "adopted").append(good)

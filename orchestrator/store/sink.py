@@ -74,7 +74,7 @@ class ResultSink:
         self._side: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._oldest: float | None = None
         self.rows_written = 0
-        """Result rows on disk; a flush refused halfway counts the partitions it wrote."""
+        """Result rows on disk and listed; a flush refused halfway counts the partitions it wrote."""
         self.files_written = 0
         self.refused: WriteRefused | None = None
         """The write the filesystem refused; every later flush raises it again."""
@@ -121,19 +121,25 @@ class ResultSink:
             self.refused = exc
             raise
         finally:  # the parts on disk, durable by now, are listed, even those of a refused flush
-            if self.ledger is not None:
-                self._list(committed)
+            self._list(committed)
         self._buffer.clear()
         self._oldest = None
 
     def _list(self, committed: list[Entry]) -> None:
+        """List the parts of a flush. A listing the filesystem refuses (full, read-only) leaves
+        them unlisted, like rows never written (`--resume` moves them aside and runs their jobs
+        again), and refuses the flush, unless a refused part write is already on its way."""
         try:
-            self.ledger.append(committed)
+            if self.ledger is not None:
+                self.ledger.append(committed)
         except OSError as exc:
-            if not is_refused_write(exc) or self.refused is not None:
+            if not is_refused_write(exc):
                 raise
-            self.refused = WriteRefused(self.ledger.segment, exc)
-            raise self.refused from exc
+            if self.refused is None:
+                self.refused = WriteRefused(self.ledger.segment, exc)
+                raise self.refused from exc
+            return
+        self.rows_written += sum(e.rows for e in committed if e.part.startswith(f"{RESULTS_DIR}/"))
 
     def _write(self, table: str, rows: list[dict[str, Any]], committed: list[Entry]) -> None:
         groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -163,8 +169,6 @@ class ResultSink:
                 )
             )
             self.files_written += 1
-            if table == RESULTS_DIR:
-                self.rows_written += len(part)
 
     def close(self) -> None:
         self.flush()

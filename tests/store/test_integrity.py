@@ -88,7 +88,7 @@ def test_a_damaged_part_is_named_not_read_around(out, kind, ledger):
     assert f"results/hardware=cpu/{bad.name}" in message and reason in message
     assert "--resume" in message and "quarantine" in message
     assert [d.loc.path for d in info.value.damaged] == [str(bad)]
-    found, strays = find_damaged(resolve(out), SPECS)
+    found, strays, *_ = find_damaged(resolve(out), SPECS)
     assert [d.rel for d in found] == [f"results/hardware=cpu/{bad.name}"] and strays == []
 
 
@@ -170,7 +170,7 @@ def test_damaged_parts_on_s3_are_named_and_quarantined(s3_bucket, table_jobs, ma
     files[0].write_bytes(files[0].read_bytes()[:100])
     with pytest.raises(DamagedOutputError, match=files[0].path.rsplit("/", 1)[-1]):
         read_results(uri)
-    found, _ = find_damaged(loc, SPECS)
+    found, *_ = find_damaged(loc, SPECS)
     repair(loc, SPECS, stamp="T")
     assert read_results(uri).num_rows == 1
     moved = loc.join("quarantine", "T", found[0].rel)
