@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -95,10 +96,15 @@ of calling it foreign."""
 
 
 def check_table(
-    out: Location, spec: TableSpec, ledger: ledgers.Ledger | None, in_flight_s: float = IN_FLIGHT_S
+    out: Location,
+    spec: TableSpec,
+    ledger: ledgers.Ledger | None,
+    in_flight_s: float = IN_FLIGHT_S,
+    columns: list[str] | None = None,
 ) -> TableCheck:
-    """Every part of table `spec.name` of `out`, verified (see the module's docstring). An
-    unlisted part younger than `in_flight_s` is left out: neither read nor named."""
+    """Every part of table `spec.name` of `out`, verified (see the module's docstring), its rows
+    read (only `columns` and those the checks need, if given). While a live driver holds the
+    lock, an unlisted part younger than `in_flight_s` is left out: neither read nor named."""
     table_dir = out.join(spec.name)
     parts, strays = list_parts(table_dir)
     if in_flight_s > 0 and ledger is not None and not held_by_live_driver(out):
@@ -129,7 +135,7 @@ def check_table(
                 reason = f"its bytes differ from the commit ledger's (sha256 {digest[:12]}, listed {listed[0].sha256[:12]})"
                 check.problems.append(_problem(out, rel, "damaged", reason))
                 continue
-        table, reason = conform(data, spec, rel)
+        table, reason = conform(data, spec, rel, columns)
         if reason:
             check.problems.append(_problem(out, rel, "damaged", reason))
             continue
@@ -170,9 +176,18 @@ def _refuse_duplicates(out: Location, column: str, check: TableCheck) -> None:
     check.problems += [_problem(out, rel, "damaged", reason) for rel, reason in sorted(bad.items())]
 
 
-def conform(data: bytes, spec: TableSpec, rel: str) -> tuple[pa.Table, str | None]:
-    """(the part file's rows in the canonical schema, None), or (an empty table, why not)."""
+def conform(
+    data: bytes, spec: TableSpec, rel: str, columns: list[str] | None = None
+) -> tuple[pa.Table, str | None]:
+    """(the part file's rows in the canonical schema, None), or (an empty table, why not). With
+    `columns`, only those and the ones the row checks need are read (the schema is checked whole;
+    the ledger's digest covers every byte)."""
     import pyarrow.parquet as pq
+
+    schema = spec.schema
+    if columns is not None:
+        wanted = {*columns, *spec.required, *spec.ok_figures, *(["status"] if spec.statuses else [])}
+        schema = pa.schema([f for f in spec.schema if f.name in wanted], metadata=spec.schema.metadata)
 
     if not data:
         return spec.schema.empty_table(), "empty file (0 bytes)"
@@ -183,20 +198,21 @@ def conform(data: bytes, spec: TableSpec, rel: str) -> tuple[pa.Table, str | Non
         reason = _schema_problem(file_schema, spec, version)
         if reason:
             return spec.schema.empty_table(), reason
-        table = pf.read()
+        present = set(file_schema.names)
+        table = pf.read(columns=[n for n in schema.names if n in present])
     except (OSError, pa.ArrowException, ValueError) as exc:
         return spec.schema.empty_table(), " ".join(str(exc).split()) or type(exc).__name__
     values = _partition_values(rel, spec)
     arrays = []
-    for f in spec.schema:
+    for f in schema:
         if f.name in values:
             arrays.append(pa.array([values[f.name]] * table.num_rows, f.type))
-        elif f.name in file_schema.names:
+        elif f.name in present:
             arrays.append(table.column(f.name))
         else:  # a column added after the file's schema version
             arrays.append(pa.nulls(table.num_rows, f.type))
-    table = pa.Table.from_arrays(arrays, schema=spec.schema)
-    figures = tuple(c for c in spec.ok_figures if c in file_schema.names)  # an old file may lack some
+    table = pa.Table.from_arrays(arrays, schema=schema)
+    figures = tuple(c for c in spec.ok_figures if c in present)  # an old file may lack some
     return table, _row_problem(table, spec, figures)
 
 
@@ -206,7 +222,7 @@ def _schema_problem(schema: pa.Schema, spec: TableSpec, version: int) -> str | N
     wanted = {f.name: f.type for f in spec.schema if f.name not in spec.partitions}
     names = schema.names
     found = []
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(n for n, k in Counter(names).items() if k > 1)
     if twice:
         found.append(f"column(s) {', '.join(twice)} twice")
     unknown = [n for n in names if n not in wanted]
@@ -255,7 +271,7 @@ def read_verified(out: Location, spec: TableSpec, columns: list[str] | None, fix
     """The rows of one table of `out` from verified parts only; `DamagedOutputError` (naming every
     file that failed, and `fix`) when any part fails."""
     ledger = ledgers.load(out)
-    check = check_table(out, spec, ledger)
+    check = check_table(out, spec, ledger, columns=columns)
     warn_strays(out.join(spec.name), check.strays)
     note_ledger(out, ledger, bool(check.good or check.problems))
     if check.problems:
