@@ -102,6 +102,11 @@ RESULTS_FILE_SCHEMA = file_schema(RESULTS_SCHEMA)
 RESULT_COLUMNS: tuple[str, ...] = tuple(RESULTS_SCHEMA.names)
 
 
+OK_FIGURES = ("eager_ms", "compiled_ms")
+"""Columns a results row with status `ok` always has (the job timed both sides; the strict reader
+refuses one without). `speedup` is derived from them and null where the compiled median is 0."""
+
+
 class SchemaError(ValueError):
     """A row that does not fit its table."""
 
@@ -165,10 +170,6 @@ def table_spec(table: str):
             unique="job_id",
         )
     return TableSpec(table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)
-
-
-OK_FIGURES = ("eager_ms", "compiled_ms", "speedup")
-"""Columns a results row with status `ok` always has (the strict reader refuses one without)."""
 
 
 def read_table(out_dir: Target, table: str, columns: list[str] | None = None) -> pa.Table:
