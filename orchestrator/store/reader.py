@@ -24,6 +24,7 @@ import hashlib
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -267,15 +268,17 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
     return None
 
 
-def read_verified(out: Location, spec: TableSpec, columns: list[str] | None, fix: str) -> pa.Table:
+def read_verified(
+    out: Location, spec: TableSpec, columns: list[str] | None, fix: Callable[[], str]
+) -> pa.Table:
     """The rows of one table of `out` from verified parts only; `DamagedOutputError` (naming every
-    file that failed, and `fix`) when any part fails."""
+    file that failed, and `fix()`: the repair, looked up only then) when any part fails."""
     ledger = ledgers.load(out)
     check = check_table(out, spec, ledger, columns=columns)
     warn_strays(out.join(spec.name), check.strays)
     note_ledger(out, ledger, bool(check.good or check.problems))
     if check.problems:
-        raise DamagedOutputError(out, check.problems, fix)
+        raise DamagedOutputError(out, check.problems, fix())
     table = pa.concat_tables([v.table for v in check.good]) if check.good else spec.schema.empty_table()
     return table.select(columns) if columns else table
 

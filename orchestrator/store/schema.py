@@ -182,7 +182,7 @@ def read_table(out_dir: Target, table: str, columns: list[str] | None = None) ->
     from orchestrator.store.reader import read_verified
 
     out = resolve(out_dir)
-    return read_verified(out, table_spec(table), columns, repair_hint(out))
+    return read_verified(out, table_spec(table), columns, lambda: repair_hint(out))
 
 
 def repair_hint(out: Location) -> str:
