@@ -54,7 +54,7 @@ def _print_warning(message, category, filename, lineno, file=None, line=None) ->
     if issubclass(category, OutputWarning):
         if str(message) not in _warned:  # once per command, however often the table is read
             _warned.add(str(message))
-            print(f"warning: {message}", file=sys.stderr)
+            print(f"{getattr(category, 'prefix', 'warning')}: {message}", file=sys.stderr)
     else:
         _show_warning(message, category, filename, lineno, file, line)
 

@@ -65,6 +65,12 @@ def _best(rows: list[Row], template: bool) -> float | None:
     return min(times) if times else None
 
 
+def _sort_key(item: tuple[tuple, Any]) -> tuple:
+    """A signature's order, whatever is null in it (a null column sorts as 'None', no TypeError)."""
+    hardware, op, shapes, dtypes = item[0]
+    return (str(hardware), str(op), tuple(map(str, shapes)), tuple(map(str, dtypes)))
+
+
 def summarize(rows: list[Row]) -> list[Row]:
     """One entry per (hardware, op, shapes, dtypes), from the first autotuning of each signature
     (a fresh benchmark where there is one)."""
@@ -74,10 +80,15 @@ def summarize(rows: list[Row]) -> list[Row]:
     signatures: dict[tuple, list[list[Row]]] = defaultdict(list)
     for op_rows in ops.values():
         first = op_rows[0]
-        key = (first["hardware"], first["op"], tuple(first["input_shapes"]), tuple(first["input_dtypes"]))
+        key = (
+            first["hardware"],
+            first["op"],
+            tuple(first["input_shapes"] or ()),
+            tuple(first["input_dtypes"] or ()),
+        )
         signatures[key].append(op_rows)
     out = []
-    for (hardware, op, shapes, dtypes), instances in sorted(signatures.items(), key=lambda kv: kv[0]):
+    for (hardware, op, shapes, dtypes), instances in sorted(signatures.items(), key=_sort_key):
         fresh = [i for i in instances if not i[0]["from_cache"]]
         # a finished compile's benchmark where there is one: only it knows the kernel emitted
         whole = [i for i in fresh if not i[0].get("partial")]
@@ -129,10 +140,10 @@ def render(summary: list[Row]) -> str:
     for s in summary:
         w = s["winner"]
         cells = [
-            s["hardware"],
-            s["op"],
-            " , ".join(x or "?" for x in s["input_shapes"]),
-            ",".join(s["input_dtypes"]),
+            str(s["hardware"]),
+            str(s["op"]),
+            " , ".join(x or "?" for x in s["input_shapes"] or ()),
+            ",".join(x or "?" for x in s["input_dtypes"] or ()),
             str(s["times_tuned"])
             + (f" ({s['partial_instances']} partial)" if s.get("partial_instances") else ""),
             str(s["candidates"]),
@@ -153,8 +164,9 @@ def load(source: Any) -> pa.Table:
     or one packed Parquet file."""
     if isinstance(source, str) and source.endswith(".parquet") and Path(source).is_file():
         return pq.read_table(source)
-    from orchestrator.store.schema import read_table
+    from orchestrator.store.schema import read_results, read_table
 
+    read_results(source, ["job_id"])  # the strict reader: a damaged output is named, not half-read
     return read_table(source, "kernel_choices")
 
 

@@ -17,8 +17,8 @@ def _cell(row: dict[str, Any] | None) -> str:
     if row is None:
         return "-"
     if row["status"] != "ok":
-        return row["status"]
-    return f"{row['speedup']:.2f}x"
+        return str(row["status"])
+    return "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
 
 
 def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]]]]:
@@ -27,19 +27,17 @@ def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]
     for row in table.to_pylist():
         by_hw[row["hardware"]].append(row)
     out = {}
-    for hw, rows in sorted(by_hw.items()):
-        configs = sorted({r["config"] for r in rows})
+    for hw, rows in sorted(by_hw.items(), key=lambda kv: str(kv[0])):
+        configs = sorted({r["config"] for r in rows}, key=str)
         cells: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
         for r in rows:
             cells[(r["model"], r["batch_size"], r["dtype"])][r["config"]] = r
-        header = ["model", "batch", "dtype", "eager ms", *configs]
+        header = ["model", "batch", "dtype", "eager ms", *map(str, configs)]
         body = []
-        for (model, bs, dtype), by_cfg in sorted(
-            cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])
-        ):
+        for (model, bs, dtype), by_cfg in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
             eager = [r["eager_ms"] for r in by_cfg.values() if r["eager_ms"] is not None]
             eager_s = f"{sorted(eager)[len(eager) // 2]:.3f}" if eager else "-"
-            body.append([model, str(bs), dtype, eager_s, *(_cell(by_cfg.get(c)) for c in configs)])
+            body.append([str(model), str(bs), str(dtype), eager_s, *(_cell(by_cfg.get(c)) for c in configs)])
         out[hw] = (header, body)
     return out
 
@@ -68,7 +66,7 @@ def render(table: pa.Table, markdown: bool = True) -> str:
         parts.append("# Speedup of torch.compile over eager\n")
     parts.append(
         f"{table.num_rows} results: "
-        + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+        + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items(), key=lambda kv: str(kv[0])))
         + ". Cells: median eager latency / median compiled latency; a status where the job did not succeed.\n"
     )
     for hw, (header, rows) in speedup_tables(table).items():

@@ -29,10 +29,11 @@ from orchestrator.fleet.support import row_error, triage
 from orchestrator.spec.matrix import expand, select
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store import runlog
-from orchestrator.store.integrity import find_damaged, quarantine
+from orchestrator.store.integrity import quarantine
 from orchestrator.store.lock import OutputLock
+from orchestrator.store.reader import repair
 from orchestrator.store.rows import failure_row
-from orchestrator.store.schema import TABLES
+from orchestrator.store.schema import TABLES, table_spec
 from orchestrator.store.sink import ResultSink
 from orchestrator.store.storage import (
     Location,
@@ -314,17 +315,21 @@ def _check_run_log(out: Location, stream: TextIO, stamp: str) -> None:
 
 
 def _quarantine_damage(out: Location, stream: TextIO, stamp: str) -> None:
-    """Before a resumed sweep reads which jobs are done: move every damaged part file aside, so
-    its jobs run again; name the strays, which stay where they are and are ignored."""
-    damaged, strays = find_damaged(out, TABLES)
-    for rel in strays:
+    """Before a resumed sweep reads which jobs are done: move every part the strict reader refuses
+    (damaged, foreign, a second row of a job) aside, so its jobs run again, and leave a commit
+    ledger listing exactly the parts kept; name the strays, which stay and are ignored."""
+    fixed = repair(out, [table_spec(t) for t in TABLES], stamp)
+    for rel in fixed.strays:
         print(
             f"warning: ignoring {out.join(rel)}: not a part file this tool writes; move it out", file=stream
         )
-    if not damaged:
-        return
-    moved = quarantine(out, [d.rel for d in damaged], stamp)
-    for d, (_, dest) in zip(damaged, moved, strict=True):
+    if fixed.adopted:
+        print(
+            f"note: {out} was written before outputs had a commit ledger; its {fixed.adopted} part file(s) "
+            "are listed in it now",
+            file=stream,
+        )
+    for d, dest in fixed.moved:
         whose = (
             "its jobs run again"
             if d.rel.startswith("results/")
@@ -332,7 +337,8 @@ def _quarantine_damage(out: Location, stream: TextIO, stamp: str) -> None:
                 "the jobs' result rows are intact, so they are not rerun; their rows of this table are lost"
             )
         )
-        print(f"warning: {out.join(d.rel)} is damaged ({d.reason}); moved to {dest}: {whose}", file=stream)
+        where = f"moved to {dest}" if dest else "dropped from the commit ledger"
+        print(f"warning: {out.join(d.rel)} is {d.kind} ({d.reason}); {where}: {whose}", file=stream)
 
 
 def _run_locked(

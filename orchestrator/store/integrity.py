@@ -7,10 +7,11 @@ Anything else found there is classified, never guessed at:
 - names starting with `.` or `_` (a write in progress, `_SUCCESS` markers): skipped silently;
 - any other file that is not `hardware=<class>/<name>.parquet`: a *stray* (a note someone left,
   a copy in the wrong folder), ignored with a warning that names it;
-- a part that cannot be read whole (truncated, overwritten, a page whose CRC fails, columns of
-  the wrong type): *damaged*. Readers refuse to answer from an incomplete table and name the
-  file; `orchestrate sweep --resume` moves it to `<out>/quarantine/<time>/` and runs its jobs
-  again (their rows went with it).
+- a part that fails the strict reader (`orchestrator.store.reader`: not in the commit ledger,
+  bytes that differ from it, a page whose CRC fails, columns of the wrong name or type, rows that
+  break the table's rules): *damaged*, *foreign* or *missing*. Readers refuse to answer from an
+  incomplete table and name the file; `orchestrate sweep --resume` moves it to
+  `<out>/quarantine/<time>/` and runs its jobs again (their rows went with it).
 
 Part files are written with page checksums (`write_page_checksum`), and read with verification,
 so a flipped bit in a data page is found, not read as a wrong latency.
@@ -22,8 +23,6 @@ import re
 import time
 import warnings
 from dataclasses import dataclass
-
-import pyarrow as pa
 
 from orchestrator.store.storage import Location, StorageError
 
@@ -46,23 +45,20 @@ class DamagedFile:
     rel: str
     """Its path inside the output directory, e.g. results/hardware=cpu/part-1f2e.parquet."""
     reason: str
+    kind: str = "damaged"
+    """damaged (bytes or rows wrong), foreign (not in the commit ledger), missing (listed, gone)."""
 
 
 class DamagedOutputError(StorageError):
-    """A table with part files that cannot be read; the message names them and the fix."""
+    """A table with part files that fail the strict reader (`orchestrator.store.reader`); the
+    message names them and the fix."""
 
     def __init__(self, out: Location, damaged: list[DamagedFile], fix: str):
         self.out = out
         self.damaged = damaged
-        names = "; ".join(f"{d.rel} ({d.reason})" for d in damaged[:5])
+        names = "; ".join(f"{d.rel} ({d.kind}: {d.reason})" for d in damaged[:5])
         more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
         super().__init__(f"{out}: damaged part file(s): {names}{more}. {fix}")
-
-
-def scan_options():
-    import pyarrow.dataset as ds
-
-    return ds.ParquetFragmentScanOptions(page_checksum_verification=True)
 
 
 def list_parts(table_dir: Location) -> tuple[list[Location], list[str]]:
@@ -96,50 +92,6 @@ def warn_strays(table_dir: Location, strays: list[str]) -> None:
             StrayFileWarning,
             stacklevel=3,
         )
-
-
-def part_problem(loc: Location, schema: pa.Schema) -> str | None:
-    """Why the part file `loc` cannot be read whole into `schema`, or None if it can."""
-    import pyarrow.parquet as pq
-
-    try:
-        data = loc.read_bytes()
-        if not data:
-            return "empty file (0 bytes)"
-        pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
-        table = pf.read()
-        wanted = {f.name: f.type for f in schema}
-        for field in table.schema:
-            if field.name in wanted and field.name != "hardware":
-                table.column(field.name).cast(wanted[field.name])
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        return reason[:MAX_REASON_CHARS]
-    return None
-
-
-def damaged_parts(
-    table_dir: Location, table: str, parts: list[Location], schema: pa.Schema
-) -> list[DamagedFile]:
-    """The files among `parts` (of the table folder `table_dir`) that cannot be read whole."""
-    root = table_dir.path.rstrip("/")
-    return [
-        DamagedFile(part, f"{table}/{part.path[len(root) + 1 :]}", problem)
-        for part in parts
-        if (problem := part_problem(part, schema))
-    ]
-
-
-def find_damaged(out: Location, tables: dict[str, pa.Schema]) -> tuple[list[DamagedFile], list[str]]:
-    """Every damaged part file of every table of `out` (each read whole), and every stray file
-    (relative to `out`)."""
-    damaged, strays = [], []
-    for table, schema in tables.items():
-        table_dir = out.join(table)
-        parts, stray = list_parts(table_dir)
-        strays += [f"{table}/{s}" for s in stray]
-        damaged += damaged_parts(table_dir, table, parts, schema)
-    return damaged, strays
 
 
 def quarantine(out: Location, rels: list[str], stamp: str | None = None) -> list[tuple[str, Location]]:

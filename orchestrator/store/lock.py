@@ -203,3 +203,11 @@ def _busy_message(out: Location, holder: dict[str, Any]) -> str:
         f"taken over automatically: at once on {holder.get('host') or 'its host'}, from other hosts after "
         f"{STALE_S:g} s without its heartbeat."
     )
+
+
+def held_by_live_driver(out: Target) -> bool:
+    """Whether a driver that may still be alive holds the lock of `out` (so a part it has written
+    may not be in its commit ledger yet: `orchestrator.store.reader`)."""
+    loc = resolve(out).join(LOCK_FILE)
+    holder = _read(loc)
+    return holder is not None and _stale(holder, loc) is None

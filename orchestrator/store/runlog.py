@@ -35,21 +35,37 @@ class RunLogError(StorageError):
     """A run.json that cannot be read; the message names it and the fix."""
 
 
+MAX_RUN_FILE_BYTES = 16 * 2**20
+"""A run.json larger than this is not read (an entry is a few KiB; thousands of runs fit)."""
+
+
 def read_runs(out_dir: Target) -> list[dict[str, Any]]:
-    """The entries of `<out>/run.json` ([] when it is missing); `RunLogError` when it is damaged."""
+    """The entries of `<out>/run.json` ([] when it is missing); `RunLogError` when it is damaged:
+    empty, not the JSON this tool writes, nested too deeply, or larger than `MAX_RUN_FILE_BYTES`
+    (not read at all: its size is known first)."""
+    import pyarrow.fs as pafs
+
     path = resolve(out_dir).join(RUN_FILE)
-    if not path.exists():
+    info = path.fs.get_file_info(path.path)
+    if info.type == pafs.FileType.NotFound:
         return []
     try:
-        runs = json.loads(path.read_bytes().decode("utf-8"))["runs"]
+        if info.type != pafs.FileType.File:
+            raise ValueError("not a regular file")
+        if info.size is not None and info.size > MAX_RUN_FILE_BYTES:
+            raise ValueError(f"{info.size} bytes, more than any run log ({MAX_RUN_FILE_BYTES} bytes at most)")
+        data = path.read_bytes()
+        if not data.strip():
+            raise ValueError("empty")
+        runs = json.loads(data.decode("utf-8"))["runs"]
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
             raise ValueError("'runs' is not a list of objects")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError, OSError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise RunLogError(
             f"{path}: damaged ({type(exc).__name__}: {reason}); it only describes earlier runs (the rows "
-            "are in results/): `orchestrate sweep SWEEP --out OUT --resume` moves it into quarantine/ and "
-            "starts a new one"
+            f"are in results/, none is lost): `orchestrate sweep SWEEP --out {resolve(out_dir)} --resume` moves it "
+            "into quarantine/ and starts a new one"
         ) from None
     return runs
 

@@ -102,6 +102,11 @@ RESULTS_FILE_SCHEMA = file_schema(RESULTS_SCHEMA)
 RESULT_COLUMNS: tuple[str, ...] = tuple(RESULTS_SCHEMA.names)
 
 
+OK_FIGURES = ("eager_ms", "compiled_ms")
+"""Columns a results row with status `ok` always has (the job timed both sides; the strict reader
+refuses one without). `speedup` is derived from them and null where the compiled median is 0."""
+
+
 class SchemaError(ValueError):
     """A row that does not fit its table."""
 
@@ -148,50 +153,44 @@ def results_path(out_dir: Target) -> Location:
     return table_path(out_dir, RESULTS_DIR)
 
 
+def table_spec(table: str):
+    """What the strict reader (`orchestrator.store.reader`) checks the parts of `table` against."""
+    from orchestrator.store.reader import TableSpec
+
+    if table == RESULTS_DIR:
+        return TableSpec(
+            table,
+            TABLES[table],
+            PARTITION_COLUMNS,
+            SCHEMA_VERSION,
+            SCHEMA_VERSION_KEY,
+            required=("job_id", "run_id", "status"),
+            statuses=STATUSES,
+            ok_figures=OK_FIGURES,
+            unique="job_id",
+        )
+    return TableSpec(table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)
+
+
 def read_table(out_dir: Target, table: str, columns: list[str] | None = None) -> pa.Table:
     """Every row of one table of an output directory (a local path or a URI), in its canonical
-    schema (empty if none). Dot-files (a local write in progress) are skipped; stray files are
-    ignored with a `StrayFileWarning`; a damaged part file raises `DamagedOutputError` naming it
-    (`orchestrator.store.integrity`), rather than answering from part of the table."""
-    import pyarrow.dataset as ds
+    schema (empty if none), from part files the strict reader verified
+    (`orchestrator.store.reader`: listed in the commit ledger with these bytes, exact schema, sound
+    rows). Dot-files (a local write in progress) are skipped; stray files are ignored with a
+    `StrayFileWarning`; any part that fails raises `DamagedOutputError` naming it and the fix,
+    rather than answering from part of the table."""
+    from orchestrator.store.reader import read_verified
 
-    from orchestrator.store.integrity import (
-        DamagedOutputError,
-        damaged_parts,
-        list_parts,
-        scan_options,
-        warn_strays,
+    out = resolve(out_dir)
+    return read_verified(out, table_spec(table), columns, lambda: repair_hint(out))
+
+
+def repair_hint(out: Location) -> str:
+    """The command that repairs a damaged output, as a sentence."""
+    return (
+        f"`orchestrate sweep {_sweep_file(out)} --out {out} --resume` moves damaged and foreign files into "
+        f"{out.join('quarantine')} and runs their jobs again; or move them aside yourself"
     )
-
-    schema = TABLES[table]
-    path = table_path(out_dir, table)
-    parts, strays = list_parts(path)
-    warn_strays(path, strays)
-    if not parts:
-        empty = schema.empty_table()
-        return empty.select(columns) if columns else empty
-    partitioning = ds.partitioning(pa.schema([schema.field(c) for c in PARTITION_COLUMNS]), flavor="hive")
-    try:
-        dataset = ds.dataset(
-            [p.path for p in parts],
-            filesystem=path.fs,
-            format=ds.ParquetFileFormat(default_fragment_scan_options=scan_options()),
-            partitioning=partitioning,
-            partition_base_dir=path.path,
-            schema=schema,
-        )
-        return dataset.to_table(columns=columns)
-    except (OSError, pa.ArrowException) as exc:
-        damaged = damaged_parts(path, table, parts, schema)
-        if not damaged:
-            raise
-        out = resolve(out_dir)
-        raise DamagedOutputError(
-            out,
-            damaged,
-            f"`orchestrate sweep {_sweep_file(out)} --out {out} --resume` moves damaged files into "
-            f"{out.join('quarantine')} and runs their jobs again; or move them aside yourself",
-        ) from exc
 
 
 def _sweep_file(out: Location) -> str:

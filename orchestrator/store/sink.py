@@ -8,6 +8,11 @@ buffer when the driver dies were never recorded, so `--resume` runs those jobs a
 On an object store (s3://, gs://) there is no rename, and none is needed: the file is encoded in
 memory and sent as one object under its final, unique name, which becomes visible only whole.
 
+Once the parts of a flush are durable, each is listed in the output's commit ledger with the
+sha256 of its bytes, its row count and its job ids (`orchestrator.store.ledger`); readers trust
+listed parts only (`orchestrator.store.reader`). A crash in between leaves unlisted parts, which
+`--resume` moves into quarantine and whose jobs it runs again.
+
 A write the filesystem refuses (full, over quota, read-only) raises `storage.WriteRefused`, which
 names the part and its size; its dot-file is removed, and the sink writes nothing more (the rows
 it still holds are not recorded: `--resume` runs their jobs again).
@@ -25,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from orchestrator.store.ledger import Entry, LedgerWriter, entry, fsync_path
 from orchestrator.store.schema import (
     PARTITION_COLUMNS,
     RESULTS_DIR,
@@ -34,15 +40,14 @@ from orchestrator.store.schema import (
     rows_to_table,
     table_path,
 )
-from orchestrator.store.storage import Target, WriteRefused, is_refused_write, removed_on_failure, resolve
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from orchestrator.store.storage import (
+    Location,
+    Target,
+    WriteRefused,
+    is_refused_write,
+    removed_on_failure,
+    resolve,
+)
 
 
 class ResultSink:
@@ -59,15 +64,17 @@ class ResultSink:
     thousands of cheap rows still land in few files.
     """
 
-    def __init__(self, out_dir: Target, max_rows: int = 1000, max_delay_s: float = 1.0):
+    def __init__(self, out_dir: Target, max_rows: int = 1000, max_delay_s: float = 1.0, ledger: bool = True):
         self.out = resolve(out_dir)
+        self.ledger = LedgerWriter(self.out) if ledger else None
+        """None: parts are not listed (only the write-rate benchmark turns it off)."""
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self._buffer: list[dict[str, Any]] = []
         self._side: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._oldest: float | None = None
         self.rows_written = 0
-        """Result rows on disk; a flush refused halfway counts the partitions it wrote."""
+        """Result rows on disk and listed; a flush refused halfway counts the partitions it wrote."""
         self.files_written = 0
         self.refused: WriteRefused | None = None
         """The write the filesystem refused; every later flush raises it again."""
@@ -79,6 +86,8 @@ class ResultSink:
                 if root.is_dir():
                     for stale in root.rglob(".part-*.parquet"):  # left by a driver killed mid-write
                         stale.unlink(missing_ok=True)
+        self.adopted = adopt_unlisted(self.out) if ledger else 0
+        """Parts of an output written before ledgers, listed now (normally `--resume` did it)."""
 
     def add(self, row: dict[str, Any], tables: dict[str, list[dict[str, Any]]] | None = None) -> None:
         """One job's result row, and its rows of the other tables."""
@@ -102,18 +111,37 @@ class ResultSink:
             raise self.refused
         if not self._buffer:
             return
+        committed: list[Entry] = []
         try:
             for table, rows in self._side.items():
-                self._write(table, rows)
+                self._write(table, rows, committed)
             self._side.clear()
-            self._write(RESULTS_DIR, self._buffer)
+            self._write(RESULTS_DIR, self._buffer, committed)
         except WriteRefused as exc:
             self.refused = exc
             raise
+        finally:  # the parts on disk, durable by now, are listed, even those of a refused flush
+            self._list(committed)
         self._buffer.clear()
         self._oldest = None
 
-    def _write(self, table: str, rows: list[dict[str, Any]]) -> None:
+    def _list(self, committed: list[Entry]) -> None:
+        """List the parts of a flush. A listing the filesystem refuses (full, read-only) leaves
+        them unlisted, like rows never written (`--resume` moves them aside and runs their jobs
+        again), and refuses the flush, unless a refused part write is already on its way."""
+        try:
+            if self.ledger is not None:
+                self.ledger.append(committed)
+        except OSError as exc:
+            if not is_refused_write(exc):
+                raise
+            if self.refused is None:
+                self.refused = WriteRefused(self.ledger.segment, exc)
+                raise self.refused from exc
+            return
+        self.rows_written += sum(e.rows for e in committed if e.part.startswith(f"{RESULTS_DIR}/"))
+
+    def _write(self, table: str, rows: list[dict[str, Any]], committed: list[Entry]) -> None:
         groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         for row in rows:
             groups[tuple(row[c] for c in PARTITION_COLUMNS)].append(row)
@@ -132,9 +160,15 @@ class ResultSink:
                 if not is_refused_write(exc):
                     raise
                 raise WriteRefused(part_dir.join(name), exc, needed=data.size) from exc
+            committed.append(
+                entry(
+                    f"{table}/{part_dir.path.rsplit('/', 1)[-1]}/{name}",
+                    data,
+                    len(part),
+                    (r["job_id"] for r in part),
+                )
+            )
             self.files_written += 1
-            if table == RESULTS_DIR:
-                self.rows_written += len(part)
 
     def close(self) -> None:
         self.flush()
@@ -158,7 +192,31 @@ def _write_local(part_dir: Path, name: str, data: pa.Buffer) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, part_dir / name)
-    _fsync_dir(part_dir)
+    fsync_path(part_dir)
+
+
+def adopt_unlisted(out: Location) -> int:
+    """For an output without a ledger: list the parts it has (as they are) and return how many."""
+    from orchestrator.store import ledger as ledgers
+    from orchestrator.store.integrity import list_parts
+
+    if ledgers.load(out) is not None:
+        return 0
+    found = []
+    for table in TABLES:
+        table_dir = table_path(out, table)
+        root = table_dir.path.rstrip("/")
+        for loc in list_parts(table_dir)[0]:
+            try:
+                data = loc.read_bytes()
+                rows = pq.read_table(pa.BufferReader(data), columns=["job_id"]).column("job_id").to_pylist()
+            except (OSError, pa.ArrowException, ValueError):
+                continue  # unlisted: the reader names it, `--resume` moves it aside
+            found.append(
+                entry(f"{table}/{loc.path[len(root) + 1 :]}", data, len(rows), (str(i) for i in rows))
+            )
+    LedgerWriter(out, "adopted").append(found)
+    return len(found)
 
 
 def finished_job_ids(out_dir: Target) -> set[str]:

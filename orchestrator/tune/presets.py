@@ -60,8 +60,17 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def eligible(row: dict[str, Any], budgets: Budgets) -> bool:
-    """Ok (its accuracy check against the fp64 reference passed), timed, and within budgets."""
-    return row["status"] == "ok" and bool(row.get("compiled_ms")) and budgets.excess(row) is None
+    """Ok (its accuracy check against the fp64 reference passed), timed, named, and within budgets
+    (a row with a null figure or name is never a preset: no TypeError further on)."""
+    named = all(row.get(c) is not None for c in ("hardware", "model", "batch_size", "dtype", "config"))
+    compiled = row.get("compiled_ms")
+    return (
+        row["status"] == "ok"
+        and named
+        and compiled is not None
+        and compiled > 0
+        and budgets.excess(row) is None
+    )
 
 
 def _is_default(row: dict[str, Any]) -> bool:
@@ -95,7 +104,7 @@ def class_defaults(rows: list[dict[str, Any]], budgets: Budgets | None = None) -
     budgets = budgets or Budgets()
     by_dtype: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if eligible(r, budgets) and r["eager_ms"]:
+        if eligible(r, budgets) and (r["eager_ms"] or 0) > 0:
             by_dtype[r["dtype"]][r["config"]].append(r)
     defaults = {}
     for dtype, configs in sorted(by_dtype.items()):
@@ -145,7 +154,7 @@ def preset_entry(best: dict[str, Any], cell_dtype: str, **fields: Any) -> dict[s
         "compile": _compile_dict(best),
         "compiled_ms": best["compiled_ms"],
         "eager_ms": best["eager_ms"],
-        "speedup_vs_eager": best["eager_ms"] / best["compiled_ms"] if best["eager_ms"] else None,
+        "speedup_vs_eager": best["eager_ms"] / best["compiled_ms"] if (best["eager_ms"] or 0) > 0 else None,
         "compile_s": best["compile_s"],
         "peak_mem_bytes": best.get("peak_mem_bytes"),
         "job_id": best["job_id"],
@@ -181,7 +190,7 @@ def derive_presets(table: pa.Table, budgets: Budgets = Budgets()) -> dict[str, A
                     "model": model,
                     "batch_size": bs,
                     "dtype": dtype,
-                    "statuses": {r["config"]: _status(r, budgets) for r in rows},
+                    "statuses": {str(r["config"]): _status(r, budgets) for r in rows},
                 }
             )
             continue

@@ -120,6 +120,9 @@ def test_history_from_output_reads_other_directories_for_timing(tmp_path):
             "config": "b",
             "batch_size": 1,
             "status": "ok",
+            "eager_ms": 2.0,
+            "compiled_ms": 1.0,
+            "speedup": 2.0,
             "subprocess_s": 42.0,
         }
     )

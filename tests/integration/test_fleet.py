@@ -68,28 +68,32 @@ def task_body(seconds: float, started_dir: str | None = None):
             "compile_s": 0.1,
             "node_id": ray.get_runtime_context().get_node_id(),
             "device_name": "fake",
-            # what a max-autotune GPU job reports (compiler.kernels): one GEMM, two candidates
-            "kernel_choices": [
-                {
-                    "op": "mm",
-                    "op_index": 0,
-                    "input_shapes": ["16x768", "768x3072"],
-                    "choice": choice,
-                    "kind": kind,
-                    "config": "{}",
-                    "time_ms": ms,
-                    "rank": rank,
-                    "is_winner": rank == 1,
-                    "from_cache": False,
-                }
-                for choice, kind, ms, rank in (
-                    ("triton_mm_3", "triton_template", 0.05, 1),
-                    ("mm", "extern", 0.07, 2),
-                )
-            ],
+            "kernel_choices": fake_kernel_choices(),
         }
 
     return body
+
+
+def fake_kernel_choices() -> list[dict]:
+    """What a max-autotune GPU job reports (compiler.kernels): one GEMM, two candidates."""
+    return [
+        {
+            "op": "mm",
+            "op_index": 0,
+            "input_shapes": ["16x768", "768x3072"],
+            "choice": choice,
+            "kind": kind,
+            "config": "{}",
+            "time_ms": ms,
+            "rank": rank,
+            "is_winner": rank == 1,
+            "from_cache": False,
+        }
+        for choice, kind, ms, rank in (
+            ("triton_mm_3", "triton_template", 0.05, 1),
+            ("mm", "extern", 0.07, 2),
+        )
+    ]
 
 
 SWEEP = """\

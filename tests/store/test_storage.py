@@ -67,10 +67,13 @@ def round_trip(out: str, other: str, rows, table_jobs, make_result, table_spec) 
     assert run["counts"] == {"ok": 4, "compile_error": 1} and run["dispatch_s"] == 1.5
     assert run["argv"][-1] == out and run["spec_file"] == "tables.yaml"
 
-    files = files_under(out)
+    ledger, *files = files_under(out)
+    assert ledger.startswith("_ledger/") and ledger.endswith(".jsonl")  # the commit ledger: one segment
     assert files[-1] == "run.json" and len(files) == 3
     assert [f.rsplit("/", 1)[0] for f in files[:2]] == ["results/hardware=A100", "results/hardware=cpu"]
     assert all(f.rsplit("/", 1)[1].startswith("part-") for f in files[:2])  # no dot-file, no tmp file
+    listed = [json.loads(line)["part"] for line in resolve(out).join(ledger).read_text().splitlines()]
+    assert sorted(listed) == files[:2]
 
     earlier = table_jobs["A100/mlp/bs1/fp32/default"]
     with closing(ResultSink(other)) as sink:

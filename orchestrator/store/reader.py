@@ -1,0 +1,340 @@
+"""The one strict reader of an output's tables (every consumer reads through `schema.read_table`).
+
+A table is answered from part files that pass every check, or not at all:
+
+- **ledger**: a part must be listed in the commit ledger (`orchestrator.store.ledger`) with the
+  sha256 of its bytes. An unlisted part is *foreign* (a copy, a rename, a file someone added); a
+  listed part whose bytes differ is *damaged*; a listed part that is gone is *missing*. An output
+  without a ledger (written before ledgers existed) is read with a one-line note.
+- **pages**: page checksums are verified (a flipped bit inside a data page).
+- **schema**: the file's columns, by name and Arrow type, are exactly those of its schema version:
+  no cast, so a `speedup` stored as the string '99.5' or a `job_id` stored as an integer is
+  refused; unknown and missing columns are named (a file of an older version may lack the
+  columns added since; it must have the identity columns).
+- **rows**: identity columns are never null, a status is one of the known ones, an `ok` row has
+  its figures, and a `job_id` has at most one results row in the whole table.
+
+`repair` is what `sweep --resume` does with what these checks find: moves every failing file into
+`<out>/quarantine/<time>/` (never deletes), and writes a ledger that lists exactly the parts kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from orchestrator.store import ledger as ledgers
+from orchestrator.store.integrity import (
+    MAX_REASON_CHARS,
+    DamagedFile,
+    DamagedOutputError,
+    OutputWarning,
+    list_parts,
+    quarantine,
+    warn_strays,
+)
+from orchestrator.store.lock import held_by_live_driver
+from orchestrator.store.storage import Location
+
+
+class LegacyOutputWarning(OutputWarning):
+    """An output written before the commit ledger: read, with a note."""
+
+    prefix = "note"
+
+
+class LedgerWarning(OutputWarning):
+    """Lines of the commit ledger that could not be read (they list nothing)."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What `check_table` needs to know about one table (built by `orchestrator.store.schema`)."""
+
+    name: str
+    schema: pa.Schema
+    """Its canonical schema, partition columns included."""
+    partitions: tuple[str, ...]
+    version: int
+    version_key: bytes
+    required: tuple[str, ...] = ("job_id", "run_id")
+    """Columns every version has and no row leaves null."""
+    statuses: tuple[str, ...] = ()
+    """The values `status` may take (results only)."""
+    ok_figures: tuple[str, ...] = ()
+    """Columns an `ok` row never leaves null (results only)."""
+    unique: str | None = None
+    """A column whose value appears in at most one row of the table (results: job_id)."""
+
+
+@dataclass(frozen=True)
+class Verified:
+    entry: ledgers.Entry
+    table: pa.Table
+
+
+@dataclass
+class TableCheck:
+    good: list[Verified] = field(default_factory=list)
+    problems: list[DamagedFile] = field(default_factory=list)
+    strays: list[str] = field(default_factory=list)
+
+
+def _problem(out: Location, rel: str, kind: str, reason: str) -> DamagedFile:
+    return DamagedFile(out.join(*rel.split("/")), rel, reason[:MAX_REASON_CHARS], kind)
+
+
+IN_FLIGHT_S = 120.0
+"""While a live driver holds the output's lock, an unlisted part younger than this may be a commit
+in progress (the sink lists a part just after writing it): readers leave it out, unread, instead
+of calling it foreign."""
+
+
+def check_table(
+    out: Location,
+    spec: TableSpec,
+    ledger: ledgers.Ledger | None,
+    in_flight_s: float = IN_FLIGHT_S,
+    columns: list[str] | None = None,
+) -> TableCheck:
+    """Every part of table `spec.name` of `out`, verified (see the module's docstring), its rows
+    read (only `columns` and those the checks need, if given). While a live driver holds the
+    lock, an unlisted part younger than `in_flight_s` is left out: neither read nor named."""
+    table_dir = out.join(spec.name)
+    parts, strays = list_parts(table_dir)
+    if in_flight_s > 0 and ledger is not None and not held_by_live_driver(out):
+        in_flight_s = 0  # nobody is writing: every unlisted part is foreign
+    check = TableCheck(strays=strays)
+    root = table_dir.path.rstrip("/")
+    present = set()
+    for loc in parts:
+        rel = f"{spec.name}/{loc.path[len(root) + 1 :]}"
+        present.add(rel)
+        try:
+            data = loc.read_bytes()
+        except OSError as exc:
+            check.problems.append(_problem(out, rel, "damaged", f"cannot be read ({exc})"))
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if ledger is not None:
+            listed = ledger.entries.get(rel)
+            if not listed:
+                if _younger_than(loc, in_flight_s):
+                    continue
+                reason = (
+                    "not listed in the commit ledger (a copy, a rename, or a file this tool did not commit)"
+                )
+                check.problems.append(_problem(out, rel, "foreign", reason))
+                continue
+            if all(e.sha256 != digest for e in listed):
+                reason = f"its bytes differ from the commit ledger's (sha256 {digest[:12]}, listed {listed[0].sha256[:12]})"
+                check.problems.append(_problem(out, rel, "damaged", reason))
+                continue
+        table, reason = conform(data, spec, rel, columns)
+        if reason:
+            check.problems.append(_problem(out, rel, "damaged", reason))
+            continue
+        ids = table.column("job_id").to_pylist()
+        check.good.append(
+            Verified(ledgers.Entry(rel, digest, table.num_rows, tuple(sorted(set(ids)))), table)
+        )
+    if ledger is not None:
+        for rel in sorted(ledger.entries):
+            if rel.startswith(spec.name + "/") and rel not in present:
+                reason = "listed in the commit ledger, but the file is gone (deleted or renamed)"
+                check.problems.append(_problem(out, rel, "missing", reason))
+    if spec.unique:
+        _refuse_duplicates(out, spec.unique, check)
+    return check
+
+
+def _younger_than(loc: Location, seconds: float) -> bool:
+    if seconds <= 0:
+        return False
+    mtime = loc.fs.get_file_info(loc.path).mtime
+    return mtime is not None and time.time() - mtime.timestamp() < seconds
+
+
+def _refuse_duplicates(out: Location, column: str, check: TableCheck) -> None:
+    """A value of `column` in two parts: both parts are damaged (which one is right is unknown)."""
+    where: dict[str, list[str]] = {}
+    for v in check.good:
+        for value in v.table.column(column).to_pylist():
+            where.setdefault(value, []).append(v.entry.part)
+    bad: dict[str, str] = {}
+    for value, rels in where.items():
+        if len(rels) > 1:
+            for rel in rels:
+                other = next((r for r in rels if r != rel), rel)
+                bad.setdefault(rel, f"{column} {value} also has a row in {other}")
+    check.good = [v for v in check.good if v.entry.part not in bad]
+    check.problems += [_problem(out, rel, "damaged", reason) for rel, reason in sorted(bad.items())]
+
+
+def conform(
+    data: bytes, spec: TableSpec, rel: str, columns: list[str] | None = None
+) -> tuple[pa.Table, str | None]:
+    """(the part file's rows in the canonical schema, None), or (an empty table, why not). With
+    `columns`, only those and the ones the row checks need are read (the schema is checked whole;
+    the ledger's digest covers every byte)."""
+    import pyarrow.parquet as pq
+
+    schema = spec.schema
+    if columns is not None:
+        wanted = {*columns, *spec.required, *spec.ok_figures, *(["status"] if spec.statuses else [])}
+        schema = pa.schema([f for f in spec.schema if f.name in wanted], metadata=spec.schema.metadata)
+
+    if not data:
+        return spec.schema.empty_table(), "empty file (0 bytes)"
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+        file_schema = pf.schema_arrow
+        version = int((pf.metadata.metadata or {}).get(spec.version_key) or 1)
+        reason = _schema_problem(file_schema, spec, version)
+        if reason:
+            return spec.schema.empty_table(), reason
+        present = set(file_schema.names)
+        table = pf.read(columns=[n for n in schema.names if n in present])
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        return spec.schema.empty_table(), " ".join(str(exc).split()) or type(exc).__name__
+    values = _partition_values(rel, spec)
+    arrays = []
+    for f in schema:
+        if f.name in values:
+            arrays.append(pa.array([values[f.name]] * table.num_rows, f.type))
+        elif f.name in present:
+            arrays.append(table.column(f.name))
+        else:  # a column added after the file's schema version
+            arrays.append(pa.nulls(table.num_rows, f.type))
+    table = pa.Table.from_arrays(arrays, schema=schema)
+    figures = tuple(c for c in spec.ok_figures if c in present)  # an old file may lack some
+    return table, _row_problem(table, spec, figures)
+
+
+def _schema_problem(schema: pa.Schema, spec: TableSpec, version: int) -> str | None:
+    if version > spec.version:
+        return f"schema version {version}, newer than this orchestrate reads ({spec.version}): upgrade it"
+    wanted = {f.name: f.type for f in spec.schema if f.name not in spec.partitions}
+    names = schema.names
+    found = []
+    twice = sorted(n for n, k in Counter(names).items() if k > 1)
+    if twice:
+        found.append(f"column(s) {', '.join(twice)} twice")
+    unknown = [n for n in names if n not in wanted]
+    if unknown:
+        found.append(f"unknown column(s) {', '.join(unknown)}")
+    mistyped = [
+        f"{f.name} is {f.type}, not {wanted[f.name]}"
+        for f in schema
+        if f.name in wanted and not f.type.equals(wanted[f.name])
+    ]
+    found += mistyped
+    needed = list(wanted) if version == spec.version else list(spec.required)
+    missing = [n for n in needed if n not in names]
+    if missing:
+        found.append(f"missing column(s) {', '.join(missing)}")
+    return f"schema version {version}: " + "; ".join(found) if found else None
+
+
+def _partition_values(rel: str, spec: TableSpec) -> dict[str, str]:
+    pieces = dict(p.split("=", 1) for p in rel.split("/")[1:-1] if "=" in p)
+    return {c: pieces[c] for c in spec.partitions if c in pieces}
+
+
+def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> str | None:
+    rows = table.select([*spec.required, *figures, *(["status"] if spec.statuses else [])]).to_pylist()
+    seen: set[str] = set()
+    for n, row in enumerate(rows, 1):
+        who = f"row {n}" + (f" (job_id {row['job_id']})" if row.get("job_id") is not None else "")
+        null = [c for c in spec.required if row[c] is None]
+        if null:
+            return f"{who}: {', '.join(null)} null"
+        if spec.statuses:
+            if row["status"] not in spec.statuses:
+                return f"{who}: status {row['status']!r} is not one of {', '.join(spec.statuses)}"
+            null = [c for c in figures if row[c] is None]
+            if row["status"] == "ok" and null:
+                return f"{who}: status ok but {', '.join(null)} null"
+        if spec.unique:
+            if row[spec.unique] in seen:
+                return f"{who}: a second row of {spec.unique} {row[spec.unique]}"
+            seen.add(row[spec.unique])
+    return None
+
+
+def read_verified(
+    out: Location, spec: TableSpec, columns: list[str] | None, fix: Callable[[], str]
+) -> pa.Table:
+    """The rows of one table of `out` from verified parts only; `DamagedOutputError` (naming every
+    file that failed, and `fix()`: the repair, looked up only then) when any part fails."""
+    ledger = ledgers.load(out)
+    check = check_table(out, spec, ledger, columns=columns)
+    warn_strays(out.join(spec.name), check.strays)
+    note_ledger(out, ledger, bool(check.good or check.problems))
+    if check.problems:
+        raise DamagedOutputError(out, check.problems, fix())
+    table = pa.concat_tables([v.table for v in check.good]) if check.good else spec.schema.empty_table()
+    return table.select(columns) if columns else table
+
+
+def note_ledger(out: Location, ledger: ledgers.Ledger | None, has_parts: bool) -> None:
+    if ledger is None and has_parts:
+        warnings.warn(
+            f"{out} was written before outputs had a commit ledger: its parts are checked for schema and "
+            f"duplicates, not against digests; `orchestrate sweep SWEEP --out {out} --resume` lists them",
+            LegacyOutputWarning,
+            stacklevel=3,
+        )
+    elif ledger is not None and ledger.unreadable:
+        shown = ", ".join(ledger.unreadable[:3]) + (" ..." if len(ledger.unreadable) > 3 else "")
+        warnings.warn(
+            f"{ledgers.ledger_dir(out)}: unreadable line(s) {shown} list nothing (a torn write)",
+            LedgerWarning,
+            stacklevel=3,
+        )
+
+
+@dataclass
+class Repair:
+    moved: list[tuple[DamagedFile, Location | None]]
+    """Each failing file and where it went (None: it was missing)."""
+    strays: list[str]
+    adopted: int = 0
+    """Parts of an output without a ledger that are now listed."""
+
+
+def find_damaged(
+    out: Location, specs: list[TableSpec], in_flight_s: float = IN_FLIGHT_S
+) -> tuple[list[DamagedFile], list[str], list[ledgers.Entry], ledgers.Ledger | None]:
+    """Every part of the tables `specs` of `out` that fails the checks, every stray (relative to
+    `out`), the entries of the parts that pass, and the ledger; reads every part whole, changes
+    nothing."""
+    ledger = ledgers.load(out)
+    checks = [check_table(out, spec, ledger, in_flight_s) for spec in specs]
+    strays = [f"{spec.name}/{s}" for spec, c in zip(specs, checks, strict=True) for s in c.strays]
+    good = [v.entry for c in checks for v in c.good]
+    return [p for c in checks for p in c.problems], strays, good, ledger
+
+
+def repair(out: Location, specs: list[TableSpec], stamp: str) -> Repair:
+    """Move every part that fails `check_table` into `out/quarantine/<stamp>/`, and leave a ledger
+    that lists exactly the parts kept (old segments go to quarantine too, whole)."""
+    problems, strays, good, ledger = find_damaged(out, specs, in_flight_s=0)  # the caller holds the lock
+    present = [p for p in problems if p.kind != "missing"]
+    dests = dict(quarantine(out, [p.rel for p in present], stamp))
+    result = Repair([(p, dests.get(p.rel)) for p in problems], strays)
+    if ledger is None:
+        if good:
+            ledgers.LedgerWriter(out, "adopted").append(good)
+            result.adopted = len(good)
+    elif problems or ledger.unreadable:
+        ledgers.LedgerWriter(out, "repaired").append(good)  # listed first, then the old ones go
+        rels = [f"{ledgers.LEDGER_DIR}/{s.path.rsplit('/', 1)[-1]}" for s in ledger.segments]
+        quarantine(out, rels, stamp)
+    return result
