@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from collections.abc import Iterable
@@ -10,17 +11,58 @@ from pathlib import Path
 from typing import Any
 
 
-def die_with_parent() -> bool:
-    """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG), so a killed
-    driver or Ray task never leaves a child behind; False where the call is not available."""
+def die_with_parent(signum: int | None = None) -> bool:
+    """Ask Linux to send this process `signum` (default SIGKILL) when its parent dies
+    (PR_SET_PDEATHSIG), so a killed driver or Ray task never leaves a child behind; False where
+    the call is not available. Linux clears it in a forked child: it protects one process, not
+    its descendants (see `guard_process_group`)."""
     import ctypes
     import signal
 
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        return libc.prctl(1, signal.SIGKILL if signum is None else signum) == 0  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return False
-    return True
+
+
+GUARD_NAME = b"co-job-guard"
+"""The guard's process name (`ps -o comm`, /proc/PID/comm); its command line is its leader's."""
+
+
+def guard_process_group() -> int | None:
+    """Fork a guard that SIGKILLs this process's whole process group as soon as this process is
+    gone, however it ended (SIGKILL included: the kernel tells the guard through
+    PR_SET_PDEATHSIG), so that nothing it started outlives it: Inductor's compile workers, the
+    `g++` they run, a model's own helpers. Every descendant is in the group unless it left it.
+
+    Only for a process that leads a group of its own (started with `start_new_session=True`),
+    since a group shared with the parent must not be killed; call it early, before any thread
+    starts. Returns the guard's pid; None where this process leads no group or the platform has
+    no parent-death signal. The guard also ends the group when it is itself sent SIGTERM (as the
+    runner's `kill_tree` does), SIGHUP or SIGINT."""
+    import ctypes
+    import signal
+
+    leader = os.getpid()
+    if os.getpgrp() != leader or not hasattr(os, "fork"):
+        return None
+    wake = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, wake)  # pending until sigwait, none lost
+    pid = os.fork()
+    if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return pid
+    try:  # the guard: only this block runs in it, and it never returns to the caller's code
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").prctl(15, GUARD_NAME)  # PR_SET_NAME
+        if not die_with_parent(signal.SIGTERM):
+            os._exit(0)  # no parent-death signal here: a guard could never wake, so none
+        if os.getppid() == leader:  # else the leader died before the prctl: end the group now
+            signal.sigwait(wake)
+        os.killpg(leader, signal.SIGKILL)  # the group outlives its leader while the guard is in it
+    finally:
+        os._exit(0)
 
 
 def project_pythonpath(current: str | None, extra: Iterable[str] = ()) -> str:

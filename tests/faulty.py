@@ -83,3 +83,29 @@ def oom(batch_size, input_size=None, overrides=None):
         return x + torch.empty(2**50, dtype=torch.uint8, device=x.device).sum()
 
     return _Fn(alloc), _inputs(batch_size)
+
+
+class _ManyKernels(torch.nn.Module):
+    """Dozens of distinct pointwise kernels between linears: a CPU Inductor compile of many
+    seconds, one `g++` run after another."""
+
+    def __init__(self, layers: int = 40):
+        super().__init__()
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(layers))
+
+    def forward(self, x):
+        for i, lin in enumerate(self.lins):
+            x = lin(x)
+            x = torch.sin(x) * (i + 1) + torch.cos(x) ** 2 if i % 2 else torch.tanh(x) + x.sigmoid() * i
+        return x
+
+
+def compile_with_child(batch_size, input_size=None, overrides=None):
+    """Starts a grandchild that never ends and never looks at its parent (as a long `g++` would
+    not), then returns a model whose compile runs `g++` for many seconds: for the test that a
+    killed driver leaves no job process behind."""
+    import subprocess
+    import sys
+
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "co-test-grandchild"])
+    return _ManyKernels(), {"x": torch.randn(batch_size, 64)}

@@ -100,3 +100,20 @@ def test_an_s3_dest_in_a_missing_bucket_is_one_line_before_any_build(s3_bucket, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "bucket 'no-such-bucket' does not exist" in err, err
     assert not (tmp_path / "s").exists()
+
+
+def test_an_s3_dest_another_driver_holds_is_refused_naming_it(
+    s3_bucket, cpu_output, tmp_path, capsys, monkeypatch
+):
+    from orchestrator.store import lock as locking
+    from orchestrator.store.lock import OutputLock
+
+    monkeypatch.setattr(locking, "SETTLE_S", 0.1)
+    dest = s3_bucket.uri("held")
+    argv = ["export", str(cpu_output), "--hardware", "cpu", "--dest", dest, "--scratch", str(tmp_path / "s")]
+    with OutputLock.acquire(dest, ["orchestrate", "sweep", "held.yaml"]):
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is in use by another orchestrate driver" in err, err
+    assert "held.yaml" in err and "pass another --dest" in err
+    assert not (tmp_path / "s").exists()  # nothing built

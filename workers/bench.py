@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler import durable
-from compiler.env import die_with_parent
+from compiler.env import die_with_parent, guard_process_group
 from workers.affinity import pin_from_environment
 from workers.job import PHASES
 
@@ -57,12 +57,15 @@ INPUT_SETS = 3
 
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent (the Ray task) dies, so a killed driver
-    or node never leaves a job holding a GPU."""
+    or node never leaves a job holding a GPU; and, where the runner started this process as the
+    leader of a process group of its own, fork a guard that then kills the whole group, so that
+    none of its descendants (Inductor's compile workers, their `g++`) runs on either."""
     if not die_with_parent():
         return
     expected = os.environ.get(PARENT_PID_ENV)
     if expected and os.getppid() != int(expected):  # the parent died before prctl took effect
         os._exit(1)
+    guard_process_group()
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:

@@ -3,7 +3,10 @@
 The subprocess is `python -m workers.bench`. Whatever happens to it (a segfault, a hang, an
 exception, running out of memory) this module returns a result dict with a `status`; it never
 raises for a job's failure. The whole process tree (Inductor's compile workers included) is
-killed on timeout, on cancellation, and when the caller's thread is interrupted. A job whose
+killed on timeout, on cancellation, and when the caller's thread is interrupted; and when this
+process dies, even of SIGKILL, the job process dies with it (PR_SET_PDEATHSIG) and a guard it
+forked kills its process group, every descendant included (`compiler.env.guard_process_group`,
+docs/fleet.md, "No orphans"). A job whose
 first process ends before its compile returns keeps the kernel choices that compile had
 streamed to disk, marked partial (`keep_streamed_choices`).
 """
@@ -160,6 +163,7 @@ def _run_bench(
             stderr=subprocess.STDOUT,
             env=env,
             cwd=job_file.parent,
+            start_new_session=True,  # its own process group, which its guard kills when it dies
         )
         try:
             while proc.poll() is None:

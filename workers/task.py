@@ -2,16 +2,52 @@
 
 Ray sets CUDA_VISIBLE_DEVICES for a task that reserves a GPU; the job subprocess inherits it.
 This module reads its own node id from the runtime context and nothing else from Ray.
+
+A Ray worker is a child of its node's raylet, not of the driver. Where the driver started a
+private Ray, the raylet dies with the driver (SIGKILL included), and Ray's own check ends the
+worker about 2 s later; the worker ends itself within `RAYLET_POLL_S` of its raylet's death
+instead (`_exit_with_raylet`), and its job process and that process's group follow at once
+(`workers.runner`). On a cluster, Ray ends the workers of a dead driver's job itself.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
 import time
 from typing import Any
 
 from workers.job import Job
 from workers.runner import run_job
+
+RAYLET_POLL_S = 0.2
+_watching: list[int] = []
+"""The raylet's pid, once this worker process watches it."""
+
+
+def _exit_with_raylet() -> None:
+    """From the first task on, end this worker process (and so its job process, which dies with
+    its parent) as soon as its parent raylet is gone. Nothing is watched where the parent is not a
+    raylet (a task run outside Ray, as in tests)."""
+    import psutil
+
+    if _watching:
+        return
+    try:
+        parent = psutil.Process().parent()
+        if parent is None or parent.name() != "raylet":
+            return
+    except psutil.Error:
+        return
+    _watching.append(parent.pid)
+
+    def watch() -> None:
+        while os.getppid() == parent.pid:
+            time.sleep(RAYLET_POLL_S)
+        os._exit(1)  # reparented: the raylet is dead, and with it this worker's purpose
+
+    threading.Thread(target=watch, name="exit-with-raylet", daemon=True).start()
 
 
 def execute_job(
@@ -25,6 +61,7 @@ def execute_job(
     """Body of the per-job Ray task: run the job, return its result fields plus where it ran."""
     import ray
 
+    _exit_with_raylet()
     started = time.time()
     job = Job.from_dict(job_dict)
     result = run_job(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -78,19 +79,20 @@ def cmd_export(args) -> int:
 
     try:
         source = checked(args.out)
-        dest, remote = _dest(args.dest, args.scratch, args.resume)
-        manifest = export(
-            source,
-            args.hardware,
-            dest,
-            threads=args.cpus,
-            scratch_root=args.scratch,
-            packages=not args.no_packages,
-            resume=args.resume,
-            log=log,
-        )
-        if remote is not None:
-            publish(dest, remote, log)
+        with _remote_lock(args.dest):  # a local DEST: export() holds its lock
+            dest, remote = _dest(args.dest, args.scratch, args.resume)
+            manifest = export(
+                source,
+                args.hardware,
+                dest,
+                threads=args.cpus,
+                scratch_root=args.scratch,
+                packages=not args.no_packages,
+                resume=args.resume,
+                log=log,
+            )
+            if remote is not None:
+                publish(dest, remote, log)
     except (ExportError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -103,6 +105,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _remote_lock(text: str):
+    """An object-store `--dest`'s lock, held from before it is checked until the last upload
+    (`export` itself locks a local DEST, and the staging directory of a remote one)."""
+    from orchestrator.store.lock import holding
+    from orchestrator.store.storage import checked, is_uri
+
+    if not is_uri(text) or text.lower().startswith("file://"):
+        return contextlib.nullcontext()
+    return holding(checked(text), again="Wait for it to finish, or pass another --dest.")
+
+
 def _dest(text: str, scratch: str | None, resume: bool) -> tuple[Path, Location | None]:
     """`--dest`, parsed once and checked before any compile: (the local directory the export is
     built in, None) for a path or file:///PATH; for an object store (s3://, gs://, ...), (a local
@@ -111,6 +124,7 @@ def _dest(text: str, scratch: str | None, resume: bool) -> tuple[Path, Location 
     from pyarrow.lib import ArrowException
 
     from compiler.apply import MANIFEST
+    from orchestrator.store.lock import LOCK_FILE
     from orchestrator.store.storage import StorageError, check_writable, checked, is_uri
 
     if not is_uri(text) or text.lower().startswith("file://"):
@@ -118,7 +132,13 @@ def _dest(text: str, scratch: str | None, resume: bool) -> tuple[Path, Location 
     remote = checked(text)
     try:
         finished = remote.join(MANIFEST).exists()
-        held = remote.fs.get_file_info(pafs.FileSelector(remote.path, recursive=False, allow_not_found=True))
+        held = [
+            info
+            for info in remote.fs.get_file_info(
+                pafs.FileSelector(remote.path, recursive=False, allow_not_found=True)
+            )
+            if info.base_name != LOCK_FILE  # ours, taken before this check
+        ]
     except (OSError, ArrowException) as exc:
         raise StorageError(f"--dest {remote}: cannot list it ({' '.join(str(exc).split())[:300]})") from None
     if finished:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, _add_budgets, _budgets, _print_what_won
@@ -25,11 +26,18 @@ def add_parsers(sub) -> None:
 
 
 def cmd_presets(args) -> int:
+    from orchestrator.store.lock import holding
     from orchestrator.store.storage import StorageError, checked
     from orchestrator.tune.presets import write_presets
 
     try:
-        path, data = write_presets(checked(args.out), _budgets(args))
+        out = checked(args.out)
+        # it writes into OUT: held while it does (a missing OUT is refused below, and not created)
+        locked = (
+            holding(out, again="Run `orchestrate presets` once it has finished.") if out.exists() else None
+        )
+        with locked or contextlib.nullcontext():
+            path, data = write_presets(out, _budgets(args))
     except (FileNotFoundError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -14,6 +14,12 @@ Locally the lock file is created with O_EXCL, which one process wins. On an obje
 is no exclusive create in `pyarrow.fs`: the lock is written, read back after a moment, and kept
 only if it still holds our token. Two drivers starting within that moment on the same URI could
 both proceed; runs started seconds apart are refused as locally.
+
+Every command that writes into a location holds its lock (`holding`): `sweep` and `nightly` on
+OUT, `tune` on OUT for its whole run, `presets` on OUT while it writes, `export` on DEST. A lock
+also covers what lies inside its directory: taking `X/rung0` is refused while another live
+driver holds `X`, but allowed to the process that holds `X` itself (a tune's per-rung sweeps
+nest under the tune's own lock). The same location twice is refused even within one process.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ import contextlib
 import json
 import os
 import socket
+import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from orchestrator.store.storage import Location, StorageError, Target, redact, removed_on_failure, resolve
 
@@ -35,6 +44,12 @@ STALE_S = 120.0
 """A lock from another host whose heartbeat is older than this is left by a dead driver."""
 SETTLE_S = 1.0
 """On an object store: wait this long before reading the lock back to see who won."""
+AGAIN = "Wait for it to finish, or pass another --out."
+"""What a refused command can do instead (`acquire`'s `again`)."""
+
+_held: dict[str, str] = {}
+"""The directories whose lock this process holds (`_key`) -> the lock's token."""
+_held_mutex = threading.Lock()
 
 
 class OutputLocked(StorageError):
@@ -60,10 +75,13 @@ class OutputLock:
     _beat: float = 0.0
 
     @classmethod
-    def acquire(cls, out: Target, command: list[str] | str | None = None) -> OutputLock:
-        """Take the lock of `out`, or raise `OutputLocked` naming its live holder."""
+    def acquire(cls, out: Target, command: list[str] | str | None = None, again: str = AGAIN) -> OutputLock:
+        """Take the lock of `out`, or raise `OutputLocked` naming its live holder: of `out`, or of
+        a directory around it that this process does not hold itself. `again` ends the message:
+        what the refused command can do instead."""
         out = resolve(out)
         loc = out.join(LOCK_FILE)
+        _check_enclosing(out, again)
         pid = os.getpid()
         info = {
             "token": uuid.uuid4().hex,
@@ -79,14 +97,16 @@ class OutputLock:
             if holder is not None:
                 why = _stale(holder, loc)
                 if why is None:
-                    raise OutputLocked(_busy_message(out, holder))
+                    raise OutputLocked(_busy_message(out, holder, again))
                 _take_over(loc, holder)
             if _create(loc, info):
                 lock = cls(loc, info["token"], info, time.monotonic())
+                with _held_mutex:
+                    _held[_key(out)] = lock.token
                 if holder is not None:
                     lock.taken_over = f"took over the lock of {_who(holder)}: {why}"
                 return lock
-        raise OutputLocked(_busy_message(out, _read(loc) or {}))
+        raise OutputLocked(_busy_message(out, _read(loc) or {}, again))
 
     taken_over: str | None = None
     """Why an earlier holder's lock was replaced (its driver is gone), for the log."""
@@ -103,6 +123,9 @@ class OutputLock:
                 self.loc.write_text(json.dumps(self.info))
 
     def release(self) -> None:
+        with _held_mutex:
+            for key in [k for k, token in _held.items() if token == self.token]:
+                del _held[key]
         with contextlib.suppress(OSError, ValueError):
             holder = _read(self.loc)
             if holder is not None and holder.get("token") == self.token:
@@ -113,6 +136,56 @@ class OutputLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def holding(
+    out: Target, command: list[str] | str | None = None, again: str = AGAIN, stream: TextIO | None = None
+) -> Iterator[OutputLock]:
+    """Hold the lock of `out` for the block (`OutputLock.acquire`, `command` defaulting to this
+    process's argv), its heartbeat rewritten by a thread however long the block runs; a takeover
+    of a dead holder's lock is noted on `stream` (stderr)."""
+    lock = OutputLock.acquire(out, sys.argv if command is None else command, again)
+    if lock.taken_over:
+        print(f"note: {resolve(out)}: {lock.taken_over}", file=stream or sys.stderr)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S / 3):  # refresh() writes at most every HEARTBEAT_S
+            lock.refresh()
+
+    threading.Thread(target=beat, name="output-lock-heartbeat", daemon=True).start()
+    try:
+        yield lock
+    finally:
+        stop.set()
+        lock.release()
+
+
+def _key(out: Location) -> str:
+    """One name per directory, however it was spelled (a relative or absolute path, a URI)."""
+    return os.path.abspath(out.path) if out.is_local else f"{out.fs.type_name}:{out.path.rstrip('/')}"
+
+
+def _enclosing(out: Location) -> list[Location]:
+    """The directories around `out`, nearest first (a local path made absolute first)."""
+    if out.is_local:
+        return Location(out.fs, os.path.abspath(out.path)).parents()
+    return out.parents()
+
+
+def _check_enclosing(out: Location, again: str) -> None:
+    """Refuse `out` while a live driver other than this process holds a directory around it."""
+    for parent in _enclosing(out):
+        with _held_mutex:
+            if _key(parent) in _held:  # our own lock: what lies inside is ours to write
+                return
+        try:
+            holder = _read(parent.join(LOCK_FILE))
+        except OSError:  # a parent we may not read (an object-store policy on a prefix): no lock of ours
+            continue
+        if holder is not None and _stale(holder, parent.join(LOCK_FILE)) is None:
+            raise OutputLocked(_busy_message(parent, holder, again, inside=out))
 
 
 def _read(loc: Location) -> dict[str, Any] | None:
@@ -194,12 +267,15 @@ def _who(holder: dict[str, Any]) -> str:
     )
 
 
-def _busy_message(out: Location, holder: dict[str, Any]) -> str:
+def _busy_message(
+    out: Location, holder: dict[str, Any], again: str = AGAIN, inside: Location | None = None
+) -> str:
     command = holder.get("command")
     return (
-        f"{out} is in use by another orchestrate driver: {_who(holder)}"
+        (f"{inside} lies inside {out}, which" if inside is not None else f"{out}")
+        + f" is in use by another orchestrate driver: {_who(holder)}"
         + (f", running `{command}`" if command else "")
-        + f". Wait for it to finish, or pass another --out. If it was killed, its lock ({LOCK_FILE}) is "
+        + f". {again} If it was killed, its lock ({LOCK_FILE}) is "
         f"taken over automatically: at once on {holder.get('host') or 'its host'}, from other hosts after "
         f"{STALE_S:g} s without its heartbeat."
     )

@@ -22,6 +22,7 @@ carry on where it stopped instead of compiling those presets again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -36,6 +37,7 @@ from compiler.aoti import LOADER_CRASHED
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
+from orchestrator.store.lock import LOCK_FILE, holding
 from orchestrator.store.runlog import read_runs
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, resolve
@@ -200,7 +202,30 @@ def export(
 ) -> dict[str, Any]:
     """Write `dest` (see the module docstring); return the manifest. With `resume`, an interrupted
     export into `dest` (of the same source, class and package choice) goes on from its last
-    finished preset."""
+    finished preset. DEST's lock is held throughout (`lock.OutputLocked`, before anything is read,
+    while another live driver holds it); a DEST that taking it created is removed again if the
+    export is refused before it wrote anything there."""
+    existed = Path(dest).exists()
+    try:
+        with holding(dest, again="Wait for it to finish, or pass another --dest."):
+            return _export(out, hardware, Path(dest), threads, scratch_root, packages, resume, log)
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                Path(dest).rmdir()  # only if empty: an interrupted export's bundles stay, for --resume
+        raise
+
+
+def _export(
+    out: Target,
+    hardware: str,
+    dest: Path,
+    threads: int | None,
+    scratch_root: str | None,
+    packages: bool,
+    resume: bool,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     from workers.runner import build_bundle
 
     entries, defaults, stack = plan_export(out, hardware)
@@ -222,7 +247,7 @@ def export(
     dest = Path(dest)
     key = {"source": str(out), "hardware": hardware, "packages": packages}
     done: dict[str, dict[str, Any]] = {}
-    if dest.exists() and any(dest.iterdir()):
+    if dest.exists() and any(p.name != LOCK_FILE for p in dest.iterdir()):  # the lock is ours
         progress = dest / PROGRESS
         if not resume or not progress.exists() or (dest / MANIFEST).exists():
             what = "a finished export" if (dest / MANIFEST).exists() else "not an interrupted export"
@@ -307,12 +332,12 @@ def export(
         "defaults": defaults,
     }
     durable.write_text(dest / PRESETS, json.dumps(presets, indent=1, sort_keys=True, default=str) + "\n")
-    for stray in [p for p in dest.rglob(".*") if p.is_file() and p.name != PROGRESS]:
+    for stray in [p for p in dest.rglob(".*") if p.is_file() and p.name not in (PROGRESS, LOCK_FILE)]:
         stray.unlink()  # the temporary file of a job killed mid-write, on an earlier try
     files = {
         str(p.relative_to(dest)): sha256_file(p)
         for p in sorted(dest.rglob("*"))
-        if p.is_file() and p.name not in (MANIFEST, PROGRESS)
+        if p.is_file() and p.name not in (MANIFEST, PROGRESS, LOCK_FILE)
     }
     manifest = {
         "format": EXPORT_FORMAT,

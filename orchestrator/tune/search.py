@@ -46,6 +46,7 @@ from orchestrator.fleet.inventory import HardwareClass, cluster_classes
 from orchestrator.fleet.inventory import resolve as resolve_classes
 from orchestrator.spec.matrix import select
 from orchestrator.spec.sweep import SweepSpec
+from orchestrator.store.lock import holding
 from orchestrator.store.rows import latest_rows
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked, refusal_stops
@@ -203,9 +204,17 @@ def _figures(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
 
 
 def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -> TuneSummary:
-    """Run the search (see the module docstring) into `opts.out_dir`; return what it decided."""
+    """Run the search (see the module docstring) into `opts.out_dir`; return what it decided.
+
+    OUT's lock is held from before anything is read to the end (`lock.OutputLocked` while another
+    live driver holds it); the per-rung sweeps lock OUT/<rung> inside it."""
     stream = stream or sys.stderr
     out = checked(opts.out_dir)
+    with holding(out, opts.argv, stream=stream):
+        return _run_tune(spec, opts, out, stream)
+
+
+def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, stream: TextIO) -> TuneSummary:
     if not opts.resume:
         found = [r for r in ROUNDS if read_results(out.join(r), columns=["job_id"]).num_rows]
         if found or out.join(TUNE_FILE).exists():

@@ -81,3 +81,12 @@ def bench_processes(marker: str) -> list[psutil.Process]:
         if "workers.bench" in cmd and marker in cmd:
             found.append(p)
     return found
+
+
+def one_job_sweep(name: str, model: str, config: str) -> str:
+    """The text of a sweep file of one job: `model` (a `python:` factory, 600 s to run) at batch
+    size 1 under `config` (`NAME: {...}`), measured briefly."""
+    return (
+        f"name: {name}\nmodels:\n  - {{id: {model}, name: m, timeout_s: 600}}\nbatch_sizes: [1]\n"
+        f"configs:\n  {config}\nmeasure: {{warmup: 1, iterations: 3, flops: false}}\n"
+    )

@@ -110,3 +110,48 @@ def test_the_lock_works_on_an_object_store(s3_bucket, monkeypatch):
     ):
         OutputLock.acquire(uri)
     OutputLock.acquire(uri).release()  # released: free again
+
+
+def test_a_lock_covers_what_lies_inside_except_for_its_own_holder(tmp_path):
+    """A tune holds OUT and its per-rung sweeps lock OUT/rung0 inside it: allowed to the holder,
+    refused to any other live driver (naming the holder of OUT), free again once OUT is released."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "out")], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputLocked) as info:
+            OutputLock.acquire(tmp_path / "out" / "rung0")
+        assert str(info.value).startswith(
+            f"{tmp_path / 'out' / 'rung0'} lies inside {tmp_path / 'out'}, which is in use by another "
+            f"orchestrate driver: pid {holder.pid} on {socket.gethostname()}"
+        )
+        assert "held.yaml" in str(info.value)
+        OutputLock.acquire(tmp_path / "elsewhere").release()  # beside it: free
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    OutputLock.acquire(tmp_path / "out" / "rung0").release()  # a dead holder of OUT blocks nothing
+
+    with OutputLock.acquire(tmp_path / "out"):  # this process's own lock: what is inside is ours
+        with OutputLock.acquire(tmp_path / "out" / "rung0") as inner:
+            assert (tmp_path / "out" / "rung0" / LOCK_FILE).exists()
+            with pytest.raises(OutputLocked):  # the same place twice is refused, even to its holder
+                OutputLock.acquire(tmp_path / "out" / "rung0")
+        assert not (tmp_path / "out" / "rung0" / LOCK_FILE).exists()
+        inner.release()  # twice is harmless
+        assert (tmp_path / "out" / LOCK_FILE).exists()
+    assert not (tmp_path / "out" / LOCK_FILE).exists()
+
+
+def test_holding_keeps_the_heartbeat_fresh_and_says_when_it_took_over(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(locking, "HEARTBEAT_S", 0.06)
+    _plant(tmp_path, pid=1, host="node-7", heartbeat=time.time() - locking.STALE_S - 5)
+    with locking.holding(tmp_path, ["orchestrate", "presets", "x"]) as held:
+        assert held.taken_over and "no heartbeat for" in held.taken_over
+        first = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert first["command"] == "orchestrate presets x"
+        time.sleep(0.5)  # nobody calls refresh(): the holding thread does
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["heartbeat"] > first["heartbeat"]
+    assert not (tmp_path / LOCK_FILE).exists()
+    assert f"note: {tmp_path}: took over the lock of pid 1 on node-7" in capsys.readouterr().err
