@@ -284,6 +284,10 @@ def _busy_message(
 def held_by_live_driver(out: Target) -> bool:
     """Whether a driver that may still be alive holds the lock of `out` (so a part it has written
     may not be in its commit ledger yet: `orchestrator.store.reader`)."""
-    loc = resolve(out).join(LOCK_FILE)
+    out = resolve(out)
+    with _held_mutex:
+        if _key(out) in _held:  # this process's own lock (`presets`, a tune reading its rounds):
+            return False  # nothing else writes there, so an unlisted part is no one's in flight
+    loc = out.join(LOCK_FILE)
     holder = _read(loc)
     return holder is not None and _stale(holder, loc) is None
