@@ -24,8 +24,9 @@ import importlib.util, json, sys
 for module in json.loads(sys.argv[1]):
     print(json.dumps(["start", module]), flush=True)
     try:
-        found = importlib.util.find_spec(module) is not None
-        print(json.dumps(["done", module, "" if found else "not found"]), flush=True)
+        spec = importlib.util.find_spec(module)
+        origin = getattr(spec, "origin", None) or ""
+        print(json.dumps(["done", module, "" if spec is not None else "not found", origin]), flush=True)
     except ModuleNotFoundError as exc:  # the module or a package on its path is missing
         mine = exc.name and (module == exc.name or module.startswith(exc.name + "."))
         text = "not found" if mine else f"importing it raised ModuleNotFoundError: {exc}"
@@ -38,9 +39,12 @@ for module in json.loads(sys.argv[1]):
 """
 
 
-def module_problems(modules: list[str], timeout_s: float | None = None) -> dict[str, str]:
+def module_problems(
+    modules: list[str], timeout_s: float | None = None, origins: dict[str, str] | None = None
+) -> dict[str, str]:
     """Module -> why it cannot be used, for each of `modules` that cannot (found in a child
-    interpreter with this process's search path and working directory)."""
+    interpreter with this process's search path and working directory). `origins`, if given,
+    gets each found module's file."""
     problems = {
         m: f"the module path is {len(m)} characters long (at most {MAX_ID_CHARS})"
         for m in modules
@@ -69,10 +73,12 @@ def module_problems(modules: list[str], timeout_s: float | None = None) -> dict[
             continue
         if event[0] == "start":
             started = event[1]
-        elif event[0] == "done" and len(event) == 3:
+        elif event[0] == "done" and len(event) in (3, 4):
             done.add(event[1])
             if event[2]:
                 problems[event[1]] = event[2]
+            elif len(event) == 4 and origins is not None and isinstance(event[3], str):
+                origins[event[1]] = event[3]
     if started is not None and started not in done:
         if timed_out:
             problems[started] = f"importing it did not finish within {timeout_s:.0f} s"
@@ -82,6 +88,50 @@ def module_problems(modules: list[str], timeout_s: float | None = None) -> dict[
         if module not in done and module not in problems:
             problems[module] = "not checked: an earlier module's import ended the check"
     return problems
+
+
+MAX_SOURCE_BYTES = 4 << 20
+"""A module source larger than this is not parsed for its names (the factory is then assumed)."""
+
+
+def missing_name(origin: str, name: str) -> str | None:
+    """Why the module at `origin` (a .py file) has no top-level `name`, read without running it
+    (its syntax tree: a def, class, assignment or import of that name); None where it has one or
+    where that cannot be told without running it (not a .py file, a module-level `__getattr__`, a
+    star import, names set through `globals()`)."""
+    import ast
+
+    try:
+        if not origin.endswith(".py") or os.path.getsize(origin) > MAX_SOURCE_BYTES:
+            return None
+        with open(origin, "rb") as f:
+            tree = ast.parse(f.read(), origin)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None  # the job's import will say what is wrong with it
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        else:  # assignments, and names bound inside if/try/with blocks at module level
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+                elif isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Import | ast.ImportFrom):
+                    names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+                elif isinstance(sub, ast.Name) and sub.id == "globals":
+                    return None
+    if name in names or "__getattr__" in names:
+        return None
+    close = sorted(n for n in names if n.lower() == name.lower() or n.startswith(name[:3]))[:3]
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    where = os.path.basename(origin)
+    return f"has no top-level {name!r}: no def, class, assignment or import of it in its {where}{hint}"
 
 
 def _ending(code: int | None) -> str:

@@ -16,11 +16,11 @@ from typing import Any, Literal, get_args
 
 from compiler import runtime as runtime_settings
 from compiler.config import CompileConfig, config_problems
-from orchestrator.spec.imports import module_problems
+from orchestrator.spec.imports import missing_name, module_problems
 from orchestrator.spec.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
 from workers.job import PRECISIONS, MeasureSpec, ModelSpec, canonical_precision
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
+NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}\Z")
 """Names of sweeps, models, configs and hardware classes: they become directory and job names."""
 
 # Values beyond these are typos or fuzz, not sweeps: refused with the limit in the message.
@@ -275,13 +275,17 @@ def _check_modules(src: LocatedYaml, found: list[tuple[PathKey, str]]) -> None:
     """The `python:` ids' modules, found in a child interpreter (`spec.imports`)."""
     if not found:
         return
-    problems = module_problems([model_id.split(":")[1] for _, model_id in found])
+    origins: dict[str, str] = {}
+    problems = module_problems([model_id.split(":")[1] for _, model_id in found], origins=origins)
     for path, model_id in found:
-        problem = problems.get(model_id.split(":")[1])
+        module, factory = (model_id.split(":") + [""])[1:3]
+        problem = problems.get(module)
         if problem == "not found":
-            src.error(path, f"module {_show(model_id.split(':')[1])} of {_show(model_id)} is not importable")
+            src.error(path, f"module {_show(module)} of {_show(model_id)} is not importable")
         elif problem:
-            src.error(path, f"module {_show(model_id.split(':')[1])} of {_show(model_id)}: {problem}")
+            src.error(path, f"module {_show(module)} of {_show(model_id)}: {problem}")
+        elif factory and module in origins and (missing := missing_name(origins[module], factory)):
+            src.error(path, f"{_show(model_id)}: module {_show(module)} {missing}")
 
 
 def _named_mapping(value: Any) -> bool:

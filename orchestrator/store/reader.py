@@ -21,6 +21,7 @@ A table is answered from part files that pass every check, or not at all:
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 import warnings
 from collections import Counter
@@ -261,6 +262,9 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
             null = [c for c in figures if row[c] is None]
             if row["status"] == "ok" and null:
                 return f"{who}: status ok but {', '.join(null)} null"
+            bad = [f"{c} {row[c]!r}" for c in figures if row[c] is not None and not 0 < row[c] < math.inf]
+            if row["status"] == "ok" and bad:  # a latency is a positive, finite number of ms
+                return f"{who}: status ok but {', '.join(bad)}"
         if spec.unique:
             if row[spec.unique] in seen:
                 return f"{who}: a second row of {spec.unique} {row[spec.unique]}"

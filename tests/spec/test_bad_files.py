@@ -94,6 +94,10 @@ CASES: dict[str, Callable[[], bytes | None]] = {
         "  - id: python:workers.toy:mlp\n    name: mlp\n",
         "  - id: python:workers.toy:mlp\n    name: mlp\n  - id: python:workers.toy:mlp\n    name: mlp2\n",
     ),
+    "a python: factory its module lacks": lambda: _smoke_with(
+        "python:workers.toy:mlp", "python:workers.toy:no_such_factory"
+    ),
+    "a name ending in a newline": lambda: _smoke_with("name: smoke", 'name: "smoke\\n"'),
     "a python: package that kills its interpreter": lambda: _smoke_with(
         "python:workers.toy:mlp", "python:co_fuzz_segfault.sub:f"
     ),

@@ -117,8 +117,25 @@ def null_figures(t):
             lambda t: t.set_column(t.schema.get_field_index("status"), "status", pa.array(["fine"])),
             "status 'fine'",
         ),
+        (
+            lambda t: t.set_column(t.schema.get_field_index("model"), "model", pa.nulls(1, pa.string())),
+            "model null",
+        ),
+        (
+            lambda t: t.set_column(t.schema.get_field_index("compiled_ms"), "compiled_ms", pa.array([-1.0])),
+            "status ok but compiled_ms -1.0",
+        ),
     ],
-    ids=["string speedup", "int job_id", "missing", "extra", "null ok figure", "unknown status"],
+    ids=[
+        "string speedup",
+        "int job_id",
+        "missing",
+        "extra",
+        "null ok figure",
+        "unknown status",
+        "null model",
+        "negative latency",
+    ],
 )
 @pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "pre-ledger"])
 def test_schema_and_rows_are_exact_with_no_cast(out, change, reason, ledger):
@@ -164,16 +181,29 @@ def test_a_torn_ledger_line_lists_nothing_and_repair_rewrites_the_ledger(out):
 
 
 def test_an_unlisted_part_is_in_flight_only_while_a_live_driver_writes(out):
+    import os
+    import subprocess
+    import sys
+
+    from tests.store.test_lock import HOLDER, REPO
+
     stray = shutil.copyfile(parts(out)[0], parts(out)[0].with_name("part-new.parquet"))
-    with OutputLock.acquire(out):
+    driver = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:  # another live process (a sweep) holds the output
+        assert driver.stdout.readline().strip() == "held"
         assert read_results(out).num_rows == 3  # a commit in progress: left out, unread
         old = time.time() - 600
-        import os
-
         os.utime(stray, (old, old))
         assert [d.kind for d in refusal(out).damaged] == ["foreign"]  # too old to be in flight
         os.utime(stray)
+    finally:
+        driver.kill()
+        driver.wait()
     assert [d.kind for d in refusal(out).damaged] == ["foreign"]  # no writer: nothing is in flight
+    with OutputLock.acquire(out):  # this process's own lock (`presets` holds it): no one else writes
+        assert [d.kind for d in refusal(out).damaged] == ["foreign"]
 
 
 def test_the_ledger_works_on_an_object_store(s3_bucket, table_jobs, make_result):
