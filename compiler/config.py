@@ -120,6 +120,58 @@ def inductor_option_names() -> frozenset[str]:
 
 
 @lru_cache(maxsize=1)
+def inductor_option_defaults() -> dict[str, Any]:
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.get_config_copy()
+
+
+AUTOTUNE_BACKENDS = frozenset({"ATEN", "TRITON", "CPP", "CUTLASS", "CK", "CKTILE", "CUTEDSL", "NVGEMM"})
+"""The backend names torch 2.11-2.13's Inductor looks for in `max_autotune_*_backends`."""
+AT_LEAST_ONE = frozenset({"compile_threads"})
+
+
+def option_value_problem(name: str, value: Any, default: Any) -> str | None:
+    """Why `value` cannot be Inductor option `name` (whose default is `default`), or None: the
+    default's type (bool, int, float, str, list), a finite number, a known autotune backend."""
+    import math
+
+    def kind(v: Any) -> str:
+        return type(v).__name__
+
+    if default is None:
+        return None  # an optional setting: its type is not known from the default
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    elif isinstance(default, list | tuple):
+        ok = isinstance(value, list | tuple)
+    elif isinstance(default, dict):
+        ok = isinstance(value, dict)
+    else:
+        return None
+    if not ok:
+        article = "an" if kind(default)[0] in "aeiou" else "a"
+        return f"option {name!r} takes {article} {kind(default)} (its default is {default!r}), not {kind(value)} {value!r}"
+    if name in AT_LEAST_ONE and value < 1:
+        return f"option {name!r} must be at least 1, got {value!r}"
+    if name.startswith("max_autotune_") and name.endswith("_backends"):
+        given = [b.strip().upper() for b in value.split(",") if b.strip()]
+        unknown = [b for b in given if b not in AUTOTUNE_BACKENDS]
+        if not given or unknown:
+            return (
+                f"option {name!r} is a comma-separated list of {', '.join(sorted(AUTOTUNE_BACKENDS))}; "
+                f"got {value!r}"
+            )
+    return None
+
+
+@lru_cache(maxsize=1)
 def backend_names() -> frozenset[str]:
     import torch._dynamo
 
@@ -186,6 +238,12 @@ def config_problems(cfg: CompileConfig) -> list[tuple[str, str]]:
                     + _did_you_mean(opt, sorted(names)),
                 )
             )
+    defaults = inductor_option_defaults() if cfg.options else {}
+    for opt, value in cfg.options.items():
+        if opt in names and opt not in GLOBAL_ONLY_OPTIONS:
+            wrong = option_value_problem(opt, value, defaults.get(opt))
+            if wrong:
+                problems.append((f"options.{opt}", wrong))
     problems += setting_problems(cfg.runtime)
     if cfg.timeout_s is not None and not cfg.timeout_s > 0:
         problems.append(("timeout_s", f"timeout_s must be positive, got {cfg.timeout_s!r}"))

@@ -97,6 +97,12 @@ CASES: dict[str, Callable[[], bytes | None]] = {
     "a python: factory its module lacks": lambda: _smoke_with(
         "python:workers.toy:mlp", "python:workers.toy:no_such_factory"
     ),
+    "an option value of the wrong type": lambda: _smoke_with(
+        "  default: {}", "  default: {options: {max_autotune: [1]}}"
+    ),
+    "an unknown autotune backend": lambda: _smoke_with(
+        "  default: {}", "  default: {options: {max_autotune_gemm_backends: NOPE}}"
+    ),
     "a name ending in a newline": lambda: _smoke_with("name: smoke", 'name: "smoke\\n"'),
     "a python: package that kills its interpreter": lambda: _smoke_with(
         "python:workers.toy:mlp", "python:co_fuzz_segfault.sub:f"
