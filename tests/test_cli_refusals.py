@@ -240,3 +240,37 @@ def test_a_page_name_too_long_for_the_file_system_is_one_line(two_runs, tmp_path
     after, before = two_runs
     assert main(["report", str(after), "--baseline", str(before), "--md", str(tmp_path / ("x" * 300))]) == 2
     assert "unusable path" in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate", "{smoke}"],
+        ["plan", "{smoke}"],
+        ["report", "{after}"],
+        ["report", "{after}", "--baseline", "{before}"],
+    ],
+)
+def test_a_full_disk_under_stdout_is_one_line(command, two_runs, tmp_path):
+    """`orchestrate plan SWEEP > /dev/full`: one line naming stdout, exit 2, no traceback (at exit either)."""
+    import sys
+
+    after, before = two_runs
+    argv = [a.format(smoke=SMOKE, after=after, before=before) for a in command]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr.splitlines()[-1]
+        == "error: cannot write to standard output: [Errno 28] No space left on device"
+    )
+    assert proc.stderr.count("error:") == 1
