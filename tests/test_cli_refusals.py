@@ -274,3 +274,52 @@ def test_a_full_disk_under_stdout_is_one_line(command, two_runs, tmp_path):
         == "error: cannot write to standard output: [Errno 28] No space left on device"
     )
     assert proc.stderr.count("error:") == 1
+
+
+@pytest.mark.parametrize(
+    ("flag", "target", "expected"),
+    [
+        ("--md", "", "error: --md: an empty file name"),
+        ("--json", "", "error: --json: an empty file name"),
+        ("--html", "", "error: --html: an empty file name"),
+        ("--html", "-", "error: --html -: pages are written to files, not to standard output"),
+        ("--json", "{after}/run.json", "is the sweep output {after}'s own data (its run.json)"),
+        ("--md", "{part}", "is the sweep output {after}'s own data (its results/)"),
+        ("--html", "{after}/quarantine/x.html", "is the sweep output {after}'s own data (its quarantine/)"),
+        ("--html", "{smoke}", "exists and is not an HTML page this tool wrote"),
+        ("--md", "{other}.json", "exists and is not a Markdown summary this tool wrote"),
+    ],
+)
+def test_report_pages_never_replace_data(flag, target, expected, two_runs, tmp_path, capsys):
+    """A page path inside an output's data, or naming a file that is no page of this kind: refused
+    before anything is written (it would be lost); an empty name or `-` is refused too."""
+    after, before = two_runs
+    (after / "run.json").write_text('{"runs": []}')
+    (after / "quarantine").mkdir(exist_ok=True)
+    part = next((after / "results").rglob("*.parquet"))
+    (tmp_path / "other.json").write_text('{"mine": 1}')
+    fmt = {"after": after, "part": part, "smoke": SMOKE, "other": tmp_path / "other"}
+    target, expected = target.format(**fmt), expected.format(**fmt)
+    kept = {p: p.read_bytes() for p in (after / "run.json", part, SMOKE, tmp_path / "other.json")}
+    assert main(["report", str(after), "--baseline", str(before), flag, target]) == 2
+    assert expected in _one_line(capsys.readouterr().err)
+    assert {p: p.read_bytes() for p in kept} == kept
+    assert not Path("-").exists()
+
+
+def test_report_pages_of_an_earlier_run_are_replaced(two_runs, tmp_path, capsys):
+    """A nightly job that writes its pages to the same names (also beside an output's data) each time."""
+    after, before = two_runs
+    pages = [
+        "--md",
+        str(after / "summary.md"),
+        "--json",
+        str(tmp_path / "r.json"),
+        "--html",
+        str(tmp_path / "r.html"),
+    ]
+    (tmp_path / "r.html").write_text("")  # empty: nothing to lose
+    for _ in range(2):
+        assert main(["report", str(after), "--baseline", str(before), *pages]) == 0
+    assert (after / "summary.md").read_text().startswith("## Regression report")
+    assert '"cells"' in (tmp_path / "r.json").read_text() and "<svg" in (tmp_path / "r.html").read_text()
