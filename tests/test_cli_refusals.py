@@ -323,3 +323,39 @@ def test_report_pages_of_an_earlier_run_are_replaced(two_runs, tmp_path, capsys)
         assert main(["report", str(after), "--baseline", str(before), *pages]) == 0
     assert (after / "summary.md").read_text().startswith("## Regression report")
     assert '"cells"' in (tmp_path / "r.json").read_text() and "<svg" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.parametrize("command", ["plan", "sweep"])
+def test_an_only_pattern_that_matches_no_job_is_one_line(command, tmp_path, capsys, monkeypatch, no_ray):
+    """A typo in --only is no sweep of 0 jobs: one line naming the pattern and the closest job names."""
+    from orchestrator.fleet import driver
+    from orchestrator.fleet.inventory import HardwareClass
+
+    cpu = {"cpu": HardwareClass("cpu", "cpu", slots=1)}
+    monkeypatch.setattr(driver, "ray_session", lambda address: contextlib.nullcontext())
+    monkeypatch.setattr(driver, "cluster_classes", lambda cpus_per_job: cpu)
+    extra = ["--hardware", "cpu"] if command == "plan" else ["--out", str(tmp_path / "out")]
+    assert main([command, str(SMOKE), "--only", "vit-tiny/bs3", *extra]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: --only 'vit-tiny/bs3' matches none of the sweep's 12 jobs")
+    assert "e.g. cpu/vit-tiny/bs" in line
+    assert not (tmp_path / "out" / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["sweep", str(SMOKE), "--address", "localhost:1\n"],
+            "error: --address 'localhost:1\\n': expected HOST:PORT",
+        ),
+        (["status", "--address", "localhost:1\n", "raysubmit_x"], "at 'http://localhost:1\\n'"),
+        (
+            ["sweep", str(SMOKE), "--shared-cache", "--cache-redis", "localhost:1\n"],
+            "error: --cache-redis 'localhost:1\\n':",
+        ),
+    ],
+)
+def test_an_address_with_a_control_character_stays_on_one_line(argv, expected, tmp_path, capsys, no_ray):
+    assert main([*argv, *(["--out", str(tmp_path / "out")] if argv[0] == "sweep" else [])]) == 2
+    assert expected in _one_line(capsys.readouterr().err)
