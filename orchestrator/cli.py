@@ -79,16 +79,62 @@ def main(argv: list[str] | None = None) -> int:
     _always_show_output_warnings()
     warnings.showwarning = _print_warning
     _warned.clear()
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = watched = _Watched(stdout), _Watched(stderr)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a full disk under stdout shows here, not as a traceback at exit
+        return code
     except (StorageError, AddressError, CacheAddressError) as exc:  # a locked output, a dead --address, ...
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # output piped into `head` or a pager that quit: not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush is quiet
+        _quiet_stdout()
         return 0
+    except OSError as exc:  # ENOSPC, EIO, ... on stdout (/dev/full); any other OSError is not ours to hide
+        if not any(exc is w.failed for w in watched):
+            raise
+        sys.stdout, sys.stderr = stdout, stderr
+        _quiet_stdout()
+        name = "output" if exc is watched[0].failed else "error"
+        with contextlib.suppress(OSError, ValueError):
+            print(f"error: cannot write to standard {name}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     finally:
+        sys.stdout, sys.stderr = stdout, stderr
         warnings.showwarning = _show_warning
+
+
+class _Watched:
+    """A standard stream that remembers the OSError its last write or flush raised (ENOSPC, EIO),
+    so `main` tells it from the other OSErrors of a command."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.failed: OSError | None = None
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self.failed = exc
+            raise
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except OSError as exc:
+            self.failed = exc
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at interpreter exit prints no second traceback."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _always_show_output_warnings() -> None:

@@ -240,3 +240,122 @@ def test_a_page_name_too_long_for_the_file_system_is_one_line(two_runs, tmp_path
     after, before = two_runs
     assert main(["report", str(after), "--baseline", str(before), "--md", str(tmp_path / ("x" * 300))]) == 2
     assert "unusable path" in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate", "{smoke}"],
+        ["plan", "{smoke}"],
+        ["report", "{after}"],
+        ["report", "{after}", "--baseline", "{before}"],
+    ],
+)
+def test_a_full_disk_under_stdout_is_one_line(command, two_runs, tmp_path):
+    """`orchestrate plan SWEEP > /dev/full`: one line naming stdout, exit 2, no traceback (at exit either)."""
+    import sys
+
+    after, before = two_runs
+    argv = [a.format(smoke=SMOKE, after=after, before=before) for a in command]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr.splitlines()[-1]
+        == "error: cannot write to standard output: [Errno 28] No space left on device"
+    )
+    assert proc.stderr.count("error:") == 1
+
+
+@pytest.mark.parametrize(
+    ("flag", "target", "expected"),
+    [
+        ("--md", "", "error: --md: an empty file name"),
+        ("--json", "", "error: --json: an empty file name"),
+        ("--html", "", "error: --html: an empty file name"),
+        ("--html", "-", "error: --html -: pages are written to files, not to standard output"),
+        ("--json", "{after}/run.json", "is the sweep output {after}'s own data (its run.json)"),
+        ("--md", "{part}", "is the sweep output {after}'s own data (its results/)"),
+        ("--html", "{after}/quarantine/x.html", "is the sweep output {after}'s own data (its quarantine/)"),
+        ("--html", "{smoke}", "exists and is not an HTML page this tool wrote"),
+        ("--md", "{other}.json", "exists and is not a Markdown summary this tool wrote"),
+    ],
+)
+def test_report_pages_never_replace_data(flag, target, expected, two_runs, tmp_path, capsys):
+    """A page path inside an output's data, or naming a file that is no page of this kind: refused
+    before anything is written (it would be lost); an empty name or `-` is refused too."""
+    after, before = two_runs
+    (after / "run.json").write_text('{"runs": []}')
+    (after / "quarantine").mkdir(exist_ok=True)
+    part = next((after / "results").rglob("*.parquet"))
+    (tmp_path / "other.json").write_text('{"mine": 1}')
+    fmt = {"after": after, "part": part, "smoke": SMOKE, "other": tmp_path / "other"}
+    target, expected = target.format(**fmt), expected.format(**fmt)
+    kept = {p: p.read_bytes() for p in (after / "run.json", part, SMOKE, tmp_path / "other.json")}
+    assert main(["report", str(after), "--baseline", str(before), flag, target]) == 2
+    assert expected in _one_line(capsys.readouterr().err)
+    assert {p: p.read_bytes() for p in kept} == kept
+    assert not Path("-").exists()
+
+
+def test_report_pages_of_an_earlier_run_are_replaced(two_runs, tmp_path, capsys):
+    """A nightly job that writes its pages to the same names (also beside an output's data) each time."""
+    after, before = two_runs
+    pages = [
+        "--md",
+        str(after / "summary.md"),
+        "--json",
+        str(tmp_path / "r.json"),
+        "--html",
+        str(tmp_path / "r.html"),
+    ]
+    (tmp_path / "r.html").write_text("")  # empty: nothing to lose
+    for _ in range(2):
+        assert main(["report", str(after), "--baseline", str(before), *pages]) == 0
+    assert (after / "summary.md").read_text().startswith("## Regression report")
+    assert '"cells"' in (tmp_path / "r.json").read_text() and "<svg" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.parametrize("command", ["plan", "sweep"])
+def test_an_only_pattern_that_matches_no_job_is_one_line(command, tmp_path, capsys, monkeypatch, no_ray):
+    """A typo in --only is no sweep of 0 jobs: one line naming the pattern and the closest job names."""
+    from orchestrator.fleet import driver
+    from orchestrator.fleet.inventory import HardwareClass
+
+    cpu = {"cpu": HardwareClass("cpu", "cpu", slots=1)}
+    monkeypatch.setattr(driver, "ray_session", lambda address: contextlib.nullcontext())
+    monkeypatch.setattr(driver, "cluster_classes", lambda cpus_per_job: cpu)
+    extra = ["--hardware", "cpu"] if command == "plan" else ["--out", str(tmp_path / "out")]
+    assert main([command, str(SMOKE), "--only", "vit-tiny/bs3", *extra]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: --only 'vit-tiny/bs3' matches none of the sweep's 12 jobs")
+    assert "e.g. cpu/vit-tiny/bs" in line
+    assert not (tmp_path / "out" / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["sweep", str(SMOKE), "--address", "localhost:1\n"],
+            "error: --address 'localhost:1\\n': expected HOST:PORT",
+        ),
+        (["status", "--address", "localhost:1\n", "raysubmit_x"], "at 'http://localhost:1\\n'"),
+        (
+            ["sweep", str(SMOKE), "--shared-cache", "--cache-redis", "localhost:1\n"],
+            "error: --cache-redis 'localhost:1\\n':",
+        ),
+    ],
+)
+def test_an_address_with_a_control_character_stays_on_one_line(argv, expected, tmp_path, capsys, no_ray):
+    assert main([*argv, *(["--out", str(tmp_path / "out")] if argv[0] == "sweep" else [])]) == 2
+    assert expected in _one_line(capsys.readouterr().err)

@@ -126,12 +126,13 @@ def _drive(run):
     could not start or was interrupted."""
     from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted
     from orchestrator.fleet.inventory import MissingHardwareError
+    from orchestrator.spec.matrix import NoJobMatches
     from orchestrator.store.storage import StorageError
     from orchestrator.tune.search import NothingToTune
 
     try:
         return run(), None
-    except (OutputExistsError, MissingHardwareError, StorageError, NothingToTune) as exc:
+    except (OutputExistsError, MissingHardwareError, NoJobMatches, StorageError, NothingToTune) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None, EXIT_BAD_INPUT
     except SweepInterrupted as exc:

@@ -110,7 +110,8 @@ def cmd_report(args) -> int:
         print("error: give --baseline RUN or --history DIR, not both", file=sys.stderr)
         return EXIT_BAD_INPUT
     comparing = args.baseline or args.history
-    if not comparing and (args.md or args.json or args.html or args.fail_on or args.thresholds):
+    pages_given = any(p is not None for p in (args.md, args.json, args.html))
+    if not comparing and (pages_given or args.fail_on or args.thresholds is not None):
         print(
             "error: --md, --json, --html, --fail-on and --thresholds compare runs: give --baseline RUN or "
             "--history DIR",
@@ -217,16 +218,60 @@ def _compare_runs(args, out, table) -> int:
     return 1 if args.fail_on == "regression" and regressions else 0
 
 
+PAGE_STARTS = {
+    "--md": b"## Regression report",
+    "--json": b'{\n "format": 1,\n "thresholds": {',
+    "--html": b"<!DOCTYPE html><html><head><meta charset='utf-8'>",
+}
+"""How each page this tool writes begins (reports/regression.py, reports/html.py): an existing file
+is replaced only when it begins so (a page of an earlier run), or is empty."""
+
+PAGE_NAMES = {"--md": "a Markdown summary", "--json": "a JSON comparison", "--html": "an HTML page"}
+
+OUTPUT_MARKS = ("run.json", ".orchestrate.lock", "_ledger")
+"""What makes a directory a sweep output (any one of them)."""
+
+OUTPUT_DATA = ("results", "kernel_choices", "triton_kernels", "_ledger", "quarantine", *OUTPUT_MARKS)
+"""An output's own files and folders: no page goes there."""
+
+
 def _check_page_path(target: str | None, flag: str) -> None:
     """A report page's path, checked before the comparison runs: a file in a directory that
-    exists (ValueError naming the flag otherwise)."""
-    if not target:
+    exists, not in a sweep output's data, and not an existing file other than a page of this
+    kind (ValueError naming the flag otherwise: it would be lost)."""
+    if target is None:
         return
+    if not target.strip():
+        raise ValueError(f"{flag}: an empty file name; give a file, e.g. regression.{flag[2:]}")
+    if target == "-":
+        raise ValueError(f"{flag} -: pages are written to files, not to standard output; give a file name")
     path = Path(target)
     try:
         if path.is_dir():
             raise ValueError(f"{flag} {target}: is a directory; give a file name, e.g. {path / 'report'}")
         if not path.parent.is_dir():
             raise ValueError(f"{flag} {target}: the directory {path.parent} does not exist; create it first")
+        _check_not_output_data(path.resolve(), target, flag)
+        if path.is_file() and path.stat().st_size:
+            with path.open("rb") as f:
+                start = f.read(len(PAGE_STARTS[flag]))
+            if start != PAGE_STARTS[flag]:
+                raise ValueError(
+                    f"{flag} {target}: exists and is not {PAGE_NAMES[flag]} this tool wrote; it is left as it "
+                    "is: give a new file name (or remove that file first)"
+                )
     except OSError as exc:  # a name too long for the file system, ...
         raise ValueError(f"{flag} {target[:200]}: unusable path: {exc.strerror or exc}") from None
+
+
+def _check_not_output_data(path: Path, target: str, flag: str) -> None:
+    """ValueError when `path` is a sweep output's own file or lies in one of its folders."""
+    for depth, folder in enumerate(path.parents):
+        if any((folder / mark).exists() for mark in OUTPUT_MARKS):
+            first = path.relative_to(folder).parts[0]
+            if first in OUTPUT_DATA:
+                raise ValueError(
+                    f"{flag} {target}: is the sweep output {folder}'s own data (its {first}{'/' if depth else ''}); "
+                    "write the page beside it, e.g. "
+                    f"{folder / ('regression.' + flag[2:])}"
+                )

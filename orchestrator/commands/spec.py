@@ -43,6 +43,7 @@ def cmd_plan(args) -> int:
     from orchestrator.fleet.driver import plan_jobs
     from orchestrator.fleet.inventory import CPU_CLASS, HardwareClass, MissingHardwareError, local_classes
     from orchestrator.fleet.support import triage
+    from orchestrator.spec.matrix import NoJobMatches
 
     spec = _load(args.sweep)
     if spec is None:
@@ -56,7 +57,7 @@ def cmd_plan(args) -> int:
         classes = local_classes(args.cpus_per_job)
     try:
         jobs = plan_jobs(spec, classes, args.only)
-    except MissingHardwareError as exc:
+    except (MissingHardwareError, NoJobMatches) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     checked = triage(jobs)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from compiler.env import die_with_parent
+from orchestrator.store.location import printable
 from orchestrator.store.storage import Location
 
 REDIS_SERVER_ENV = "ORCHESTRATE_REDIS_SERVER"
@@ -68,7 +69,7 @@ def parse_address(text: str) -> RedisAddress:
     host, _, port = text.strip().rpartition(":")
     host = host.strip("[]")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise CacheAddressError(f"--cache-redis {text}: expected HOST:PORT, e.g. 10.0.0.5:6379")
+        raise CacheAddressError(f"--cache-redis {printable(text)}: expected HOST:PORT, e.g. 10.0.0.5:6379")
     return RedisAddress(host, int(port))
 
 
@@ -104,12 +105,12 @@ def check_address(text: str, timeout_s: float = CONNECT_TIMEOUT_S) -> RedisAddre
     address = parse_address(text)
     missing = _client_missing()
     if missing:
-        raise CacheAddressError(f"--cache-redis {text}: {missing}")
+        raise CacheAddressError(f"--cache-redis {printable(text)}: {missing}")
     try:
         ping(address, timeout_s)
     except Exception as exc:  # redis.ConnectionError, TimeoutError, a server that is not Redis
         raise CacheAddressError(
-            f"--cache-redis {text}: no Redis server answers there ({type(exc).__name__}: {exc}); is it up "
+            f"--cache-redis {printable(text)}: no Redis server answers there ({type(exc).__name__}: {exc}); is it up "
             "and reachable from here and from every worker node?"
         ) from None
     return address

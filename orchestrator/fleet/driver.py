@@ -26,7 +26,7 @@ from orchestrator.fleet.ordering import History, longest_first
 from orchestrator.fleet.progress import Progress
 from orchestrator.fleet.scheduler import Scheduler
 from orchestrator.fleet.support import row_error, triage
-from orchestrator.spec.matrix import expand, select
+from orchestrator.spec.matrix import expand, select_matching
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store import runlog
 from orchestrator.store.integrity import quarantine
@@ -66,7 +66,7 @@ def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
 
     if address in (None, "", "local"):
         return
-    shown = address
+    shown = address if address.isprintable() else repr(address)  # a newline must not split the line
     if address == "auto":
         from ray._private.services import canonicalize_bootstrap_address
 
@@ -257,7 +257,7 @@ def plan_jobs(
     allow_missing: bool = False,
 ) -> list[Job]:
     hardware = resolve(spec.hardware, classes, allow_missing)
-    jobs = select(expand(spec, {name: hw.device for name, hw in hardware.items()}), only)
+    jobs = select_matching(expand(spec, {name: hw.device for name, hw in hardware.items()}), only)
     if timeout_cap_s:
         jobs = [dataclasses.replace(j, timeout_s=min(j.timeout_s, timeout_cap_s)) for j in jobs]
     return jobs

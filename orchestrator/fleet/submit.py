@@ -35,7 +35,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from orchestrator.spec.sweep import SweepSpec, load_spec
-from orchestrator.store.location import check_form
+from orchestrator.store.location import check_form, printable
 from orchestrator.store.storage import StorageError, is_uri, redact
 
 EXCLUDES = [
@@ -221,7 +221,7 @@ def _check_reachable(address: str) -> None:
     if parts.scheme not in ("http", "https") or not host:
         if parts.scheme == "ray":
             raise SubmitError(
-                f"{address}: ray:// is Ray Client, which `orchestrate sweep --address` uses; "
+                f"{printable(address)}: ray:// is Ray Client, which `orchestrate sweep --address` uses; "
                 f"`orchestrate submit`, `status` and `logs` talk to the Jobs API at http://HEAD:{DASHBOARD_PORT}"
             )
         raise bad
@@ -235,7 +235,7 @@ def _check_reachable(address: str) -> None:
 
 def _unreachable(address: str, exc: BaseException) -> str:
     return (
-        f"cannot reach the Ray dashboard at {address} ({exc}); is the cluster up, and started with its "
+        f"cannot reach the Ray dashboard at {printable(address)} ({exc}); is the cluster up, and started with its "
         f"dashboard (`ray start --head --include-dashboard=true`, port {DASHBOARD_PORT} by default)? "
         f"From outside its network, `ray dashboard CLUSTER.yaml` forwards it to localhost:{DASHBOARD_PORT}"
     )

@@ -57,3 +57,24 @@ def select(jobs: Iterable[Job], pattern: str | None) -> list[Job]:
         return any(fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else p in name for p in parts)
 
     return [j for j in jobs if hit(j.name)]
+
+
+class NoJobMatches(ValueError):
+    """An --only pattern that matches none of a sweep's jobs; the message names the closest names."""
+
+
+def select_matching(jobs: Iterable[Job], pattern: str | None) -> list[Job]:
+    """`select`, refusing (NoJobMatches) a pattern that leaves none of `jobs`: a typo in --only
+    must not pass as a sweep of 0 jobs."""
+    import difflib
+
+    jobs = list(jobs)
+    chosen = select(jobs, pattern)
+    if pattern is not None and jobs and not chosen:
+        names = [j.name for j in jobs]
+        near = difflib.get_close_matches(pattern.split(",")[0].strip(), names, n=3, cutoff=0) or names[:3]
+        raise NoJobMatches(
+            f"--only {pattern!r} matches none of the sweep's {len(jobs)} jobs; job names are "
+            f"hardware/model/bsN/dtype/config, e.g. {', '.join(near)} (all: `orchestrate plan SWEEP`)"
+        )
+    return chosen

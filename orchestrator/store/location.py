@@ -86,6 +86,12 @@ def shown(text: str) -> str:
     return text if len(text) <= _SHOWN else f"{text[:40]}...{text[-30:]} ({len(text)} characters)"
 
 
+def printable(text: str) -> str:
+    """User input echoed in an error line: as it is, or as a Python literal where it holds a control
+    character (a newline would split the one line)."""
+    return text if text.isprintable() else repr(text)
+
+
 def check_form(text: str) -> None:
     """Refuse, with `StorageError`, a location written in a form this tool does not read."""
     if not text.strip():

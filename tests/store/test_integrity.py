@@ -157,6 +157,17 @@ def test_a_damaged_run_json_is_named(tmp_path, text):
     assert str(info.value).startswith(f"{tmp_path}/run.json: damaged") and "--resume" in str(info.value)
 
 
+@pytest.mark.parametrize("kind", ["directory", "deep"])
+def test_a_run_json_that_is_a_directory_or_nested_too_deep_is_named(tmp_path, kind):
+    if kind == "directory":
+        (tmp_path / "run.json").mkdir()
+    else:
+        (tmp_path / "run.json").write_text("[" * 50_000 + "]" * 50_000)
+    with pytest.raises(runlog.RunLogError) as info:
+        runlog.read_runs(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}/run.json: damaged") and "--resume" in str(info.value)
+
+
 def test_damaged_parts_on_s3_are_named_and_quarantined(s3_bucket, table_jobs, make_result):
     import pyarrow.fs as pafs
 
