@@ -210,7 +210,11 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
     live driver holds it); the per-rung sweeps lock OUT/<rung> inside it."""
     stream = stream or sys.stderr
     out = checked(opts.out_dir)
-    with holding(out, opts.argv, stream=stream):
+    resume = shlex.join(["orchestrate", "tune", spec.source or "SWEEP.yaml", "--out", str(out), "--resume"])
+    with (
+        refusal_stops(out, "nothing of this tune was written", resume),
+        holding(out, opts.argv, stream=stream),
+    ):
         return _run_tune(spec, opts, out, stream)
 
 
