@@ -272,18 +272,15 @@ def _same_model_twice(src: LocatedYaml, positions: list[int], models: list[Model
 
 
 def _check_modules(src: LocatedYaml, found: list[tuple[PathKey, str]]) -> None:
-    """The `python:` ids' modules, found in a child interpreter (`spec.imports`)."""
-    if not found:
-        return
+    """The `python:` ids' modules, found in a child interpreter, and their factories, found in
+    their source without running it (`spec.imports`)."""
     origins: dict[str, str] = {}
-    problems = module_problems([model_id.split(":")[1] for _, model_id in found], origins=origins)
+    problems = module_problems([m.split(":")[1] for _, m in found], origins=origins) if found else {}
     for path, model_id in found:
         module, factory = (model_id.split(":") + [""])[1:3]
-        problem = problems.get(module)
-        if problem == "not found":
-            src.error(path, f"module {_show(module)} of {_show(model_id)} is not importable")
-        elif problem:
-            src.error(path, f"module {_show(module)} of {_show(model_id)}: {problem}")
+        if problem := problems.get(module):
+            what = f"module {_show(module)} of {_show(model_id)}"
+            src.error(path, f"{what} is not importable" if problem == "not found" else f"{what}: {problem}")
         elif factory and module in origins and (missing := missing_name(origins[module], factory)):
             src.error(path, f"{_show(model_id)}: module {_show(module)} {missing}")
 

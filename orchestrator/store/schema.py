@@ -164,19 +164,10 @@ def table_spec(table: str):
             PARTITION_COLUMNS,
             SCHEMA_VERSION,
             SCHEMA_VERSION_KEY,
-            # the job's identity: every version has these, and a report, the presets and an
-            # export key their cells on them (a null one made a cell `cpu/None/bsNone/None`)
-            required=(
-                "job_id",
-                "run_id",
-                "status",
-                "hardware",
-                "model",
-                "model_id",
-                "batch_size",
-                "dtype",
-                "config",
-            ),
+            # the job's identity in every version's files (hardware is the partition, model_id
+            # came later): a report, the presets and an export key their cells on them (a null
+            # one made a cell `cpu/None/bsNone/None`)
+            required=("job_id", "run_id", "status", "model", "batch_size", "dtype", "config"),
             statuses=STATUSES,
             ok_figures=OK_FIGURES,
             unique="job_id",
