@@ -82,7 +82,6 @@ ALLOWED = {
     "compiler/durable.py": "the helper itself",
     "orchestrator/store/lock.py": "takes a stale lock over by renaming it aside, not a write",
     "orchestrator/store/sink.py": "the result sink: its own fsync'd rename of a Parquet part (its ledger work is elsewhere)",
-    "orchestrator/store/storage.py": "Location.write_bytes: to delegate to compiler.durable (other work in flight)",
 }
 
 

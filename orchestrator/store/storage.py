@@ -246,19 +246,13 @@ class Location:
         return self.read_bytes().decode()
 
     def write_bytes(self, data: bytes) -> None:
-        """Write the whole file so that readers see the old one or the new one, never a part.
+        """Write the whole file so that readers see the old one or the new one, never a part,
+        and the new one survives a power cut once this returns: `compiler.durable.write_bytes`
+        (locally a dot-file beside it, fsynced, renamed into place, the directory fsynced;
+        elsewhere one PUT, which an object store applies whole)."""
+        from compiler import durable
 
-        Locally: `.<name>.tmp` beside it, renamed into place (parents created). Elsewhere one
-        PUT, which an object store applies whole."""
-        if self.is_local:
-            path = self.local_path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with removed_on_failure(path.with_name(f".{path.name}.tmp")) as tmp:
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
-            return
-        with self.fs.open_output_stream(self.path) as f:
-            f.write(data)
+        durable.write_bytes(self.path, data, filesystem=self.fs)
 
     def write_text(self, text: str) -> None:
         self.write_bytes(text.encode())

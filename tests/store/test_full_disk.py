@@ -19,7 +19,7 @@ from orchestrator.store.lock import LOCK_FILE, OutputLock
 from orchestrator.store.rows import make_row
 from orchestrator.store.schema import read_results
 from orchestrator.store.sink import ResultSink
-from orchestrator.store.storage import WriteRefused, format_size, resolve
+from orchestrator.store.storage import WriteRefused, format_size
 
 CPU_NAMES = ["cpu/resnet/bs1/fp32/default", "cpu/mlp/bs1/fp32/ro", "cpu/mlp/bs4/fp32/tuned"]
 SWEEP = """\
@@ -134,15 +134,32 @@ def test_a_lock_that_cannot_be_written_is_not_left_behind_empty(small_disk):
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_whole_file_write_that_fails_leaves_no_temporary_file(tmp_path):
-    """Location.write_bytes (run.json, the lock's heartbeat, presets.json) through /dev/full: its
-    dot-file is a link to /dev/full, whose every write fails with ENOSPC; no root needed."""
-    loc = resolve(tmp_path).join("run.json")
-    (tmp_path / ".run.json.tmp").symlink_to("/dev/full")
-    with pytest.raises(OSError) as info:
-        loc.write_bytes(b'{"runs": []}')
-    assert info.value.errno == errno.ENOSPC
-    assert sorted(os.listdir(tmp_path)) == [], "the temporary file (here a link) was left"
-    assert os.path.exists("/dev/full")  # the link went, not what it points to
+    """Location.write_bytes (run.json, the lock's heartbeat, presets.json) in a process whose
+    file-size limit is 4 bytes (RLIMIT_FSIZE, SIGXFSZ ignored): its write fails with EFBIG, as a
+    full disk fails with ENOSPC, and its temporary dot-file is gone; no root needed."""
+    import subprocess
+    import sys
+
+    child = (
+        "import resource, signal, sys\n"
+        "from orchestrator.store.storage import resolve\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4, 4))\n"
+        "try:\n"
+        "    resolve(sys.argv[1]).join('run.json').write_bytes(b'{\"runs\": []}')\n"
+        "except OSError as exc:\n"
+        "    print(exc.errno)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],  # this checkout's orchestrator
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert proc.stdout.strip() == str(errno.EFBIG), proc.stderr
+    assert sorted(os.listdir(tmp_path)) == [], "the temporary file was left"
 
 
 def test_a_sweep_on_a_full_disk_stops_in_one_line_before_ray_starts(small_disk, tmp_path, capsys, no_ray):
