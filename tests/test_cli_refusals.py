@@ -163,10 +163,12 @@ def two_runs(tmp_path, table_jobs, make_result):
         ("--md", "{tmp}/no/such/dir/x.md", "the directory {tmp}/no/such/dir does not exist"),
         ("--json", "{tmp}", "is a directory; give a file name"),
         ("--html", "/dev/full", "error: --html /dev/full: cannot write it: No space left on device"),
+        ("--md", "{tmp}/fifo", "is a FIFO or a socket; give a regular file name"),  # opening it would wait
     ],
 )
 def test_report_pages_that_cannot_be_written_are_one_line(flag, target, expected, two_runs, tmp_path, capsys):
     after, before = two_runs
+    os.mkfifo(tmp_path / "fifo")
     target, expected = target.format(tmp=tmp_path), expected.format(tmp=tmp_path)
     assert main(["report", str(after), "--baseline", str(before), flag, target]) == 2
     assert expected in _one_line(capsys.readouterr().err)

@@ -35,7 +35,8 @@ def _run_dir(path: Path, slots: int, makespan: float, job_seconds: list[float]) 
     for i, seconds in enumerate(job_seconds):
         sink.add(
             {"job_id": f"j{i}", "run_id": "r1", "hardware": "H200", "status": "ok", "subprocess_s": seconds,
-             "device_name": "NVIDIA H200", "eager_ms": 2.0, "compiled_ms": 1.0, "speedup": 2.0}
+             "device_name": "NVIDIA H200", "eager_ms": 2.0, "compiled_ms": 1.0, "speedup": 2.0,
+             "model": "m", "batch_size": 1, "dtype": "fp32", "config": f"c{i}"}
         )  # fmt: skip
     sink.close()
     runlog.finish_run(path, "r1", {"ok": len(job_seconds)}, dispatch_s=makespan)

@@ -252,6 +252,8 @@ def _check_page_path(target: str | None, flag: str) -> None:
         if not path.parent.is_dir():
             raise ValueError(f"{flag} {target}: the directory {path.parent} does not exist; create it first")
         _check_not_output_data(path.resolve(), target, flag)
+        if path.is_fifo() or path.is_socket():  # opening one waits for a reader: a hang
+            raise ValueError(f"{flag} {target}: is a FIFO or a socket; give a regular file name")
         if path.is_file() and path.stat().st_size:
             with path.open("rb") as f:
                 start = f.read(len(PAGE_STARTS[flag]))

@@ -117,6 +117,8 @@ def test_history_from_output_reads_other_directories_for_timing(tmp_path):
             "run_id": "r1",
             "hardware": "A100",
             "model_id": b.model.id,
+            "model": b.model.name,
+            "dtype": b.dtype,
             "config": "b",
             "batch_size": 1,
             "status": "ok",
