@@ -215,10 +215,10 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
         refusal_stops(out, "nothing of this tune was written", resume),
         holding(out, opts.argv, stream=stream),
     ):
-        return _run_tune(spec, opts, out, stream)
+        return _run_tune(spec, opts, out, resume, stream)
 
 
-def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, stream: TextIO) -> TuneSummary:
+def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, stream: TextIO) -> TuneSummary:
     if not opts.resume:
         found = [r for r in ROUNDS if read_results(out.join(r), columns=["job_id"]).num_rows]
         if found or out.join(TUNE_FILE).exists():
@@ -228,7 +228,6 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, stream: TextIO)
             )
     pruned = _pruned(opts.prune_from)  # a bad --prune-from is refused before Ray starts
     t0 = time.monotonic()
-    resume = shlex.join(["orchestrate", "tune", spec.source or "SWEEP.yaml", "--out", str(out), "--resume"])
     jobs_run: dict[str, int] = {}
     log: dict[str, dict[str, Any]] = {}
 
