@@ -200,6 +200,10 @@ def _start(binary: str, data: Path, port: int) -> subprocess.Popen | None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             preexec_fn=die_with_parent,  # a killed driver, even by SIGKILL, leaves no server behind
+            # Its own session: a Ctrl-C (or `timeout -s INT`) reaches the terminal's whole process
+            # group, and a server in it died before the driver's last snapshot at the interruption
+            # (seen on the H100: "snapshot not written ... Connection refused"). The driver stops it.
+            start_new_session=True,
         )
     except OSError:
         return None

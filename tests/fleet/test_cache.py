@@ -4,6 +4,7 @@ round trip through Redis. (Real compiles sharing through it: tests/integration/t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import time
@@ -250,3 +251,60 @@ def test_no_snapshot_for_a_named_server_or_without_keep(tmp_path):
     with cache.shared_cache(True, None, str(tmp_path), io.StringIO()) as address:
         assert address
     assert not (tmp_path / "out").exists()
+
+
+_INTERRUPTED_TUNE = """
+import sys, time
+import redis
+from compiler.shared_cache import namespace
+from orchestrator.fleet import cache
+from orchestrator.store.storage import resolve
+
+with cache.shared_cache(True, None, sys.argv[1], sys.stderr, keep=resolve(sys.argv[2])) as address:
+    c = redis.Redis.from_url(f"redis://{address}")
+    c.hset(namespace("H100", {"torch": "t"}) + "gemm-autotune", mapping={"mm|in1": b"0.5"})
+    c.close()
+    try:
+        print("ready", flush=True)
+        time.sleep(60)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        time.sleep(2)  # the driver cancels its running jobs before the block ends
+"""
+
+
+@needs_redis
+def test_a_ctrl_c_to_the_whole_process_group_still_snapshots(tmp_path):
+    """Ctrl-C in a terminal (and `timeout -s INT`, as benchmarks/device/tune-slice.sh uses) sends
+    SIGINT to the whole foreground process group. The embedded server must outlive it long enough
+    for the driver's last snapshot: it runs in a session of its own, and the driver stops it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED_TUNE, str(tmp_path), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        [server] = [p for p in psutil.Process(child.pid).children() if p.name() == "redis-server"]
+        os.killpg(child.pid, signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert "interrupted" in stdout, stderr
+    assert "snapshot not written" not in stderr, stderr
+    assert pq.read_table(out / cache.SNAPSHOT_FILE).num_rows == 1
+    assert child.returncode == 0
+    with contextlib.suppress(psutil.NoSuchProcess):
+        server.wait(timeout=10)
+    assert not server.is_running()  # the driver stopped its server on the way out
