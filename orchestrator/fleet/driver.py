@@ -213,8 +213,11 @@ def _remote_for(hw: HardwareClass, gpu_classes: list[str], body: Callable[..., d
     """The per-job remote function of a class: its slot's resources and its placement.
 
     GPU classes: one GPU and the `accelerator_type:<class>` resource (set on every node of that
-    type, autoscaled ones included). CPU class: a label selector that keeps CPU jobs off GPU
-    nodes, whose cores belong to their GPU jobs."""
+    type, autoscaled ones included), and where every node of the class carries the accelerator
+    label, that label too: Ray adds the resource of the GPU it detects, so a node an operator
+    labels as another class (a second class simulated on one host) also has this one's resource.
+    CPU class: a label selector that keeps CPU jobs off GPU nodes, whose cores belong to their GPU
+    jobs."""
     import ray
 
     from workers.task import execute_job
@@ -225,6 +228,8 @@ def _remote_for(hw: HardwareClass, gpu_classes: list[str], body: Callable[..., d
         opts["max_calls"] = 0  # the Ray worker never touches CUDA itself: reuse it across jobs
         if hw.name != "GPU":
             opts["resources"] = {f"accelerator_type:{hw.name}": 0.001}
+            if hw.labelled:
+                opts["label_selector"] = {ACCEL_LABEL: hw.name}
     elif gpu_classes:
         # no space after the commas: Ray reads " T4" as a value of its own, and T4 nodes would match
         opts["label_selector"] = {ACCEL_LABEL: f"!in({','.join(gpu_classes)})"}

@@ -27,6 +27,9 @@ class HardwareClass:
     """Jobs of this class that can run at once across its nodes."""
     cpus_per_job: int = 1
     """Cores each job of this class reserves (and the thread count it gets)."""
+    labelled: bool = True
+    """Every node of this GPU class carries its name as the accelerator label, so jobs can be
+    placed by label as well as by resource (see `orchestrator.fleet.driver._remote_for`)."""
 
 
 def node_class(node: dict[str, Any]) -> tuple[str, DeviceKind]:
@@ -64,6 +67,7 @@ def classes_from_nodes(
         name, device = node_class(node)
         hw = classes.setdefault(name, HardwareClass(name, device))
         hw.node_ids.append(node["NodeID"])
+        hw.labelled = hw.labelled and (node.get("Labels") or {}).get(ACCEL_LABEL) == name
         res = node.get("Resources", {})
         cpus = int(res.get("CPU", 0))
         if device == "cuda":

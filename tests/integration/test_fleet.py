@@ -29,12 +29,18 @@ def make_cluster():
     nodes: dict[str, list] = {"A100": [], "T4": [], "cpu": []}
     for cls, count in (("A100", 2), ("T4", 1)):
         for _ in range(count):
+            resources = {f"accelerator_type:{cls}": 1}
+            if cls == "T4":
+                # Also the A100's resource, as Ray adds for the GPU it detects on a node that an
+                # operator labelled as another class (benchmarks/device: two classes on one host):
+                # placement by label keeps A100 jobs off it.
+                resources["accelerator_type:A100"] = 1
             nodes[cls].append(
                 cluster.add_node(
                     num_cpus=1,
                     num_gpus=1,
                     labels={"ray.io/accelerator-type": cls},
-                    resources={f"accelerator_type:{cls}": 1},
+                    resources=resources,
                 )
             )
     nodes["cpu"].append(cluster.add_node(num_cpus=2))
