@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -59,8 +61,15 @@ def start_sweep(sweep: Path, out: Path, scratch: Path, **popen_kwargs) -> subpro
 
 
 def planned_count(sweep: Path, *extra: str) -> int:
-    out = orchestrate("plan", str(sweep), *extra).stdout.strip().splitlines()
-    return int(out[-1].split()[0])
+    """How many jobs `orchestrate plan SWEEP EXTRA` plans. In this process (a plan starts no Ray),
+    to spare an interpreter start; the CLI's own process is what the sweeps themselves run in."""
+    from orchestrator.cli import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["plan", str(sweep), *extra])
+    assert code == 0, printed.getvalue()
+    return int(printed.getvalue().strip().splitlines()[-1].split()[0])
 
 
 @pytest.fixture

@@ -3,12 +3,14 @@
 
 Jobs of the fake GPU classes run a synthetic task body (this machine has no GPU); jobs of the
 CPU class run the real job subprocess, faults included. Placement is checked from the node id
-each row records, which the task reads from Ray itself.
+each row records, which the task reads from Ray itself. Capability-aware planning (cells a class
+cannot run become rows, not tasks) runs on the same cluster.
 """
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -175,3 +177,56 @@ def test_absent_class_is_an_error_before_anything_runs_unless_allowed(fleet, tmp
     rows = read_results(tmp_path / "b").to_pylist()
     assert summary.hardware == {"A100": 2}
     assert {r["hardware"] for r in rows} == {"A100"} and len(rows) == 2
+
+
+CAPS_SWEEP = """\
+name: caps
+models:
+  - {id: python:workers.toy:mlp, name: mlp}
+batch_sizes: [1]
+dtypes: [fp32, bf16]
+configs:
+  default: {}
+  gemm-triton: {options: {max_autotune: true, max_autotune_gemm_backends: TRITON}}
+measure: {warmup: 1, iterations: 3, flops: false}
+hardware: [A100, T4]
+"""
+
+
+def test_unsupported_cells_are_rows_not_tasks(fleet, tmp_path: Path):
+    """Capability-aware sweeps on the fake mixed fleet: cells the capability table rules out on a
+    class (bf16 on T4, Triton-only GEMMs on a 40-SM T4) become `unsupported` rows with the reason,
+    and no task runs for them; the other cells run as usual (a synthetic task body)."""
+    cluster, _ = fleet
+    spec = parse_spec(CAPS_SWEEP, "caps.yaml")
+    started = tmp_path / "started"
+    started.mkdir()
+    stream = io.StringIO()
+    summary = run_sweep(
+        spec,
+        SweepOptions(out_dir=tmp_path / "out", address=cluster.address),
+        stream=stream,
+        task_body=task_body(0.0, str(started)),
+    )
+    rows = {r["job_name"]: r for r in read_results(tmp_path / "out").to_pylist()}
+    unsupported = {n for n, r in rows.items() if r["status"] == "unsupported"}
+    assert unsupported == {
+        "T4/mlp/bs1/bf16/default",
+        "T4/mlp/bs1/bf16/gemm-triton",
+        "T4/mlp/bs1/fp32/gemm-triton",
+    }
+    assert {n for n, r in rows.items() if r["status"] == "ok"} == set(rows) - unsupported
+    assert "T4 (sm75) has no native bf16" in rows["T4/mlp/bs1/bf16/default"]["error"]
+    assert "capability table v1" in rows["T4/mlp/bs1/bf16/default"]["error"]
+    assert "max_autotune_gemm_backends=TRITON" in rows["T4/mlp/bs1/fp32/gemm-triton"]["error"]
+    assert all(rows[n]["node_id"] is None for n in unsupported)  # never placed
+    assert summary.planned == 8 and summary.counts == {"ok": 5, "unsupported": 3}
+    assert "3 unsupported, 5 to run" in stream.getvalue()
+    # A resumed sweep counts them as done: nothing runs again.
+    again = run_sweep(
+        spec,
+        SweepOptions(out_dir=tmp_path / "out", address=cluster.address, resume=True),
+        stream=io.StringIO(),
+        task_body=task_body(0.0, str(started)),
+    )
+    assert again.skipped == 8 and not again.counts

@@ -26,7 +26,7 @@ models:
   - {id: python:workers.toy:mlp, name: mlp}
 batch_sizes: [1, 2, 3, 4]
 configs:
-  default: {}
+  dynamo: {backend: eager}  # what is tested is the output's disk, not Inductor: no C++ compile
 measure: {warmup: 1, iterations: 3, flops: false}
 """
 PLANNED = 4

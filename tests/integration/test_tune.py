@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -147,9 +148,11 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     with torch.no_grad():
         assert torch.allclose(runner(**inputs), model(**inputs), rtol=1e-4, atol=1e-4)
 
-    packaged = serve(tmp_path, "tuned", str(dest))
-    tuned = serve(tmp_path, "bundle", str(dest))
-    plain = serve(tmp_path, "plain")
+    # three independent fresh processes (caches of their own, one thread each): at once
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        packaged, tuned, plain = pool.map(
+            lambda args: serve(tmp_path, *args), [("tuned", str(dest)), ("bundle", str(dest)), ("plain",)]
+        )
     for applied in (packaged, tuned):
         assert applied["modules"] == [] and applied["match"] == "exact", applied
         assert applied["config"]["options"] == json.loads(preset["compile"])["options"]
