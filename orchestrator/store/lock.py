@@ -154,11 +154,13 @@ def holding(
         while not stop.wait(HEARTBEAT_S / 3):  # refresh() writes at most every HEARTBEAT_S
             lock.refresh()
 
-    threading.Thread(target=beat, name="output-lock-heartbeat", daemon=True).start()
+    thread = threading.Thread(target=beat, name="output-lock-heartbeat", daemon=True)
+    thread.start()
     try:
         yield lock
     finally:
         stop.set()
+        thread.join(timeout=HEARTBEAT_S)  # not left running into interpreter exit (a write mid-way)
         lock.release()
 
 

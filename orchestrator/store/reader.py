@@ -201,7 +201,9 @@ def conform(
         if reason:
             return spec.schema.empty_table(), reason
         present = set(file_schema.names)
-        table = pf.read(columns=[n for n in schema.names if n in present])
+        # no worker threads: an Arrow pool thread still alive when the interpreter exits after an
+        # error (a damaged part found) could abort it ("terminate called"), and parts are small
+        table = pf.read(columns=[n for n in schema.names if n in present], use_threads=False)
     except (OSError, pa.ArrowException, ValueError) as exc:
         return spec.schema.empty_table(), " ".join(str(exc).split()) or type(exc).__name__
     values = _partition_values(rel, spec)
@@ -277,7 +279,10 @@ def read_verified(
 ) -> pa.Table:
     """The rows of one table of `out` from verified parts only; `DamagedOutputError` (naming every
     file that failed, and `fix()`: the repair, looked up only then) when any part fails."""
-    ledger = ledgers.load(out)
+    try:
+        ledger = ledgers.load(out)
+    except ledgers.NotALedgerError as exc:
+        raise ledgers.NotALedgerError(f"{exc}. {fix()}") from None
     check = check_table(out, spec, ledger, columns=columns)
     warn_strays(out.join(spec.name), check.strays)
     note_ledger(out, ledger, bool(check.good or check.problems))
@@ -311,6 +316,8 @@ class Repair:
     strays: list[str]
     adopted: int = 0
     """Parts of an output without a ledger that are now listed."""
+    ledger_moved: tuple[str, Location] | None = None
+    """A `_ledger` that was not a folder (what it was, where it went): the parts were adopted."""
 
 
 def find_damaged(
@@ -328,11 +335,14 @@ def find_damaged(
 
 def repair(out: Location, specs: list[TableSpec], stamp: str) -> Repair:
     """Move every part that fails `check_table` into `out/quarantine/<stamp>/`, and leave a ledger
-    that lists exactly the parts kept (old segments go to quarantine too, whole)."""
+    that lists exactly the parts kept (old segments go to quarantine too, whole). A `_ledger` that
+    is not a folder goes to quarantine first: the parts are then those of an output without one."""
+    what = ledgers.not_a_folder(out)
+    moved = (what, quarantine(out, [ledgers.LEDGER_DIR], stamp)[0][1]) if what else None
     problems, strays, good, ledger = find_damaged(out, specs, in_flight_s=0)  # the caller holds the lock
     present = [p for p in problems if p.kind != "missing"]
     dests = dict(quarantine(out, [p.rel for p in present], stamp))
-    result = Repair([(p, dests.get(p.rel)) for p in problems], strays)
+    result = Repair([(p, dests.get(p.rel)) for p in problems], strays, ledger_moved=moved)
     if ledger is None:
         if good:
             ledgers.LedgerWriter(out, "adopted").append(good)
