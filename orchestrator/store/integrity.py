@@ -71,13 +71,15 @@ def list_parts(table_dir: Location) -> tuple[list[Location], list[str]]:
     infos = table_dir.fs.get_file_info(pafs.FileSelector(root, recursive=True))
     parts, strays = [], []
     for info in sorted(infos, key=lambda i: i.path):
-        if info.type != pafs.FileType.File:
+        if info.type in (pafs.FileType.Directory, pafs.FileType.NotFound):
             continue
         rel = info.path[len(root) :].lstrip("/")
         pieces = rel.split("/")
         if any(p.startswith((".", "_")) for p in pieces):
             continue
-        if len(pieces) == 2 and PART_DIR_RE.match(pieces[0]) and pieces[1].endswith(".parquet"):
+        if info.type != pafs.FileType.File:  # a FIFO, socket or device: never opened (a FIFO waits)
+            strays.append(rel)
+        elif len(pieces) == 2 and PART_DIR_RE.match(pieces[0]) and pieces[1].endswith(".parquet"):
             parts.append(table_dir.join(*pieces))
         else:
             strays.append(rel)

@@ -115,7 +115,7 @@ def load(out: Location) -> Ledger | None:
                 continue
             try:
                 found = _parse(line, info.base_name)
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, RecursionError):  # nested too deeply: not ours
                 ledger.unreadable.append(f"{info.base_name}:{n}")
                 continue
             ledger.entries.setdefault(found.part, []).append(found)

@@ -255,9 +255,9 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
     seen: set[str] = set()
     for n, row in enumerate(rows, 1):
         who = f"row {n}" + (f" (job_id {row['job_id']})" if row.get("job_id") is not None else "")
-        null = [c for c in spec.required if row[c] is None]
+        null = [c for c in spec.required if row[c] is None or row[c] == ""]  # "": no id either
         if null:
-            return f"{who}: {', '.join(null)} null"
+            return f"{who}: {', '.join(null)} null or empty"
         if spec.statuses:
             if row["status"] not in spec.statuses:
                 return f"{who}: status {row['status']!r} is not one of {', '.join(spec.statuses)}"

@@ -5,6 +5,7 @@ quarantine moves files aside without losing a byte. The same cases on a real swe
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
@@ -272,3 +273,64 @@ def test_a_part_copied_into_another_hardware_folder_exits_2_with_no_thread_left(
         env=env,
     )
     assert cli.returncode == 2 and cli.stderr.splitlines() == [line], cli.stderr
+
+
+def _lock_fifo(out):
+    os.mkfifo(out / ".orchestrate.lock")
+
+
+def _deep_ledger_line(out):
+    [segment] = (out / "_ledger").glob("*.jsonl")
+    with open(segment, "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+
+
+def _fifo_part(out):
+    os.mkfifo(out / "results" / "hardware=cpu" / "part-fifo.parquet")
+
+
+# an adversarial pass's finds: damage -> (exit code, the line the command prints first)
+ODD_ENTRIES = {
+    "lock is a folder": (
+        lambda out: (out / ".orchestrate.lock").mkdir(),
+        2,
+        "error: {out}/.orchestrate.lock: a folder, not a lock this tool writes",
+    ),  # IsADirectoryError, a traceback
+    "lock is a FIFO": (_lock_fifo, 2, "error: {out}/.orchestrate.lock: not a regular file"),  # open() waited
+    "a ledger line nested 100,000 deep": (_deep_ledger_line, 0, "warning: {out}/_ledger: unreadable line(s)"),
+    "a FIFO named like a part": (
+        _fifo_part,
+        0,
+        "warning: ignoring {out}/results/hardware=cpu/part-fifo.parquet",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(ODD_ENTRIES))
+def test_odd_entries_in_an_output_are_one_line_not_a_traceback_or_a_wait(out, capsys, no_ray, kind):
+    damage, code, first = ODD_ENTRIES[kind]
+    damage(out)
+    for command in ("report", "presets"):
+        assert main([command, str(out)]) == code, command
+        err = capsys.readouterr().err
+        assert err.startswith(first.format(out=out)) and "Traceback" not in err, err
+        if code:
+            assert err.count("\n") == 1, err
+
+
+def test_export_names_a_model_entry_without_a_name_from_its_id(tmp_path):
+    """A sweep may leave a model's name out (`- {id: hf:org/resnet-50}`): export's lookup of the
+    run log's model entries raised a TypeError on it; entries of another shape are left out."""
+    from orchestrator.tune.export import _model_specs
+
+    models = [
+        {"id": "python:workers.toy:mlp"},
+        {"x": 1},
+        5,
+        None,
+        {"id": "hf:org/vit", "name": "v", "bogus": 1},
+    ]
+    (tmp_path / "run.json").write_text(json.dumps({"runs": [{"run_id": "r1", "spec": {"models": models}}]}))
+    specs = _model_specs(tmp_path)
+    assert sorted(specs) == ["mlp", "v"]
+    assert specs["mlp"].id == "python:workers.toy:mlp" and specs["v"].id == "hf:org/vit"

@@ -122,6 +122,10 @@ def null_figures(t):
             "model null",
         ),
         (
+            lambda t: t.set_column(t.schema.get_field_index("job_id"), "job_id", pa.array([""])),
+            "job_id null or empty",
+        ),
+        (
             lambda t: t.set_column(t.schema.get_field_index("compiled_ms"), "compiled_ms", pa.array([-1.0])),
             "status ok but compiled_ms -1.0",
         ),
@@ -134,6 +138,7 @@ def null_figures(t):
         "null ok figure",
         "unknown status",
         "null model",
+        "empty job_id",
         "negative latency",
     ],
 )
