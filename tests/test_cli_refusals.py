@@ -54,6 +54,9 @@ FLAG_CASES = {
     ),
     "--address without a port": (["--address", "headnode"], "error: --address headnode: expected HOST:PORT"),
     "--unknown-flag": (["--turbo"], "error: unrecognized arguments: --turbo"),
+    # an empty --only (an unset shell variable) ran every job of the sweep
+    "--only ''": (["--only", ""], "error: --only: an empty pattern ''"),
+    "--only ' , '": (["--only", " , "], "error: --only: an empty pattern ' , '"),
 }
 
 
@@ -128,6 +131,27 @@ def test_an_out_that_is_a_regular_file_is_one_line(tmp_path, capsys, no_ray):
     assert target.read_text() == "keep me"
 
 
+@pytest.mark.parametrize("link", ["loop", "dangling"])
+@pytest.mark.parametrize("command", ["sweep", "report", "presets"])
+def test_an_out_that_is_a_broken_symlink_is_one_line(command, link, tmp_path, capsys, no_ray):
+    """A symlink loop as --out: the lock's mkdir raised FileExistsError, a traceback."""
+    target = tmp_path / "out"
+    target.symlink_to("out" if link == "loop" else tmp_path / "gone")
+    argv = ["sweep", str(SMOKE), "--out", str(target)] if command == "sweep" else [command, str(target)]
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"error: {target}: a symbolic link to a missing target, or a loop of them; pick another", (
+        line
+    )
+
+
+def test_cpus_per_job_above_every_node_is_one_line_not_a_sweep_of_nothing(capsys, no_ray):
+    """`--cpus-per-job 1000` on a 2-core machine left no hardware class: "0 jobs planned", exit 0."""
+    assert main(["plan", str(SMOKE), "--cpus-per-job", str(100 * (os.cpu_count() or 1))]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: no node of the cluster can run a job (classes present: none)"), line
+
+
 def test_address_auto_without_a_local_cluster_is_one_line(tmp_path, capsys, no_ray, monkeypatch):
     from ray._private.services import find_bootstrap_address, find_gcs_addresses
 
@@ -164,11 +188,13 @@ def two_runs(tmp_path, table_jobs, make_result):
         ("--json", "{tmp}", "is a directory; give a file name"),
         ("--html", "/dev/full", "error: --html /dev/full: cannot write it: No space left on device"),
         ("--md", "{tmp}/fifo", "is a FIFO or a socket; give a regular file name"),  # opening it would wait
+        ("--md", "{tmp}/loop", "a symbolic link to a missing target, or a loop"),  # resolve(): RuntimeError
     ],
 )
 def test_report_pages_that_cannot_be_written_are_one_line(flag, target, expected, two_runs, tmp_path, capsys):
     after, before = two_runs
     os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to("loop")
     target, expected = target.format(tmp=tmp_path), expected.format(tmp=tmp_path)
     assert main(["report", str(after), "--baseline", str(before), flag, target]) == 2
     assert expected in _one_line(capsys.readouterr().err)

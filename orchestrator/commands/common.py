@@ -39,9 +39,20 @@ def _positive(text: str) -> float:
     return value
 
 
+def _pattern(text: str) -> str:
+    """An argparse type: an --only pattern with something in it (`--only ""`, from an unset
+    shell variable, ran every job)."""
+    if not any(p.strip() for p in text.split(",")):
+        raise argparse.ArgumentTypeError(
+            f"an empty pattern {text!r}: give one, e.g. '*/bs1/*', or leave --only out"
+        )
+    return text
+
+
 def _add_only(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only",
+        type=_pattern,
         metavar="PATTERN",
         help="run only jobs whose name (hardware/model/bsN/dtype/config, e.g. cpu/resnet-50/bs1/fp32/default) "
         "matches: a glob such as '*/bs1/*' must match the whole name, a plain word such as 'resnet' "

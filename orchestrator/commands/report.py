@@ -251,6 +251,10 @@ def _check_page_path(target: str | None, flag: str) -> None:
             raise ValueError(f"{flag} {target}: is a directory; give a file name, e.g. {path / 'report'}")
         if not path.parent.is_dir():
             raise ValueError(f"{flag} {target}: the directory {path.parent} does not exist; create it first")
+        if path.is_symlink() and not path.exists():  # a loop (resolve raises), or a missing target
+            raise ValueError(
+                f"{flag} {target}: a symbolic link to a missing target, or a loop; give another name"
+            )
         _check_not_output_data(path.resolve(), target, flag)
         if path.is_fifo() or path.is_socket():  # opening one waits for a reader: a hang
             raise ValueError(f"{flag} {target}: is a FIFO or a socket; give a regular file name")
@@ -262,8 +266,10 @@ def _check_page_path(target: str | None, flag: str) -> None:
                     f"{flag} {target}: exists and is not {PAGE_NAMES[flag]} this tool wrote; it is left as it "
                     "is: give a new file name (or remove that file first)"
                 )
-    except OSError as exc:  # a name too long for the file system, ...
-        raise ValueError(f"{flag} {target[:200]}: unusable path: {exc.strerror or exc}") from None
+    except (OSError, RuntimeError) as exc:  # a name too long for the file system, a symlink loop
+        raise ValueError(
+            f"{flag} {target[:200]}: unusable path: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
 
 
 def _check_not_output_data(path: Path, target: str, flag: str) -> None:

@@ -304,6 +304,8 @@ def check_access(loc: Location) -> None:
         except (OSError, ValueError, ArrowException) as exc:
             reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:MAX_REASON_CHARS]
             raise StorageError(f"{loc}: cannot use this path ({reason}); pick another") from None
+        if loc.local_path.is_symlink() and not loc.local_path.exists():  # nothing can be made there
+            raise StorageError(f"{loc}: a symbolic link to a missing target, or a loop of them; pick another")
         return
 
     uri = loc.uri or ""
