@@ -145,6 +145,26 @@ def test_an_out_that_is_a_broken_symlink_is_one_line(command, link, tmp_path, ca
     )
 
 
+@pytest.mark.parametrize("where", ["the output", "its results folder"])
+def test_nightly_history_in_a_sweep_output_is_refused(where, two_runs, capsys, no_ray):
+    """`nightly --history OUT/results` wrote tonight's run inside OUT's results table."""
+    after, _ = two_runs
+    history = after if where == "the output" else after / "results"
+    before = sorted(p.relative_to(after) for p in after.rglob("*"))
+    assert main(["nightly", str(SMOKE), "--history", str(history)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"error: --history {history}: ") and f"the sweep output {after}" in line, line
+    assert sorted(p.relative_to(after) for p in after.rglob("*")) == before
+
+
+@pytest.mark.parametrize("classes", ["", "\x01", "a/b", " , "])
+def test_plan_hardware_names_are_checked_as_the_sweep_file_checks_them(classes, capsys, no_ray):
+    """`plan --hardware $'\\x01'` planned jobs on a class named with a control character."""
+    assert main(["plan", str(SMOKE), "--hardware", classes]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: --hardware: expected classes such as H100,cpu"), line
+
+
 def test_cpus_per_job_above_every_node_is_one_line_not_a_sweep_of_nothing(capsys, no_ray):
     """`--cpus-per-job 1000` on a 2-core machine left no hardware class: "0 jobs planned", exit 0."""
     assert main(["plan", str(SMOKE), "--cpus-per-job", str(100 * (os.cpu_count() or 1))]) == 2

@@ -150,6 +150,7 @@ def cmd_nightly(args) -> int:
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
     try:
         history = checked(args.history)
+        _check_history_root(history)
         check_writable(history)
         thresholds = load_thresholds(args.thresholds)
     except (StorageError, ValueError) as exc:
@@ -165,6 +166,20 @@ def cmd_nightly(args) -> int:
     print(to_markdown(result.comparison, terminal=True))
     print(f"reports: {result.run.join('regression.md')}, .json and .html beside it")
     return 1 if result.comparison.counts()["regression"] else 0
+
+
+def _check_history_root(history) -> None:
+    """ValueError for a nightly --history that is a sweep output or lies inside one: tonight's run
+    would be written among its files (under results/: part files the output's reader names as strays)."""
+    if not history.is_local:
+        return
+    path = history.local_path.absolute()
+    for folder in (path, *path.parents):
+        if any((folder / mark).exists() for mark in ("run.json", "_ledger")):
+            raise ValueError(
+                f"--history {history}: {'is' if folder == path else 'lies inside'} the sweep output {folder}; "
+                "nightly runs go into a folder of their own, each run in a dated folder under it"
+            )
 
 
 def _compare_runs(args, out, table) -> int:
