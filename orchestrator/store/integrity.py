@@ -5,7 +5,8 @@ A table folder holds `hardware=<class>/part-<uuid>.parquet` files written whole 
 Anything else found there is classified, never guessed at:
 
 - names starting with `.` or `_` (a write in progress, `_SUCCESS` markers): skipped silently;
-- any other file that is not `hardware=<class>/<name>.parquet`: a *stray* (a note someone left,
+- any other file that is not `hardware=<class>/<name>.parquet`, and any FIFO, socket or device
+  (never opened: a FIFO would wait): a *stray* (a note someone left,
   a copy in the wrong folder), ignored with a warning that names it;
 - a part that fails the strict reader (`orchestrator.store.reader`: not in the commit ledger,
   bytes that differ from it, a page whose CRC fails, columns of the wrong name or type, rows that

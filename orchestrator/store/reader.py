@@ -11,7 +11,7 @@ A table is answered from part files that pass every check, or not at all:
   no cast, so a `speedup` stored as the string '99.5' or a `job_id` stored as an integer is
   refused; unknown and missing columns are named (a file of an older version may lack the
   columns added since; it must have the identity columns).
-- **rows**: identity columns are never null, a status is one of the known ones, an `ok` row has
+- **rows**: identity columns are never null or empty, a status is one of the known ones, an `ok` row has
   its figures, and a `job_id` has at most one results row in the whole table.
 
 `repair` is what `sweep --resume` does with what these checks find: moves every failing file into
