@@ -258,6 +258,9 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
         null = [c for c in spec.required if row[c] is None or row[c] == ""]  # "": no id either
         if null:
             return f"{who}: {', '.join(null)} null or empty"
+        odd = _odd_identity(row, spec.required)
+        if odd:
+            return f"{who}: {odd}"
         if spec.statuses:
             if row["status"] not in spec.statuses:
                 return f"{who}: status {row['status']!r} is not one of {', '.join(spec.statuses)}"
@@ -271,6 +274,18 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
             if row[spec.unique] in seen:
                 return f"{who}: a second row of {spec.unique} {row[spec.unique]}"
             seen.add(row[spec.unique])
+    return None
+
+
+def _odd_identity(row: dict, required: tuple[str, ...]) -> str | None:
+    """An identity value this tool never writes (names are checked when the sweep file is read): a
+    control character in a name, which a report would print raw; a batch size below 1."""
+    for c in required:
+        value = row[c]
+        if isinstance(value, str) and any(ch < " " or ch == "\x7f" for ch in value):
+            return f"{c} {value[:40]!r} holds a control character"
+        if type(value) is int and value < 1:
+            return f"{c} {value} is below 1"
     return None
 
 
