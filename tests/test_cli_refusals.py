@@ -119,6 +119,13 @@ def test_a_read_only_output_is_one_line_before_ray(read_only_dir, capsys, no_ray
     assert "Read-only file system" in line or "Permission denied" in line, line
 
 
+def test_an_out_that_is_a_device_is_named_as_one(capsys, no_ray):
+    """`--out /dev/full` was called "a regular file"."""
+    assert main(["sweep", str(SMOKE), "--out", "/dev/full"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: /dev/full: it is a device, FIFO or socket, not a directory"), line
+
+
 def test_an_out_that_is_a_regular_file_is_one_line(tmp_path, capsys, no_ray):
     target = tmp_path / "results.txt"
     target.write_text("keep me")
