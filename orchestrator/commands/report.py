@@ -9,6 +9,7 @@ from pathlib import Path
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
     _add_only,
+    _check_plan_locally,
     _drive,
     _load,
     _positive,
@@ -155,6 +156,8 @@ def cmd_nightly(args) -> int:
         thresholds = load_thresholds(args.thresholds)
     except (StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not _check_plan_locally(spec, args):
         return EXIT_BAD_INPUT
     opts = _sweep_options(args, history)
     result, code = _drive(lambda: run_nightly(spec, history, opts, thresholds))
