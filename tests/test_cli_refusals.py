@@ -54,6 +54,9 @@ FLAG_CASES = {
     ),
     "--address without a port": (["--address", "headnode"], "error: --address headnode: expected HOST:PORT"),
     "--unknown-flag": (["--turbo"], "error: unrecognized arguments: --turbo"),
+    # an empty --only (an unset shell variable) ran every job of the sweep
+    "--only ''": (["--only", ""], "error: --only: an empty pattern ''"),
+    "--only ' , '": (["--only", " , "], "error: --only: an empty pattern ' , '"),
 }
 
 
@@ -116,6 +119,13 @@ def test_a_read_only_output_is_one_line_before_ray(read_only_dir, capsys, no_ray
     assert "Read-only file system" in line or "Permission denied" in line, line
 
 
+def test_an_out_that_is_a_device_is_named_as_one(capsys, no_ray):
+    """`--out /dev/full` was called "a regular file"."""
+    assert main(["sweep", str(SMOKE), "--out", "/dev/full"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: /dev/full: it is a device, FIFO or socket, not a directory"), line
+
+
 def test_an_out_that_is_a_regular_file_is_one_line(tmp_path, capsys, no_ray):
     target = tmp_path / "results.txt"
     target.write_text("keep me")
@@ -126,6 +136,47 @@ def test_an_out_that_is_a_regular_file_is_one_line(tmp_path, capsys, no_ray):
         "(created if missing): pick another path"
     )
     assert target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("link", ["loop", "dangling"])
+@pytest.mark.parametrize("command", ["sweep", "report", "presets"])
+def test_an_out_that_is_a_broken_symlink_is_one_line(command, link, tmp_path, capsys, no_ray):
+    """A symlink loop as --out: the lock's mkdir raised FileExistsError, a traceback."""
+    target = tmp_path / "out"
+    target.symlink_to("out" if link == "loop" else tmp_path / "gone")
+    argv = ["sweep", str(SMOKE), "--out", str(target)] if command == "sweep" else [command, str(target)]
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"error: {target}: a symbolic link to a missing target, or a loop of them; pick another", (
+        line
+    )
+
+
+@pytest.mark.parametrize("where", ["the output", "its results folder"])
+def test_nightly_history_in_a_sweep_output_is_refused(where, two_runs, capsys, no_ray):
+    """`nightly --history OUT/results` wrote tonight's run inside OUT's results table."""
+    after, _ = two_runs
+    history = after if where == "the output" else after / "results"
+    before = sorted(p.relative_to(after) for p in after.rglob("*"))
+    assert main(["nightly", str(SMOKE), "--history", str(history)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"error: --history {history}: ") and f"the sweep output {after}" in line, line
+    assert sorted(p.relative_to(after) for p in after.rglob("*")) == before
+
+
+@pytest.mark.parametrize("classes", ["", "\x01", "a/b", " , "])
+def test_plan_hardware_names_are_checked_as_the_sweep_file_checks_them(classes, capsys, no_ray):
+    """`plan --hardware $'\\x01'` planned jobs on a class named with a control character."""
+    assert main(["plan", str(SMOKE), "--hardware", classes]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: --hardware: expected classes such as H100,cpu"), line
+
+
+def test_cpus_per_job_above_every_node_is_one_line_not_a_sweep_of_nothing(capsys, no_ray):
+    """`--cpus-per-job 1000` on a 2-core machine left no hardware class: "0 jobs planned", exit 0."""
+    assert main(["plan", str(SMOKE), "--cpus-per-job", str(100 * (os.cpu_count() or 1))]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: no node of the cluster can run a job (classes present: none)"), line
 
 
 def test_address_auto_without_a_local_cluster_is_one_line(tmp_path, capsys, no_ray, monkeypatch):
@@ -164,11 +215,13 @@ def two_runs(tmp_path, table_jobs, make_result):
         ("--json", "{tmp}", "is a directory; give a file name"),
         ("--html", "/dev/full", "error: --html /dev/full: cannot write it: No space left on device"),
         ("--md", "{tmp}/fifo", "is a FIFO or a socket; give a regular file name"),  # opening it would wait
+        ("--md", "{tmp}/loop", "a symbolic link to a missing target, or a loop"),  # resolve(): RuntimeError
     ],
 )
 def test_report_pages_that_cannot_be_written_are_one_line(flag, target, expected, two_runs, tmp_path, capsys):
     after, before = two_runs
     os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to("loop")
     target, expected = target.format(tmp=tmp_path), expected.format(tmp=tmp_path)
     assert main(["report", str(after), "--baseline", str(before), flag, target]) == 2
     assert expected in _one_line(capsys.readouterr().err)
@@ -325,6 +378,18 @@ def test_report_pages_of_an_earlier_run_are_replaced(two_runs, tmp_path, capsys)
         assert main(["report", str(after), "--baseline", str(before), *pages]) == 0
     assert (after / "summary.md").read_text().startswith("## Regression report")
     assert '"cells"' in (tmp_path / "r.json").read_text() and "<svg" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.parametrize("command", ["sweep", "nightly"])
+def test_an_only_typo_is_found_before_ray_starts(command, tmp_path, capsys, no_ray):
+    """On this machine (no --address) the plan is checked before its private Ray starts: a typo in
+    --only cost Ray's start first (10-40 s on a loaded 2-core machine)."""
+    out = tmp_path / "out"
+    target = ["--history", str(out)] if command == "nightly" else ["--out", str(out)]
+    assert main([command, str(SMOKE), *target, "--only", "vit-tiny/bs3"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("error: --only 'vit-tiny/bs3' matches none of the sweep's"), line
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("command", ["plan", "sweep"])

@@ -39,9 +39,20 @@ def _positive(text: str) -> float:
     return value
 
 
+def _pattern(text: str) -> str:
+    """An argparse type: an --only pattern with something in it (`--only ""`, from an unset
+    shell variable, ran every job)."""
+    if not any(p.strip() for p in text.split(",")):
+        raise argparse.ArgumentTypeError(
+            f"an empty pattern {text!r}: give one, e.g. '*/bs1/*', or leave --only out"
+        )
+    return text
+
+
 def _add_only(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only",
+        type=_pattern,
         metavar="PATTERN",
         help="run only jobs whose name (hardware/model/bsN/dtype/config, e.g. cpu/resnet-50/bs1/fp32/default) "
         "matches: a glob such as '*/bs1/*' must match the whole name, a plain word such as 'resnet' "
@@ -119,6 +130,24 @@ def _sweep_options(args, out, **extra):
         argv=sys.argv,
         **extra,
     )
+
+
+def _check_plan_locally(spec, args) -> bool:
+    """For a run on this machine (no --address): --only and the sweep's hardware checked against
+    the classes its private Ray will have, before Ray starts (a typo cost Ray's start, 10-40 s on
+    a loaded 2-core machine). False, after printing why, when nothing would run."""
+    from orchestrator.fleet.driver import plan_jobs
+    from orchestrator.fleet.inventory import MissingHardwareError, local_classes
+    from orchestrator.spec.matrix import NoJobMatches
+
+    if args.address is not None or args.only is None:
+        return True
+    try:
+        plan_jobs(spec, local_classes(args.cpus_per_job), args.only, args.timeout_cap, args.allow_missing)
+    except (MissingHardwareError, NoJobMatches) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _drive(run):

@@ -9,6 +9,7 @@ from pathlib import Path
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
     _add_only,
+    _check_plan_locally,
     _drive,
     _load,
     _positive,
@@ -150,10 +151,13 @@ def cmd_nightly(args) -> int:
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
     try:
         history = checked(args.history)
+        _check_history_root(history)
         check_writable(history)
         thresholds = load_thresholds(args.thresholds)
     except (StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not _check_plan_locally(spec, args):
         return EXIT_BAD_INPUT
     opts = _sweep_options(args, history)
     result, code = _drive(lambda: run_nightly(spec, history, opts, thresholds))
@@ -165,6 +169,20 @@ def cmd_nightly(args) -> int:
     print(to_markdown(result.comparison, terminal=True))
     print(f"reports: {result.run.join('regression.md')}, .json and .html beside it")
     return 1 if result.comparison.counts()["regression"] else 0
+
+
+def _check_history_root(history) -> None:
+    """ValueError for a nightly --history that is a sweep output or lies inside one: tonight's run
+    would be written among its files (under results/: part files the output's reader names as strays)."""
+    if not history.is_local:
+        return
+    path = history.local_path.absolute()
+    for folder in (path, *path.parents):
+        if any((folder / mark).exists() for mark in ("run.json", "_ledger")):
+            raise ValueError(
+                f"--history {history}: {'is' if folder == path else 'lies inside'} the sweep output {folder}; "
+                "nightly runs go into a folder of their own, each run in a dated folder under it"
+            )
 
 
 def _compare_runs(args, out, table) -> int:
@@ -251,6 +269,10 @@ def _check_page_path(target: str | None, flag: str) -> None:
             raise ValueError(f"{flag} {target}: is a directory; give a file name, e.g. {path / 'report'}")
         if not path.parent.is_dir():
             raise ValueError(f"{flag} {target}: the directory {path.parent} does not exist; create it first")
+        if path.is_symlink() and not path.exists():  # a loop (resolve raises), or a missing target
+            raise ValueError(
+                f"{flag} {target}: a symbolic link to a missing target, or a loop; give another name"
+            )
         _check_not_output_data(path.resolve(), target, flag)
         if path.is_fifo() or path.is_socket():  # opening one waits for a reader: a hang
             raise ValueError(f"{flag} {target}: is a FIFO or a socket; give a regular file name")
@@ -262,8 +284,10 @@ def _check_page_path(target: str | None, flag: str) -> None:
                     f"{flag} {target}: exists and is not {PAGE_NAMES[flag]} this tool wrote; it is left as it "
                     "is: give a new file name (or remove that file first)"
                 )
-    except OSError as exc:  # a name too long for the file system, ...
-        raise ValueError(f"{flag} {target[:200]}: unusable path: {exc.strerror or exc}") from None
+    except (OSError, RuntimeError) as exc:  # a name too long for the file system, a symlink loop
+        raise ValueError(
+            f"{flag} {target[:200]}: unusable path: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
 
 
 def _check_not_output_data(path: Path, target: str, flag: str) -> None:

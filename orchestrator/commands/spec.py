@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, _add_only, _load, _whole
+
+
+def _classes(text: str) -> str:
+    """An argparse type: comma-separated hardware class names, each as a sweep file's `hardware:`
+    allows (they become folder and job names: a control character planned jobs named with it)."""
+    from orchestrator.spec.sweep import NAME_RE
+
+    names = [h.strip() for h in text.split(",") if h.strip()]
+    bad = [n for n in names if not NAME_RE.match(n)]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"expected classes such as H100,cpu (1-100 letters, digits and _ . + -), got {text[:100]!r}"
+        )
+    return text
 
 
 def add_parsers(sub) -> None:
@@ -17,6 +32,7 @@ def add_parsers(sub) -> None:
     p.add_argument("sweep", type=Path, help="sweep YAML file")
     p.add_argument(
         "--hardware",
+        type=_classes,
         metavar="CLASSES",
         help="comma-separated hardware classes to plan for when the sweep says `hardware: auto` "
         "(default: what this machine has, e.g. cpu or H100)",

@@ -11,6 +11,7 @@ from orchestrator.commands.common import (
     _add_cache_redis,
     _add_only,
     _cache_address,
+    _check_plan_locally,
     _drive,
     _load,
     _positive,
@@ -138,6 +139,8 @@ def cmd_sweep(args) -> int:
         shared_cache=args.shared_cache,
         cache_redis=cache_redis,
     )
+    if not _check_plan_locally(spec, args):
+        return EXIT_BAD_INPUT
     summary, code = _drive(lambda: run_sweep(spec, opts))
     if summary is None:
         return code

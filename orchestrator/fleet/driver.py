@@ -324,6 +324,9 @@ def _quarantine_damage(out: Location, stream: TextIO, stamp: str) -> None:
     (damaged, foreign, a second row of a job) aside, so its jobs run again, and leave a commit
     ledger listing exactly the parts kept; name the strays, which stay and are ignored."""
     fixed = repair(out, [table_spec(t) for t in TABLES], stamp)
+    if fixed.ledger_moved:
+        what, dest = fixed.ledger_moved
+        print(f"warning: {out.join('_ledger')} was {what}, not a ledger; moved to {dest}", file=stream)
     for rel in fixed.strays:
         print(
             f"warning: ignoring {out.join(rel)}: not a part file this tool writes; move it out", file=stream
@@ -363,6 +366,8 @@ def _run_locked(
     what was saved, what was not, and the command that resumes."""
     import ray
 
+    if opts.resume:  # before the rows are read: every reader refuses a damaged run.json
+        _check_run_log(out, stream, stamp)
     history = History.from_output(out, history_dirs)  # one read: job ids done, and durations
     done_ids = history.job_ids
     if done_ids and not opts.resume:
@@ -370,7 +375,6 @@ def _run_locked(
             f"{out} already holds {len(done_ids)} result rows. Pass --resume to finish that sweep, "
             "or --out to write somewhere else; nothing was changed."
         )
-    _check_run_log(out, stream, stamp)
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     t_start = time.monotonic()
     with (

@@ -116,6 +116,12 @@ def resolve(
 ) -> dict[str, HardwareClass]:
     """The classes a sweep runs on: all present ones for `auto`, else the requested ones, which
     must all be present unless `allow_missing` (then the missing ones are left out)."""
+    if not present:  # a run of nothing is no sweep (it printed "0 jobs" and exited 0)
+        raise MissingHardwareError(
+            "no node of the cluster can run a job (classes present: none): a CPU node needs at least "
+            "--cpus-per-job cores (by default all of its own), a GPU node a GPU; lower --cpus-per-job or "
+            "add nodes"
+        )
     if requested == "auto":
         return dict(present)
     missing = [h for h in requested if h not in present]

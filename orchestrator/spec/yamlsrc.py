@@ -248,7 +248,21 @@ def _construct(node: yaml.Node, loader: yaml.SafeLoader) -> Any:
     return value
 
 
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+
+
 def _convert(node: yaml.Node, path: PathKey, loader: yaml.SafeLoader, out: LocatedYaml) -> Any:
+    if isinstance(node, yaml.CollectionNode) and node.tag not in _PLAIN_TAGS:
+        # `!!python/object/apply:os.system [...]` read as a plain list (never run, but not refused)
+        tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+        out.errors.append(
+            SourceError(
+                out.file,
+                node.start_mark.line + 1,
+                f"the tag {tag!r:.60} on a list or mapping; a sweep file holds plain ones",
+            )
+        )
+        return None
     if isinstance(node, yaml.MappingNode):
         loader.flatten_mapping(node)
         result: dict[Any, Any] = {}

@@ -5,7 +5,8 @@ A table folder holds `hardware=<class>/part-<uuid>.parquet` files written whole 
 Anything else found there is classified, never guessed at:
 
 - names starting with `.` or `_` (a write in progress, `_SUCCESS` markers): skipped silently;
-- any other file that is not `hardware=<class>/<name>.parquet`: a *stray* (a note someone left,
+- any other file that is not `hardware=<class>/<name>.parquet`, and any FIFO, socket or device
+  (never opened: a FIFO would wait): a *stray* (a note someone left,
   a copy in the wrong folder), ignored with a warning that names it;
 - a part that fails the strict reader (`orchestrator.store.reader`: not in the commit ledger,
   bytes that differ from it, a page whose CRC fails, columns of the wrong name or type, rows that
@@ -71,13 +72,15 @@ def list_parts(table_dir: Location) -> tuple[list[Location], list[str]]:
     infos = table_dir.fs.get_file_info(pafs.FileSelector(root, recursive=True))
     parts, strays = [], []
     for info in sorted(infos, key=lambda i: i.path):
-        if info.type != pafs.FileType.File:
+        if info.type in (pafs.FileType.Directory, pafs.FileType.NotFound):
             continue
         rel = info.path[len(root) :].lstrip("/")
         pieces = rel.split("/")
         if any(p.startswith((".", "_")) for p in pieces):
             continue
-        if len(pieces) == 2 and PART_DIR_RE.match(pieces[0]) and pieces[1].endswith(".parquet"):
+        if info.type != pafs.FileType.File:  # a FIFO, socket or device: never opened (a FIFO waits)
+            strays.append(rel)
+        elif len(pieces) == 2 and PART_DIR_RE.match(pieces[0]) and pieces[1].endswith(".parquet"):
             parts.append(table_dir.join(*pieces))
         else:
             strays.append(rel)

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from orchestrator.store.storage import Location
+from orchestrator.store.storage import Location, StorageError
 
 LEDGER_DIR = "_ledger"
 SEGMENT_SUFFIX = ".jsonl"
@@ -69,11 +69,35 @@ def ledger_dir(out: Location) -> Location:
     return out.join(LEDGER_DIR)
 
 
-def load(out: Location) -> Ledger | None:
-    """The ledger of `out`, or None when it has none (an output written before ledgers)."""
+class NotALedgerError(StorageError):
+    """`<out>/_ledger` is there but is not a folder: which parts were committed is unknown."""
+
+
+def not_a_folder(out: Location) -> str | None:
+    """What `<out>/_ledger` is when it exists but is not a folder (a regular file, ...), else None."""
     import pyarrow.fs as pafs
 
     folder = ledger_dir(out)
+    kind = folder.fs.get_file_info(folder.path).type
+    if kind == pafs.FileType.NotFound and folder.is_local and folder.local_path.is_symlink():
+        return "a symbolic link to a missing target"
+    if kind in (pafs.FileType.NotFound, pafs.FileType.Directory):
+        return None
+    return "a regular file" if kind == pafs.FileType.File else "not a regular file or folder"
+
+
+def load(out: Location) -> Ledger | None:
+    """The ledger of `out`, or None when it has none (an output written before ledgers);
+    `NotALedgerError` when `_ledger` is something else than a folder."""
+    import pyarrow.fs as pafs
+
+    folder = ledger_dir(out)
+    what = not_a_folder(out)
+    if what:
+        raise NotALedgerError(
+            f"{folder}: {what}, not the folder of the commit ledger (which lists the part files committed, "
+            "with their digests), so no part can be checked against it"
+        )
     if not folder.is_dir():
         return None
     infos = folder.fs.get_file_info(pafs.FileSelector(folder.path, recursive=False))
@@ -91,7 +115,7 @@ def load(out: Location) -> Ledger | None:
                 continue
             try:
                 found = _parse(line, info.base_name)
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, RecursionError):  # nested too deeply: not ours
                 ledger.unreadable.append(f"{info.base_name}:{n}")
                 continue
             ledger.entries.setdefault(found.part, []).append(found)

@@ -41,6 +41,8 @@ from orchestrator.store.storage import Location, StorageError, Target, redact, r
 LOCK_FILE = ".orchestrate.lock"
 HEARTBEAT_S = 30.0
 STALE_S = 120.0
+MAX_LOCK_BYTES = 2**20
+"""A lock file larger than this is not one of ours (they are a few hundred bytes): not read."""
 """A lock from another host whose heartbeat is older than this is left by a dead driver."""
 SETTLE_S = 1.0
 """On an object store: wait this long before reading the lock back to see who won."""
@@ -154,11 +156,13 @@ def holding(
         while not stop.wait(HEARTBEAT_S / 3):  # refresh() writes at most every HEARTBEAT_S
             lock.refresh()
 
-    threading.Thread(target=beat, name="output-lock-heartbeat", daemon=True).start()
+    thread = threading.Thread(target=beat, name="output-lock-heartbeat", daemon=True)
+    thread.start()
     try:
         yield lock
     finally:
         stop.set()
+        thread.join(timeout=HEARTBEAT_S)  # not left running into interpreter exit (a write mid-way)
         lock.release()
 
 
@@ -189,7 +193,16 @@ def _check_enclosing(out: Location, again: str) -> None:
 
 
 def _read(loc: Location) -> dict[str, Any] | None:
-    """The holder's record; None if there is no lock; {} for a lock file that is not ours."""
+    """The holder's record; None if there is no lock; {} for a lock file that is not ours;
+    `StorageError` for a lock that is no regular file (a folder; a FIFO, whose open would wait)."""
+    import pyarrow.fs as pafs
+
+    info = loc.fs.get_file_info(loc.path)
+    if info.type not in (pafs.FileType.File, pafs.FileType.NotFound):
+        what = "a folder" if info.type == pafs.FileType.Directory else "not a regular file"
+        raise StorageError(f"{loc}: {what}, not a lock this tool writes; move it out of the output")
+    if info.size is not None and info.size > MAX_LOCK_BYTES:
+        return {}
     try:
         text = loc.read_bytes().decode("utf-8", "replace")
     except FileNotFoundError:
@@ -200,7 +213,7 @@ def _read(loc: Location) -> dict[str, Any] | None:
         raise
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -11,7 +11,7 @@ A table is answered from part files that pass every check, or not at all:
   no cast, so a `speedup` stored as the string '99.5' or a `job_id` stored as an integer is
   refused; unknown and missing columns are named (a file of an older version may lack the
   columns added since; it must have the identity columns).
-- **rows**: identity columns are never null, a status is one of the known ones, an `ok` row has
+- **rows**: identity columns are never null or empty, a status is one of the known ones, an `ok` row has
   its figures, and a `job_id` has at most one results row in the whole table.
 
 `repair` is what `sweep --resume` does with what these checks find: moves every failing file into
@@ -201,7 +201,9 @@ def conform(
         if reason:
             return spec.schema.empty_table(), reason
         present = set(file_schema.names)
-        table = pf.read(columns=[n for n in schema.names if n in present])
+        # no worker threads: an Arrow pool thread still alive when the interpreter exits after an
+        # error (a damaged part found) could abort it ("terminate called"), and parts are small
+        table = pf.read(columns=[n for n in schema.names if n in present], use_threads=False)
     except (OSError, pa.ArrowException, ValueError) as exc:
         return spec.schema.empty_table(), " ".join(str(exc).split()) or type(exc).__name__
     values = _partition_values(rel, spec)
@@ -253,9 +255,12 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
     seen: set[str] = set()
     for n, row in enumerate(rows, 1):
         who = f"row {n}" + (f" (job_id {row['job_id']})" if row.get("job_id") is not None else "")
-        null = [c for c in spec.required if row[c] is None]
+        null = [c for c in spec.required if row[c] is None or row[c] == ""]  # "": no id either
         if null:
-            return f"{who}: {', '.join(null)} null"
+            return f"{who}: {', '.join(null)} null or empty"
+        odd = _odd_identity(row, spec.required)
+        if odd:
+            return f"{who}: {odd}"
         if spec.statuses:
             if row["status"] not in spec.statuses:
                 return f"{who}: status {row['status']!r} is not one of {', '.join(spec.statuses)}"
@@ -272,12 +277,27 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
     return None
 
 
+def _odd_identity(row: dict, required: tuple[str, ...]) -> str | None:
+    """An identity value this tool never writes (names are checked when the sweep file is read): a
+    control character in a name, which a report would print raw; a batch size below 1."""
+    for c in required:
+        value = row[c]
+        if isinstance(value, str) and any(ch < " " or ch == "\x7f" for ch in value):
+            return f"{c} {value[:40]!r} holds a control character"
+        if type(value) is int and value < 1:
+            return f"{c} {value} is below 1"
+    return None
+
+
 def read_verified(
     out: Location, spec: TableSpec, columns: list[str] | None, fix: Callable[[], str]
 ) -> pa.Table:
     """The rows of one table of `out` from verified parts only; `DamagedOutputError` (naming every
     file that failed, and `fix()`: the repair, looked up only then) when any part fails."""
-    ledger = ledgers.load(out)
+    try:
+        ledger = ledgers.load(out)
+    except ledgers.NotALedgerError as exc:
+        raise ledgers.NotALedgerError(f"{exc}. {fix()}") from None
     check = check_table(out, spec, ledger, columns=columns)
     warn_strays(out.join(spec.name), check.strays)
     note_ledger(out, ledger, bool(check.good or check.problems))
@@ -311,6 +331,8 @@ class Repair:
     strays: list[str]
     adopted: int = 0
     """Parts of an output without a ledger that are now listed."""
+    ledger_moved: tuple[str, Location] | None = None
+    """A `_ledger` that was not a folder (what it was, where it went): the parts were adopted."""
 
 
 def find_damaged(
@@ -328,11 +350,14 @@ def find_damaged(
 
 def repair(out: Location, specs: list[TableSpec], stamp: str) -> Repair:
     """Move every part that fails `check_table` into `out/quarantine/<stamp>/`, and leave a ledger
-    that lists exactly the parts kept (old segments go to quarantine too, whole)."""
+    that lists exactly the parts kept (old segments go to quarantine too, whole). A `_ledger` that
+    is not a folder goes to quarantine first: the parts are then those of an output without one."""
+    what = ledgers.not_a_folder(out)
+    moved = (what, quarantine(out, [ledgers.LEDGER_DIR], stamp)[0][1]) if what else None
     problems, strays, good, ledger = find_damaged(out, specs, in_flight_s=0)  # the caller holds the lock
     present = [p for p in problems if p.kind != "missing"]
     dests = dict(quarantine(out, [p.rel for p in present], stamp))
-    result = Repair([(p, dests.get(p.rel)) for p in problems], strays)
+    result = Repair([(p, dests.get(p.rel)) for p in problems], strays, ledger_moved=moved)
     if ledger is None:
         if good:
             ledgers.LedgerWriter(out, "adopted").append(good)

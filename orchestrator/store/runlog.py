@@ -47,9 +47,12 @@ def read_runs(out_dir: Target) -> list[dict[str, Any]]:
 
     path = resolve(out_dir).join(RUN_FILE)
     info = path.fs.get_file_info(path.path)
-    if info.type == pafs.FileType.NotFound:
+    dangling = path.is_local and path.local_path.is_symlink()
+    if info.type == pafs.FileType.NotFound and not dangling:
         return []
     try:
+        if info.type == pafs.FileType.NotFound:
+            raise ValueError("a symbolic link to a missing target")
         if info.type != pafs.FileType.File:
             raise ValueError("not a regular file")
         if info.size is not None and info.size > MAX_RUN_FILE_BYTES:
@@ -57,9 +60,15 @@ def read_runs(out_dir: Target) -> list[dict[str, Any]]:
         data = path.read_bytes()
         if not data.strip():
             raise ValueError("empty")
-        runs = json.loads(data.decode("utf-8"))["runs"]
+        doc = json.loads(data.decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON {type(doc).__name__}, not an object with 'runs'")
+        runs = doc["runs"]
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
             raise ValueError("'runs' is not a list of objects")
+        for n, run in enumerate(runs, 1):
+            if not isinstance(run.get("run_id"), str) or not isinstance(run.get("spec") or {}, dict):
+                raise ValueError(f"run {n} is not one this tool writes (a run_id string, a spec object)")
     except (ValueError, KeyError, TypeError, RecursionError, OSError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise RunLogError(

@@ -183,8 +183,10 @@ def read_table(out_dir: Target, table: str, columns: list[str] | None = None) ->
     `StrayFileWarning`; any part that fails raises `DamagedOutputError` naming it and the fix,
     rather than answering from part of the table."""
     from orchestrator.store.reader import read_verified
+    from orchestrator.store.runlog import read_runs
 
     out = resolve(out_dir)
+    read_runs(out)  # a damaged run.json: `RunLogError`, one line (the output is damaged, if not its rows)
     return read_verified(out, table_spec(table), columns, lambda: repair_hint(out))
 
 

@@ -304,6 +304,8 @@ def check_access(loc: Location) -> None:
         except (OSError, ValueError, ArrowException) as exc:
             reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:MAX_REASON_CHARS]
             raise StorageError(f"{loc}: cannot use this path ({reason}); pick another") from None
+        if loc.local_path.is_symlink() and not loc.local_path.exists():  # nothing can be made there
+            raise StorageError(f"{loc}: a symbolic link to a missing target, or a loop of them; pick another")
         return
 
     uri = loc.uri or ""
@@ -361,8 +363,9 @@ def check_writable(loc: Location) -> None:
         if loc.is_local:  # probe the nearest existing directory: create nothing
             existing = next(p for p in [loc.local_path, *loc.local_path.parents] if p.exists())
             if not existing.is_dir():
+                what = "a regular file" if existing.is_file() else "a device, FIFO or socket"
                 raise StorageError(
-                    f"{loc}: {'it' if existing == loc.local_path else existing} is a regular file, not a "
+                    f"{loc}: {'it' if existing == loc.local_path else existing} is {what}, not a "
                     "directory; an output is a directory (created if missing): pick another path"
                 )
             (existing / name).write_bytes(b"")

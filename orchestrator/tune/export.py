@@ -37,6 +37,7 @@ from compiler.aoti import LOADER_CRASHED
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
+from orchestrator.spec.sweep import _default_name
 from orchestrator.store.lock import LOCK_FILE, holding
 from orchestrator.store.runlog import read_runs
 from orchestrator.store.schema import read_results
@@ -55,9 +56,15 @@ def _model_specs(out: Target) -> dict[str, ModelSpec]:
     specs: dict[str, ModelSpec] = {}
     fields = {f.name for f in dataclasses.fields(ModelSpec)}
     for run in read_runs(out):
-        for m in (run.get("spec") or {}).get("models", []):
-            if isinstance(m, dict):  # a bare id (`- hf:...`) has no more to it than the row's model_id
-                specs[m["name"]] = ModelSpec(**{k: v for k, v in m.items() if k in fields})
+        models = (run.get("spec") or {}).get("models")
+        for m in models if isinstance(models, list) else []:
+            # a bare id (`- hf:...`) has no more to it than the row's model_id; an entry this tool
+            # would not have run (edited since) is left out the same way
+            if not isinstance(m, dict) or not isinstance(m.get("id"), str):
+                continue
+            name = m.get("name", _default_name(m["id"]))  # a model without a name: named from its id
+            with contextlib.suppress(TypeError):
+                specs[name] = ModelSpec(**{k: v for k, v in m.items() if k in fields} | {"name": name})
     return specs
 
 

@@ -256,8 +256,10 @@ def test_a_damaged_run_json_is_one_line_and_resume_loses_no_row(finished, tmp_pa
     else:
         with open(run_json, "wb") as f:
             f.truncate(100 * 2**20)
-    assert main(["report", str(out)]) == 0  # the rows do not depend on it
-    capsys.readouterr()
+    for command in ("report", "presets"):  # the rows do not depend on it, but the output is damaged
+        assert main([command, str(out)]) == 2, command
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: {run_json}: damaged") and "--resume" in line, line
     with pytest.raises(RunLogError) as info:
         read_runs(out)
     [line] = str(info.value).splitlines()
@@ -266,3 +268,23 @@ def test_a_damaged_run_json_is_one_line_and_resume_loses_no_row(finished, tmp_pa
     assert f"{out}/run.json: damaged" in printed and "a new run.json starts now" in printed
     after = sorted(read_results(out).to_pylist(), key=lambda r: r["job_id"])
     assert repr(after) == repr(before), "no row lost, none rerun"
+    assert main(["report", str(out)]) == 0
+
+
+def test_a_part_copied_into_another_hardware_folder_is_one_line_and_resume_repairs_it(
+    finished, tmp_path, capfd
+):
+    """`cp` of a part into `results/hardware=H100/`: one error line from every reader (it aborted
+    with `terminate called without an active exception`, exit 134, now and then), and a resume
+    quarantines the copy and reruns nothing."""
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    (out / "results" / "hardware=H100").mkdir()
+    copy = Path(shutil.copy(parts(out)[0], out / "results" / "hardware=H100"))
+    for command in ("report", "presets", "kernels"):
+        assert main([command, str(out)]) == 2, command
+        [line] = capfd.readouterr().err.splitlines()
+        assert f"results/hardware=H100/{copy.name} (foreign" in line and "--resume" in line, line
+    printed = sweep(out, resume=True)
+    assert f"results/hardware=H100/{copy.name} is foreign" in printed and f"{PLANNED} already done" in printed
+    assert sorted(read_results(out).column("hardware").to_pylist()) == ["cpu"] * PLANNED

@@ -65,6 +65,9 @@ CASES: dict[str, Callable[[], bytes | None]] = {
     "a megabyte-long value": lambda: _smoke_with("dtypes: [fp32]", "dtypes: [" + "x" * 900_000 + "]"),
     "a tag that cannot be read (!!timestamp)": lambda: _smoke_with("name: smoke", "name: !!timestamp nope"),
     "a tag that cannot be read (!!bool)": lambda: _smoke_with("name: smoke", "name: !!bool maybe"),
+    "a python tag on a list": lambda: _smoke_with(  # was read as the plain list [1, 4] (never run)
+        "batch_sizes: [1, 4]", "batch_sizes: !!python/object/apply:os.system [1, 4]"
+    ),
     "a date as an option value": lambda: _smoke_with(
         "  default: {}", "  default: {options: {max_autotune: 2024-01-01}}"
     ),

@@ -5,6 +5,8 @@ quarantine moves files aside without losing a byte. The same cases on a real swe
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import warnings
 
@@ -147,8 +149,19 @@ def test_report_prints_a_stray_as_one_warning_line(out, capsys, no_ray):
     assert "Warning" not in err  # our line, not Python's warnings format
 
 
+RUN_JSON_SHAPES = [
+    '{"runs": [[]]}',
+    '{"runs": null}',
+    '{"runs": [{"x": 1}]}',
+    '[{"runs": []}]',
+    '{"runs": [{"run_id": 5}]}',
+    '{"runs": [{"run_id": "r1", "spec": [1]}]}',
+]
+
+
 @pytest.mark.parametrize(
-    "text", ["{not json", '{"runs": 5}', "[]", '{"runs": [1]}', "\x00\x01", '{"other": []}']
+    "text",
+    ["{not json", '{"runs": 5}', "[]", '{"runs": [1]}', "\x00\x01", '{"other": []}', *RUN_JSON_SHAPES],
 )
 def test_a_damaged_run_json_is_named(tmp_path, text):
     (tmp_path / "run.json").write_text(text)
@@ -186,3 +199,138 @@ def test_damaged_parts_on_s3_are_named_and_quarantined(s3_bucket, table_jobs, ma
     assert read_results(uri).num_rows == 1
     moved = loc.join("quarantine", "T", found[0].rel)
     assert loc.fs.get_file_info(moved.path).type == pafs.FileType.File
+
+
+@pytest.mark.parametrize("text", RUN_JSON_SHAPES)
+def test_every_reader_refuses_a_run_json_of_the_wrong_shape(out, capsys, no_ray, text):
+    """It parses, but is not the run log this tool writes: report and presets exited 0, reading
+    around it (an export then failed on it with a traceback)."""
+    (out / "run.json").write_text(text)
+    for command in ("report", "presets", "kernels"):
+        assert main([command, str(out)]) == 2, command
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: {out}/run.json: damaged") and "--resume" in line, line
+    assert (out / "run.json").read_text() == text, "a reader moves nothing"
+
+
+def test_a_ledger_that_is_a_file_is_named_and_repair_moves_it(out, capsys, no_ray):
+    """`_ledger` replaced by a regular file read as an output from before ledgers (exit 0, a note):
+    nothing checked the parts against digests any more."""
+    shutil.rmtree(out / "_ledger")
+    (out / "_ledger").write_text("x")
+    for command in ("report", "presets", "kernels"):
+        assert main([command, str(out)]) == 2, command
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith(
+            f"error: {out}/_ledger: a regular file, not the folder of the commit ledger"
+        ), line
+        assert "--resume" in line
+    fixed = repair(resolve(out), SPECS, "T1")
+    assert fixed.ledger_moved is not None
+    assert fixed.ledger_moved[1].path == str(out / "quarantine" / "T1" / "_ledger")
+    assert (out / "quarantine" / "T1" / "_ledger").read_text() == "x"
+    assert fixed.adopted == 4 and (out / "_ledger").is_dir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_results(out).num_rows == 4
+
+
+CHILD = """
+import os, sys
+import pyarrow
+from orchestrator.cli import main
+before = len(os.listdir("/proc/self/task"))
+code = main(["report", sys.argv[1]])
+print(code, len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+def test_a_part_copied_into_another_hardware_folder_exits_2_with_no_thread_left(out):
+    """`report` printed the error, then `terminate called without an active exception`, exit 134
+    (about one run in 50): Arrow's pool threads, started by the strict reader's reads, were alive
+    when the interpreter exited. The reader starts none now (a count, so the race need not hit)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    copy = out / "results" / "hardware=H100"
+    copy.mkdir()
+    shutil.copy(parts(out)[0], copy)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(out)], capture_output=True, text=True, timeout=60, cwd=repo, env=env
+    )
+    assert child.stdout.split() == ["2", "0"], (child.stdout, child.stderr)
+    [line] = child.stderr.splitlines()
+    assert f"results/hardware=H100/{parts(out)[0].name} (foreign" in line, line
+    cli = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=repo,
+        env=env,
+    )
+    assert cli.returncode == 2 and cli.stderr.splitlines() == [line], cli.stderr
+
+
+def _lock_fifo(out):
+    os.mkfifo(out / ".orchestrate.lock")
+
+
+def _deep_ledger_line(out):
+    [segment] = (out / "_ledger").glob("*.jsonl")
+    with open(segment, "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+
+
+def _fifo_part(out):
+    os.mkfifo(out / "results" / "hardware=cpu" / "part-fifo.parquet")
+
+
+# an adversarial pass's finds: damage -> (exit code, the line the command prints first)
+ODD_ENTRIES = {
+    "lock is a folder": (
+        lambda out: (out / ".orchestrate.lock").mkdir(),
+        2,
+        "error: {out}/.orchestrate.lock: a folder, not a lock this tool writes",
+    ),  # IsADirectoryError, a traceback
+    "lock is a FIFO": (_lock_fifo, 2, "error: {out}/.orchestrate.lock: not a regular file"),  # open() waited
+    "a ledger line nested 100,000 deep": (_deep_ledger_line, 0, "warning: {out}/_ledger: unreadable line(s)"),
+    "a FIFO named like a part": (
+        _fifo_part,
+        0,
+        "warning: ignoring {out}/results/hardware=cpu/part-fifo.parquet",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(ODD_ENTRIES))
+def test_odd_entries_in_an_output_are_one_line_not_a_traceback_or_a_wait(out, capsys, no_ray, kind):
+    damage, code, first = ODD_ENTRIES[kind]
+    damage(out)
+    for command in ("report", "presets"):
+        assert main([command, str(out)]) == code, command
+        err = capsys.readouterr().err
+        assert err.startswith(first.format(out=out)) and "Traceback" not in err, err
+        if code:
+            assert err.count("\n") == 1, err
+
+
+def test_export_names_a_model_entry_without_a_name_from_its_id(tmp_path):
+    """A sweep may leave a model's name out (`- {id: hf:org/resnet-50}`): export's lookup of the
+    run log's model entries raised a TypeError on it; entries of another shape are left out."""
+    from orchestrator.tune.export import _model_specs
+
+    models = [
+        {"id": "python:workers.toy:mlp"},
+        {"x": 1},
+        5,
+        None,
+        {"id": "hf:org/vit", "name": "v", "bogus": 1},
+    ]
+    (tmp_path / "run.json").write_text(json.dumps({"runs": [{"run_id": "r1", "spec": {"models": models}}]}))
+    specs = _model_specs(tmp_path)
+    assert sorted(specs) == ["mlp", "v"]
+    assert specs["mlp"].id == "python:workers.toy:mlp" and specs["v"].id == "hf:org/vit"

@@ -122,6 +122,22 @@ def null_figures(t):
             "model null",
         ),
         (
+            lambda t: t.set_column(t.schema.get_field_index("job_id"), "job_id", pa.array([""])),
+            "job_id null or empty",
+        ),
+        (
+            lambda t: t.set_column(t.schema.get_field_index("model"), "model", pa.array(["m\x1b[31m\n|x"])),
+            "model 'm\\x1b[31m\\n|x' holds a control character",
+        ),
+        (
+            lambda t: t.set_column(
+                t.schema.get_field_index("batch_size"),
+                t.schema.field("batch_size"),
+                pa.array([-5], pa.int32()),
+            ),
+            "batch_size -5 is below 1",
+        ),
+        (
             lambda t: t.set_column(t.schema.get_field_index("compiled_ms"), "compiled_ms", pa.array([-1.0])),
             "status ok but compiled_ms -1.0",
         ),
@@ -134,6 +150,9 @@ def null_figures(t):
         "null ok figure",
         "unknown status",
         "null model",
+        "empty job_id",
+        "control character in a model name",
+        "batch size below 1",
         "negative latency",
     ],
 )
