@@ -212,12 +212,10 @@ def ray_session(address: str | None) -> Iterator[None]:
 def _remote_for(hw: HardwareClass, gpu_classes: list[str], body: Callable[..., dict[str, Any]] | None = None):
     """The per-job remote function of a class: its slot's resources and its placement.
 
-    GPU classes: one GPU and the `accelerator_type:<class>` resource (set on every node of that
-    type, autoscaled ones included), and where every node of the class carries the accelerator
-    label, that label too: Ray adds the resource of the GPU it detects, so a node an operator
-    labels as another class (a second class simulated on one host) also has this one's resource.
-    CPU class: a label selector that keeps CPU jobs off GPU nodes, whose cores belong to their GPU
-    jobs."""
+    GPU classes: one GPU, the `accelerator_type:<class>` resource (on every node of that type,
+    autoscaled ones too) and, where all its nodes carry it, the class's label: a node labelled as
+    another class still has the resource of the GPU Ray detects. CPU class: a label selector that
+    keeps CPU jobs off GPU nodes, whose cores belong to their GPU jobs."""
     import ray
 
     from workers.task import execute_job
