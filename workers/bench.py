@@ -253,6 +253,11 @@ class JobRun:
 
         with suppress(ImportError):  # another torch layout: it loads at the first compile instead
             import torch._inductor.compile_fx  # noqa: F401
+        if self.job.device == "cpu" and self.job.config.backend == "inductor":
+            from compiler import isa_probe  # the machine's ISA check, not the model's compile
+
+            with suppress(Exception):  # another torch layout: the compile runs the check itself
+                isa_probe.probe()
         if self.shared_cache is None:  # before the first compile (a tune's baseline compiles first)
             from compiler.shared_cache import install
 
