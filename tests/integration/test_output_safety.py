@@ -171,7 +171,6 @@ def test_damaged_parts_and_run_json_are_named_then_quarantined_and_only_their_jo
     data = bytearray(flipped.read_bytes())
     data[40] ^= 0x01
     flipped.write_bytes(bytes(data))
-    (copy / "run.json").write_text('{"runs": [{"run_id": ')  # cut off mid-write
     (copy / "results" / "NOTES.txt").write_text("rerun on the new driver")
     damaged = snapshot(copy)
 
@@ -179,13 +178,24 @@ def test_damaged_parts_and_run_json_are_named_then_quarantined_and_only_their_jo
     for command in (["report", str(copy)], ["presets", str(copy)]):
         assert main(command) == 2
         *warnings, err = capsys.readouterr().err.strip().splitlines()
-        assert len(warnings) == 2 and all(w.startswith("warning: ignoring ") for w in warnings)  # the strays
+        assert len(warnings) == 2 and all(w.startswith("warning: ignoring ") for w in warnings), (
+            warnings,
+            err,
+        )
         assert err.startswith(f"error: {copy}: damaged part file(s): "), err
         assert truncated.name in err and flipped.name in err and "--resume" in err
     # so does a sweep that was not asked to resume
     sweep = killed_and_resumed["sweep"]
     assert main(["sweep", str(sweep), "--out", str(copy)]) == 2
     assert truncated.name in capsys.readouterr().err
+    assert snapshot(copy) == damaged
+    # a run.json cut off mid-write is named first, before any part is read
+    (copy / "run.json").write_text('{"runs": [{"run_id": ')
+    damaged = snapshot(copy)
+    for command in (["report", str(copy)], ["presets", str(copy)]):
+        assert main(command) == 2
+        [err] = capsys.readouterr().err.strip().splitlines()
+        assert err.startswith(f"error: {copy}/run.json: damaged") and "--resume" in err, err
     assert snapshot(copy) == damaged
 
     resumed = orchestrate("sweep", str(sweep), "--out", str(copy), "--resume")
