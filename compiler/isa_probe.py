@@ -114,4 +114,4 @@ def _all_load(libraries: list[Path]) -> bool:
 
 
 def _names(isas) -> str:
-    return ",".join(sorted(str(type(i).__name__) for i in isas))
+    return ",".join(sorted(type(i).__name__ for i in isas))

@@ -177,12 +177,12 @@ def _check_history_root(history) -> None:
     if not history.is_local:
         return
     path = history.local_path.absolute()
-    for folder in (path, *path.parents):
-        if any((folder / mark).exists() for mark in ("run.json", "_ledger")):
-            raise ValueError(
-                f"--history {history}: {'is' if folder == path else 'lies inside'} the sweep output {folder}; "
-                "nightly runs go into a folder of their own, each run in a dated folder under it"
-            )
+    folder = next(_outputs_among((path, *path.parents), WRITTEN_MARKS), None)
+    if folder is not None:
+        raise ValueError(
+            f"--history {history}: {'is' if folder == path else 'lies inside'} the sweep output {folder}; "
+            "nightly runs go into a folder of their own, each run in a dated folder under it"
+        )
 
 
 def _compare_runs(args, out, table) -> int:
@@ -246,8 +246,11 @@ is replaced only when it begins so (a page of an earlier run), or is empty."""
 
 PAGE_NAMES = {"--md": "a Markdown summary", "--json": "a JSON comparison", "--html": "an HTML page"}
 
-OUTPUT_MARKS = ("run.json", ".orchestrate.lock", "_ledger")
-"""What makes a directory a sweep output (any one of them)."""
+WRITTEN_MARKS = ("run.json", "_ledger")
+"""What a sweep output holds once it has run (any one of them)."""
+
+OUTPUT_MARKS = (*WRITTEN_MARKS, ".orchestrate.lock")
+"""What makes a directory a sweep output (any one of them): also the lock of one being written."""
 
 OUTPUT_DATA = ("results", "kernel_choices", "triton_kernels", "_ledger", "quarantine", *OUTPUT_MARKS)
 """An output's own files and folders: no page goes there."""
@@ -292,12 +295,16 @@ def _check_page_path(target: str | None, flag: str) -> None:
 
 def _check_not_output_data(path: Path, target: str, flag: str) -> None:
     """ValueError when `path` is a sweep output's own file or lies in one of its folders."""
-    for depth, folder in enumerate(path.parents):
-        if any((folder / mark).exists() for mark in OUTPUT_MARKS):
-            first = path.relative_to(folder).parts[0]
-            if first in OUTPUT_DATA:
-                raise ValueError(
-                    f"{flag} {target}: is the sweep output {folder}'s own data (its {first}{'/' if depth else ''}); "
-                    "write the page beside it, e.g. "
-                    f"{folder / ('regression.' + flag[2:])}"
-                )
+    for folder in _outputs_among(path.parents, OUTPUT_MARKS):
+        first = path.relative_to(folder).parts[0]
+        if first in OUTPUT_DATA:
+            raise ValueError(
+                f"{flag} {target}: is the sweep output {folder}'s own data "
+                f"(its {first}{'/' if folder != path.parent else ''}); "
+                f"write the page beside it, e.g. {folder / ('regression.' + flag[2:])}"
+            )
+
+
+def _outputs_among(folders, marks: tuple[str, ...]):
+    """The folders, in order, that hold one of `marks`: sweep outputs."""
+    return (folder for folder in folders if any((folder / mark).exists() for mark in marks))
