@@ -30,6 +30,7 @@ from orchestrator.spec.matrix import expand, select_matching
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store import runlog
 from orchestrator.store.integrity import quarantine
+from orchestrator.store.location import printable
 from orchestrator.store.lock import OutputLock
 from orchestrator.store.reader import repair
 from orchestrator.store.rows import failure_row
@@ -66,7 +67,7 @@ def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
 
     if address in (None, "", "local"):
         return
-    shown = address if address.isprintable() else repr(address)  # a newline must not split the line
+    shown = printable(address)  # a newline must not split the line
     if address == "auto":
         from ray._private.services import canonicalize_bootstrap_address
 

@@ -41,9 +41,9 @@ from orchestrator.store.storage import Location, StorageError, Target, redact, r
 LOCK_FILE = ".orchestrate.lock"
 HEARTBEAT_S = 30.0
 STALE_S = 120.0
+"""A lock from another host whose heartbeat is older than this is left by a dead driver."""
 MAX_LOCK_BYTES = 2**20
 """A lock file larger than this is not one of ours (they are a few hundred bytes): not read."""
-"""A lock from another host whose heartbeat is older than this is left by a dead driver."""
 SETTLE_S = 1.0
 """On an object store: wait this long before reading the lock back to see who won."""
 AGAIN = "Wait for it to finish, or pass another --out."
