@@ -34,7 +34,7 @@ def make_cluster():
             resources = {f"accelerator_type:{cls}": 1}
             if cls == "T4":
                 # Also the A100's resource, as Ray adds for the GPU it detects on a node that an
-                # operator labelled as another class (benchmarks/device: two classes on one host):
+                # operator labelled as another class (two classes simulated on one multi-GPU host):
                 # placement by label keeps A100 jobs off it.
                 resources["accelerator_type:A100"] = 1
             nodes[cls].append(
