@@ -251,6 +251,40 @@ def write_export(
     return dest
 
 
+def edit_presets(dest: Path, edit) -> Path:
+    """Change the export's presets.json with `edit(presets)` and give the manifest its new sha256,
+    as an export that wrote it so would have."""
+    presets = json.loads((dest / PRESETS).read_text())
+    edit(presets)
+    (dest / PRESETS).write_text(json.dumps(presets))
+    manifest = json.loads((dest / MANIFEST).read_text())
+    manifest["files"][PRESETS] = sha256_file(dest / PRESETS)
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    return dest
+
+
+def compile_tuned_in_fresh_process(dest: Path, kwargs: str, report: str) -> dict:
+    """`compile_tuned` of the toy mlp at batch 4 with the export `dest` (and the keyword arguments
+    `kwargs`, as Python source) in a fresh process, cuDNN's benchmark flag off before it: the JSON
+    object that the expression `report` gives there (over `model`, `served`, `applied`, `torch`,
+    `sys` and `warned`, the messages of the warnings it raised)."""
+    code = (
+        "import json, sys, warnings, torch\n"
+        "from compiler.apply import compile_tuned\n"
+        "from workers import toy\n"
+        "model, inputs = toy.mlp(4, None, {})\n"
+        "assert torch.backends.cudnn.benchmark is False\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    served, applied = compile_tuned(model, inputs, {str(dest)!r}, model_name='mlp', {kwargs})\n"
+        "warned = [str(w.message) for w in seen]\n"
+        f"print(json.dumps({report}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_exact_cell_then_the_class_default_then_nothing():
     presets = {
         "presets": [
