@@ -32,8 +32,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compiler.config import is_eager_preset  # noqa: E402
 from compiler.env import project_pythonpath  # noqa: E402
 from compiler.statistics import ratio_interval, summarize  # noqa: E402
+
+
+def runtime_presets(presets: dict) -> list[dict]:
+    """The compiled presets of an export that set a runtime setting (an eager preset compiles
+    nothing to time against the stock config)."""
+    return [e for e in presets["presets"] if not is_eager_preset(e) and (e["compile"].get("runtime") or {})]
 
 
 def child(side: str, export_dir: str, index: int, iterations: int) -> None:
@@ -46,7 +53,7 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
     from workers.bench import JobRun
 
     presets = json.loads((Path(export_dir) / "presets.json").read_text())
-    entry = [e for e in presets["presets"] if (e["compile"].get("runtime") or {})][index]
+    entry = runtime_presets(presets)[index]
     device = "cpu" if presets["hardware"] == "cpu" else "cuda"
     config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
     stock = dataclasses.replace(config, runtime={})  # the model is built under torch's defaults
@@ -96,7 +103,7 @@ def main() -> int:
         child(args.child[0], args.export_dir, int(args.child[1]), int(args.child[2]))
         return 0
     presets = json.loads((Path(args.export_dir) / "presets.json").read_text())
-    entries = [e for e in presets["presets"] if (e["compile"].get("runtime") or {})]
+    entries = runtime_presets(presets)
     if not entries:
         print(f"error: no preset in {args.export_dir} sets a runtime setting", file=sys.stderr)
         return 2

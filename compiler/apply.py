@@ -13,7 +13,9 @@ per-class default for models never swept), `bundles/*.bin`, compile-cache bundle
 `packages/*.pt2`, each preset compiled ahead of time for its batch size (`compiler.aoti`).
 
 `compile_tuned` checks that this process runs on the class and stack the export was built for,
-picks the preset (the exact cell, else the class default), serves an exact cell from its package
+picks the preset (the exact cell, else the class default), returns the model uncompiled where the
+preset is eager (`compile: null`: every compiled config was slower there; its runtime settings
+and precision are still applied), serves an exact cell from its package
 when the example inputs have the package's signature (verified, loaded with the model's own
 weights, checked against eager; see `compile_tuned`), and otherwise verifies the bundle's sha256 against
 the manifest before loading it (bundles are unpickled on load: a file that does not match is
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler.aoti import split_inputs
-from compiler.config import CompileConfig
+from compiler.config import CompileConfig, is_eager_preset
 from compiler.export_files import (
     CACHE_ENV,
     EXPORT_FORMAT,
@@ -98,7 +100,10 @@ class Applied:
     `fallback` (plain `torch.compile`)."""
     preset: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
-    """The CompileConfig applied (`torch.compile` arguments and `freezing`)."""
+    """The CompileConfig applied (`torch.compile` arguments and `freezing`); None for an eager preset."""
+    eager: str | None = None
+    """An eager preset (`compiler.config.is_eager_preset`): the model was returned uncompiled, under
+    the preset's runtime settings and precision; why, from the preset's figures."""
     runtime: dict[str, Any] = field(default_factory=dict)
     """The process-wide runtime settings this process now runs under (`compiler.runtime`: the
     preset's, torch's defaults for those it does not name), set before the first call."""
@@ -123,6 +128,8 @@ class Applied:
         return asdict(self)
 
     def summary(self) -> str:
+        if self.eager is not None:
+            return f"{self.hardware}: {self.match} eager preset, not compiled: {self.eager}"
         what = self.config.get("name") if self.config else "torch.compile defaults"
         compile_s = f", first call {self.compile_s:.2f} s" if self.compile_s is not None else ""
         return (
@@ -209,6 +216,10 @@ def compile_tuned(
     used) and returned as a `compiler.aoti.PackagedModel`, which compiles the preset with
     `torch.compile` for any other input signature. Otherwise the bundle and `torch.compile`.
     With `strict`, what would be a fallback raises `ExportError` instead.
+    An eager preset (`compiler.config.is_eager_preset`: the tuner measured eager faster than the
+    compiled config it had chosen) sets its precision policy and runtime settings and returns
+    `model` itself, uncompiled (cast where its precision is not the model's, as for any preset);
+    `applied.eager` and `applied.summary()` say why, and `run_example` runs nothing.
 
     `source` is read through `compiler.export_files`: a directory in place; a URI (or, with
     `filesystem`, a `pyarrow.fs.FileSystem`, a path in it) through the content-addressed cache in
@@ -315,7 +326,10 @@ class _Tuning:
             return f"the preset {entry.get('config')!r} cannot run on this device: {unsupported}"
         self.entry, applied.match = entry, match
         applied.preset = {k: v for k, v in entry.items() if k != "compile"}
-        applied.config = self.config.to_dict()
+        if is_eager_preset(entry):
+            applied.eager = _eager_why(entry)
+        else:
+            applied.config = self.config.to_dict()
         return None
 
     def run(
@@ -331,6 +345,8 @@ class _Tuning:
             return self.fall_back(reason)
         self.set_precision()
         _apply_runtime(self.config, self.applied)
+        if self.applied.eager is not None:  # nothing to compile: the model as eager was timed
+            return self.casting(self.model), self.applied
         self.model = self.config.prepare_model(self.model)
         self.config.apply_globals()
         if self.entry.get("package"):
@@ -462,6 +478,27 @@ class _Tuning:
         applied.package = "loaded"
         applied.compile_s = elapsed
         return packaged
+
+
+def _eager_why(entry: dict[str, Any]) -> str:
+    """Why a preset says eager, in the words of `Applied.summary`, from its figures (those of the
+    compiled config it beat); a figure missing or of the wrong type is left out, never a TypeError."""
+
+    def number(key: str) -> float | None:
+        value = entry.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    over, gain = entry.get("eager_over_config"), number("eager_gain")
+    if not isinstance(over, str) or gain is None:
+        return "the preset says not to compile"
+    low, high, processes = (
+        number("eager_gain_ci_low"),
+        number("eager_gain_ci_high"),
+        number("eager_gain_processes"),
+    )
+    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    over_n = f" over {processes:.0f} processes" if processes is not None else ""
+    return f"compiled {over} was {gain:.2f}x slower{interval}{over_n} on {entry.get('hardware')}"
 
 
 def _apply_runtime(config: CompileConfig, applied: Applied) -> None:

@@ -218,15 +218,19 @@ def config_name(config: Any) -> str:
 def check_preset_supported(capabilities: Capabilities, preset: dict[str, Any]) -> str | None:
     """Why a preset (an entry of `presets.json`: `precision` or `dtype`, and `compile`, a
     `CompileConfig` as a dict without its name) cannot run on a device with `capabilities`, or
-    None if it can. For `compile_tuned` and export to refuse a preset with the reason."""
+    None if it can. For `compile_tuned` and export to refuse a preset with the reason. An eager
+    preset (`compile` null) compiles nothing: only its precision is judged (bf16 where it is
+    emulated, fp8 without fp8 cores, a torch build without kernels for the device)."""
     from types import SimpleNamespace
+
+    from compiler.config import is_eager_preset
 
     compile_ = dict(preset.get("compile") or {})
     config = SimpleNamespace(
         name=preset.get("config"),
         mode=compile_.get("mode"),
         options=compile_.get("options") or {},
-        backend=compile_.get("backend") or "inductor",
+        backend=None if is_eager_preset(preset) else compile_.get("backend") or "inductor",
     )
     reason, _ = cell_support(capabilities, preset.get("precision") or preset.get("dtype") or "fp32", config)
     return reason

@@ -9,7 +9,8 @@ from typing import Any
 
 from compiler.runtime import setting_problems
 
-# Reserved: eager is always measured as the baseline of every job.
+# Reserved: eager is always measured as the baseline of every job, and names a preset that says
+# not to compile (`is_eager_preset`).
 EAGER = "eager"
 
 # Cold compile budgets in seconds, per mode. A cold max-autotune ResNet-50 cell took over
@@ -21,6 +22,25 @@ DEFAULT_TIMEOUT_BY_MODE: dict[str | None, float] = {
     "max-autotune-no-cudagraphs": 2400.0,
     "max-autotune": 2400.0,
 }
+
+
+def is_eager_preset(entry: Any) -> bool:
+    """Whether a preset entry (of `presets.json`) says not to compile: `config` "eager" and
+    `compile` null. Its runtime settings are then its own `runtime` (there is no `compile` to
+    hold them): the settings eager was timed under beside the compiled config it beat."""
+    return (
+        isinstance(entry, dict)
+        and entry.get("config") == EAGER
+        and "compile" in entry
+        and entry["compile"] is None
+    )
+
+
+def preset_runtime(entry: dict[str, Any]) -> dict[str, Any]:
+    """The runtime settings a preset entry runs under: an eager preset's `runtime`, else its
+    `compile`'s."""
+    where = entry if is_eager_preset(entry) else (entry.get("compile") or {})
+    return dict(where.get("runtime") or {})
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from compiler import durable
-from compiler.config import CompileConfig
+from compiler.config import EAGER, CompileConfig, is_eager_preset
 from compiler.runtime import setting_problems
 
 MANIFEST = "manifest.json"
@@ -54,6 +54,9 @@ _DEFAULT_TYPES: dict[str, Any] = {
 _ENTRY_TYPES: dict[str, Any] = {"model": str, "batch_size": int, **_DEFAULT_TYPES}
 """What a preset of a cell must hold."""
 _NONE = type(None)
+_EAGER_TYPES: dict[str, Any] = {**_ENTRY_TYPES, "compile": _NONE, "runtime": dict}
+"""What an eager preset of a cell (`compiler.config.is_eager_preset`) holds instead: no `compile`,
+its runtime settings beside it."""
 _CONFIG_TYPES: dict[str, Any] = {
     "name": str,
     "mode": (str, _NONE),
@@ -137,7 +140,10 @@ def check_presets(data: Any, where: str) -> dict[str, Any]:
     entries, defaults = data.get("presets", []), data.get("defaults") or {}
     if not isinstance(entries, list) or not isinstance(defaults, dict):
         raise ExportError(f"{where}: `presets` must be a list and `defaults` an object")
-    cells = [(f"presets[{i}]", e, _ENTRY_TYPES) for i, e in enumerate(entries)]
+    cells = [
+        (f"presets[{i}]", e, _EAGER_TYPES if is_eager_preset(e) else _ENTRY_TYPES)
+        for i, e in enumerate(entries)
+    ]
     for name, entry, types in [*cells, *((f"defaults.{k}", e, _DEFAULT_TYPES) for k, e in defaults.items())]:
         if not isinstance(entry, dict):
             wrong = ["the entry itself"]
@@ -150,10 +156,14 @@ def check_presets(data: Any, where: str) -> dict[str, Any]:
 
 def preset_config(entry: dict[str, Any], where: str) -> CompileConfig:
     """The CompileConfig of a preset entry (checked by `check_presets`), its fields' types and its
-    runtime settings and precision checked; else ExportError."""
+    runtime settings and precision checked; else ExportError. For an eager preset, a config named
+    `eager` that holds only its runtime settings: what to set, never something to compile."""
     from compiler.precision import PARAM_DTYPE
 
-    fields = {"name": entry.get("config", "preset"), **entry["compile"]}
+    if is_eager_preset(entry):
+        fields = {"name": EAGER, "runtime": entry["runtime"]}
+    else:
+        fields = {"name": entry.get("config", "preset"), **entry["compile"]}
     what = f"{where}: preset {fields['name']!r}"
     unknown = sorted(str(k) for k in fields if k not in _CONFIG_TYPES)
     wrong = [k for k, t in _CONFIG_TYPES.items() if k in fields and not isinstance(fields[k], t)]

@@ -46,10 +46,15 @@ def cmd_presets(args) -> int:
         return EXIT_BAD_INPUT
     for p in data["presets"]:
         vs_default = f"{p['speedup_vs_default']:.2f}x" if p["speedup_vs_default"] else "n/a"
-        print(
-            f"{p['hardware']}/{p['model']}/bs{p['batch_size']}/{p['dtype']}: {p['config']} "
-            f"({p['speedup_vs_eager']:.2f}x vs eager, {vs_default} vs default)"
-        )
+        cell = f"{p['hardware']}/{p['model']}/bs{p['batch_size']}/{p['dtype']}"
+        if p["source"] == "eager":
+            print(
+                f"{cell}: eager (do not compile; runtime {p['runtime'] or 'torch defaults'}): compiled "
+                f"{p['eager_over_config']} took {p['eager_gain']:.2f}x eager's time [{p['eager_gain_ci_low']:.2f}, "
+                f"{p['eager_gain_ci_high']:.2f}] over {p['eager_gain_processes']} processes ({vs_default} vs default)"
+            )
+            continue
+        print(f"{cell}: {p['config']} ({p['speedup_vs_eager']:.2f}x vs eager, {vs_default} vs default)")
     for m in data["no_preset"]:
         print(f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: no ok config {m['statuses']}")
     for hardware, by_dtype in data["defaults"].items():

@@ -47,9 +47,10 @@ def add_parsers(sub) -> None:
         "best 1/eta, the best stock config and the knobs that each helped turned together measured again "
         "(rung1), then the best candidate and the best stock config timed in the same processes, or in "
         "processes of their own where they differ in a runtime setting (confirm). A candidate becomes the "
-        "preset only if the 95% interval of stock/candidate lies above 1; every candidate must pass the fp64 "
-        "accuracy check and the budgets. Jobs share compile and autotune work through Redis unless "
-        "--no-shared-cache. Writes OUT/rung0, OUT/rung1, OUT/confirm (sweep outputs), OUT/tune.json (every "
+        "preset only if the 95% interval of stock/candidate lies above 1; the preset chosen becomes eager (do "
+        "not compile) where the same processes timed eager faster by the same rule (unless --no-eager). "
+        "Every candidate must pass the fp64 accuracy check and the budgets. Jobs share compile and autotune "
+        "work through Redis unless --no-shared-cache. Writes OUT/rung0, OUT/rung1, OUT/confirm (sweep outputs), OUT/tune.json (every "
         "decision, what each setting gained) and OUT/presets.{parquet,json} (for `export`); prints per class "
         "what won.",
     )
@@ -111,6 +112,12 @@ def add_parsers(sub) -> None:
         default=3,
         metavar="N",
         help="fresh processes that time the candidate against the stock config (default 3, at least 2)",
+    )
+    p.add_argument(
+        "--no-eager",
+        action="store_true",
+        help="never make a cell's preset eager (do not compile): keep the compiled config chosen even where "
+        "its confirmation timed eager faster (tune.json still records that check, as eager_check)",
     )
     _add_budgets(p)
     p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
@@ -191,6 +198,7 @@ def cmd_tune(args) -> int:
         budgets=budgets,
         eta=args.eta,
         confirm_repeats=args.confirm_repeats,
+        eager_presets=not args.no_eager,
         cpus_per_job=args.cpus_per_job,
         timeout_cap_s=args.timeout_cap,
         allow_missing=args.allow_missing,
@@ -210,7 +218,8 @@ def cmd_tune(args) -> int:
     jobs = ", ".join(f"{n} {r}" for r, n in summary.jobs.items())
     print(
         f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {summary.cells} cells, {summary.tuned} tuned, "
-        f"{summary.stock} kept the stock config, {summary.no_preset} without a preset.\n"
+        f"{summary.stock} kept the stock config, {summary.eager} eager (do not compile), "
+        f"{summary.no_preset} without a preset.\n"
         f"presets: {out.join('presets.json')}  (next: orchestrate export {shlex.quote(str(out))} --hardware CLASS "
         "--dest DIR)"
     )

@@ -41,7 +41,7 @@ from orchestrator.store.storage import Location, Target, resolve
 RESULTS_DIR = "results"
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -59,6 +59,8 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   their intervals and samples (`*_device_*`, `device_samples_per_repeat`) and the host-bound
   shares `eager_host_bound_share`, `compiled_host_bound_share`; the host's state per process
   during timing: `host_cpu_mhz`, `host_load_1m`, `timing_gc_collections`.
+- 7: `presets` gains eager presets' columns: `runtime`, `eager_over_config`, `eager_over_compile`,
+  `eager_over_ms`, `eager_gain` with its interval and processes, and `speedup_vs_stock_from`.
 """
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 

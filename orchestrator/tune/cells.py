@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler import statistics as cstats
+from orchestrator.tune import eager
 from orchestrator.tune.presets import Budgets, eligible, preset_entry
 from orchestrator.tune.space import KNOB_NAMES, Candidate, knobs_of, with_knobs
 from workers.job import ModelSpec
@@ -70,24 +71,34 @@ def decide(
     rung1: list[tuple[Candidate, dict[str, Any] | None]],
     confirmation: tuple[Candidate, Candidate, dict[str, Any] | None] | None,
     budgets: Budgets,
+    log: dict[str, Any] | None = None,
+    eager_presets: bool = True,
 ) -> tuple[dict[str, Any] | None, str]:
     """The cell's preset entry (None: nothing eligible) and the decision in words.
 
     `confirmation` is (candidate, stock, row of their same-process job, None) where one ran, or
     (candidate, stock, candidate's row, stock's row) for configs that differ in a runtime setting,
-    which were timed in processes of their own (an unpaired interval)."""
+    which were timed in processes of their own (an unpaired interval). The compiled preset chosen
+    becomes eager where the row its figures come from shows eager faster (`eager.reconsider`,
+    unless not `eager_presets`; the check goes into `log["eager_check"]`)."""
+
+    def reconsider(entry, why, row, side, stock=None):
+        return eager.reconsider(entry, why, row, side, cell.dtype, stock, log, eager_presets)
+
     stock, tuned, n = best_pair(rung1, budgets)
     if stock is None and tuned is None:
         return None, "no candidate passed its accuracy check within the budgets"
     if stock is None:
         c, r = tuned
         why = f"no stock config was eligible; {c.config.name} ({c.dtype}) is the fastest of {n} eligible"
-        return preset_entry(r, cell.dtype, source="tuned", decision=why, candidates=n), why
+        entry = preset_entry(r, cell.dtype, source="tuned", decision=why, candidates=n)
+        return reconsider(entry, why, r, "compiled")
     s_cand, s_row = stock
     stock_fields = {"stock_config": s_cand.config.name, "stock_ms": s_row["compiled_ms"], "candidates": n}
     if tuned is None:
         why = f"stock: no other candidate was eligible in rung 1 ({n} eligible)"
-        return preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields), why
+        entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields)
+        return reconsider(entry, why, s_row, "compiled")
     c, r = tuned
     row = confirmation[2] if confirmation else None
     apart = confirmation[3] if confirmation and len(confirmation) > 3 else None
@@ -99,12 +110,15 @@ def decide(
         bad = failed or row
         status = "not run" if bad is None else f"{bad['status']}: {(bad.get('error') or '')[:200]}"
         why = f"stock: the confirmation of {c.config.name} against {s_cand.config.name} failed ({status})"
-        return preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields), why
+        entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields)
+        return reconsider(entry, why, s_row, "compiled")
     if apart is None:
         iv = cstats.paired_speedup(
             row["baseline_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
         )
         stock_ms, how = row["baseline_ms"], "processes"
+        stock_side: tuple[dict[str, Any], str] = (row, "baseline")
+        scope = f"paired: both interleaved in the same {iv.processes} processes (job {row['job_id']})"
     else:  # a runtime setting differs: never timed in one process (compiler.runtime)
         iv = cstats.ratio_interval(
             cstats.split_groups(apart["compiled_samples_ms"], apart["samples_per_repeat"]),
@@ -112,6 +126,8 @@ def decide(
             paired=False,
         )
         stock_ms, how = apart["compiled_ms"], "processes each, apart (they differ in a runtime setting)"
+        stock_side = (apart, "compiled")
+        scope = f"unpaired: jobs {apart['job_id']} and {row['job_id']} (they differ in a runtime setting)"
     figures = (
         f"{c.config.name} ({c.dtype}) vs {s_cand.config.name}: {iv.estimate:.3f}x "
         f"[{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} {how}"
@@ -122,20 +138,24 @@ def decide(
         "speedup_vs_stock": iv.estimate,
         "speedup_vs_stock_ci_low": iv.low,
         "speedup_vs_stock_ci_high": iv.high,
+        "speedup_vs_stock_from": scope,
         "candidates": n,
     }
+    best_stock = (s_cand.config.name, *stock_side)
     if cstats.beats(iv):
         why = f"tuned: {figures}"
         # latency from the paired job; compile time and memory from the candidate's own job (in the
         # paired one it compiled second, in a process that had compiled already)
         own = {"compile_s": r["compile_s"], "peak_mem_bytes": r.get("peak_mem_bytes")}
-        return preset_entry(row, cell.dtype, source="tuned", decision=why, **paired, **own), why
+        entry = preset_entry(row, cell.dtype, source="tuned", decision=why, **paired, **own)
+        return reconsider(entry, why, row, "compiled", best_stock)
     why = f"stock: {figures}, an interval that does not lie above 1"
     entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **paired)
     entry["compiled_ms"] = stock_ms  # the stock side, measured with the candidate
     entry["speedup_vs_stock"] = 1.0
     entry["speedup_vs_stock_ci_low"] = entry["speedup_vs_stock_ci_high"] = None
-    return entry, why
+    entry["speedup_vs_stock_from"] = None
+    return reconsider(entry, why, *stock_side, best_stock)
 
 
 def combine_helping_knobs(

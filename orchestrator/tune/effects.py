@@ -13,6 +13,9 @@ one model family and hurts another says so.
 
 A setting measured in every cell of a class to gain nothing or to hurt is marked `drop`: `orchestrate tune --prune-from
 PREVIOUS` leaves it out of that class's next search, and the tune's `tune.json` says why.
+
+Not compiling is a setting too (`EAGER_SETTING`, added by `orchestrator.tune.eager.add_effects`):
+its gain is the compiled preset's time / eager's, in the cells where the preset's row timed both.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from typing import Any
 
 from compiler import runtime
 from compiler import statistics as cstats
-from compiler.config import CompileConfig, inductor_modes
+from compiler.config import CompileConfig, inductor_modes, is_eager_preset, preset_runtime
+
+EAGER_SETTING = "eager (do not compile)"
+"""The setting of an eager preset (`orchestrator.tune.eager`) in the "what won" table."""
 
 
 def row_settings(row: dict[str, Any]) -> dict[str, Any]:
@@ -162,12 +168,12 @@ def _samples(row: dict[str, Any]) -> list[list[float]]:
     return cstats.split_groups(samples, row.get("samples_per_repeat")) if samples else []
 
 
-_VERDICTS = {"faster": "helps", "slower": "hurts", "no gain": "same", "unclear": "unclear"}
+VERDICTS = {"faster": "helps", "slower": "hurts", "no gain": "same", "unclear": "unclear"}
 
 
 def _verdict(iv: cstats.Interval, thresholds: cstats.Thresholds) -> str:
     """helps, hurts, same (gains at most the project's `latency_change`) or unclear (too noisy)."""
-    return _VERDICTS[cstats.gain_verdict(iv, thresholds)]
+    return VERDICTS[cstats.gain_verdict(iv, thresholds)]
 
 
 def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEffect]]:
@@ -264,11 +270,12 @@ def what_won(
 
 def preset_settings(preset: dict[str, Any]) -> list[str]:
     """The settings a preset turns on, in the labels of `setting_effects`: its mode (`mode X`),
-    its knobs, and its precision where it is not the cell's."""
+    its knobs, and its precision where it is not the cell's; an eager preset: `EAGER_SETTING` and
+    its runtime settings."""
     from orchestrator.tune.space import KNOBS
 
     compile_ = preset.get("compile") or {}
-    found = []
+    found = [EAGER_SETTING] if is_eager_preset(preset) else []
     mode = compile_.get("mode")
     options = dict(compile_.get("options") or {})
     if mode not in (None, "default"):
@@ -279,7 +286,7 @@ def preset_settings(preset: dict[str, Any]) -> list[str]:
                 found.append(f"mode {name}")
                 options = {k: v for k, v in options.items() if k not in mode_opts}
                 break
-    rt = compile_.get("runtime") or {}
+    rt = preset_runtime(preset)
     for knob in KNOBS:
         opts_match = knob.options and all(options.get(k) == v for k, v in knob.options.items())
         rt_match = knob.runtime and all(rt.get(k) == v for k, v in knob.runtime.items())

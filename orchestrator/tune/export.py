@@ -13,6 +13,9 @@ DEST/
                    process after the bundle; `compile_tuned` serves an exact cell from it without
                    tracing or compiling
 
+An eager preset (`compile: null`, `orchestrator.tune.eager`) has nothing to compile: it gets no
+bundle and no package, and stays in presets.json and the manifest with its runtime settings.
+
 A bundle is only valid on the class and stack it was built on, so the export runs on a node of
 that class with the stack the presets were measured on, and refuses anything else before it
 compiles. The manifest is written last: a directory without one is an interrupted export, and
@@ -35,7 +38,7 @@ from typing import Any
 from compiler import durable
 from compiler.aoti import LOADER_CRASHED
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
-from compiler.config import CompileConfig
+from compiler.config import CompileConfig, is_eager_preset, preset_runtime
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
 from orchestrator.spec.sweep import _default_name
 from orchestrator.store.lock import LOCK_FILE, holding
@@ -286,6 +289,16 @@ def _export(
             entries[i - 1] = entry = done[_cell(entry)]
             finished.append(entry)
             continue
+        if is_eager_preset(entry):
+            entry["bundle"] = entry["package"] = None
+            log(
+                f"[{i}/{len(entries)}] {_cell(entry)}: eager (do not compile: compiled "
+                f"{entry.get('eager_over_config')} was slower), no bundle or package; runtime "
+                f"{preset_runtime(entry) or 'torch defaults'}"
+            )
+            finished.append(entry)
+            save_progress()
+            continue
         if entry.get("model_spec"):
             spec = ModelSpec(**entry["model_spec"])
         else:
@@ -354,7 +367,7 @@ def _export(
         "source": str(out),
         # the process-wide settings each preset runs under (also in presets.json), so an operator
         # sees what compile_tuned will set in the serving process without reading every preset
-        "runtime": {_cell(e): e["compile"].get("runtime") or {} for e in entries},
+        "runtime": {_cell(e): preset_runtime(e) for e in entries},
         "files": files,
     }
     durable.write_text(dest / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")

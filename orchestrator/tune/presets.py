@@ -19,14 +19,19 @@ import pyarrow.parquet as pq
 from compiler import durable, runtime
 from orchestrator.store.schema import PRESETS_SCHEMA, read_results, results_path
 from orchestrator.store.storage import Location, Target, resolve
+from orchestrator.tune import eager
 from orchestrator.tune.effects import setting_effects, what_won
 
 PRESETS_FILE = "presets.json"
 PRESETS_TABLE_FILE = "presets.parquet"
-PRESET_FORMAT = 3
+PRESET_FORMAT = 4
 """2: adds `defaults` (per hardware class and dtype, for models never swept) and `stacks`.
 3: adds `classes` (hardware class -> software stack -> its presets and defaults), the budgets,
-and per entry its precision, source and decision."""
+and per entry its precision, source and decision.
+4: an entry may be an eager preset (`config: eager`, `compile: null`, its runtime settings in
+`runtime`, the compiled config it beat in `eager_over_*` and `eager_gain*`: `orchestrator.tune.eager`);
+entries of the tuner say where `speedup_vs_stock` comes from (`speedup_vs_stock_from`). Readers
+of format 3 read on: its entries all compile."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,8 @@ def preset_entry(best: dict[str, Any], cell_dtype: str, **fields: Any) -> dict[s
 
 def derive_presets(table: pa.Table, budgets: Budgets = Budgets()) -> dict[str, Any]:
     """Best eligible config per cell (see `eligible`), with its speedup over eager and over the
-    default config.
+    default config; eager instead where that config's row shows eager faster by the project's
+    rule (`orchestrator.tune.eager`: a row of several processes, `measure.repeats`).
 
     Cells where no config is eligible are listed under `no_preset` with every config's status
     (and the budget it broke), so a missing preset is explained rather than silently absent.
@@ -180,7 +186,7 @@ def derive_presets(table: pa.Table, budgets: Budgets = Budgets()) -> dict[str, A
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for row in all_rows:
         groups[(row["hardware"], row["model"], row["batch_size"], row["dtype"])].append(row)
-    presets, missing = [], []
+    presets, missing, checks = [], [], []
     for (hardware, model, bs, dtype), rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         ok = [r for r in rows if eligible(r, budgets)]
         if not ok:
@@ -197,20 +203,25 @@ def derive_presets(table: pa.Table, budgets: Budgets = Budgets()) -> dict[str, A
         best = min(ok, key=lambda r: r["compiled_ms"])
         default = next((r for r in ok if _is_default(r)), None)
         over = sum(1 for r in rows if r["status"] == "ok" and budgets.excess(r))
-        presets.append(
-            preset_entry(
-                best,
-                dtype,
-                source="swept",
-                decision=f"fastest of {len(ok)} eligible configs swept",
-                speedup_vs_default=default["compiled_ms"] / best["compiled_ms"] if default else None,
-                default_config=default["config"] if default else None,
-                candidates=len(ok),
-                over_budget=over,
-            )
+        why = f"fastest of {len(ok)} eligible configs swept"
+        entry = preset_entry(
+            best,
+            dtype,
+            source="swept",
+            decision=why,
+            speedup_vs_default=default["compiled_ms"] / best["compiled_ms"] if default else None,
+            default_config=default["config"] if default else None,
+            candidates=len(ok),
+            over_budget=over,
         )
+        check: dict[str, Any] = {}
+        entry, _ = eager.reconsider(entry, why, best, "compiled", dtype, log=check)
+        checks.append(check["eager_check"])
+        if entry["source"] == "eager" and default:  # medians of two rows, as for a compiled preset
+            entry["speedup_vs_default"] = default["compiled_ms"] / entry["eager_ms"]
+        presets.append(entry)
     data = preset_document(presets, missing, all_rows, budgets)
-    data["what_won"] = what_won(presets, setting_effects(all_rows))
+    data["what_won"] = what_won(presets, eager.add_effects(setting_effects(all_rows), checks))
     return data
 
 
@@ -295,13 +306,14 @@ def durable_write(loc: Location, data: bytes | str) -> None:
 
 
 def presets_table(entries: list[dict[str, Any]]) -> pa.Table:
-    """Preset entries as the `presets` table (`compile` and `model_spec` as JSON text)."""
+    """Preset entries as the `presets` table (`compile`, `runtime`, `eager_over_compile` and
+    `model_spec` as JSON text; null where the entry has none, as an eager preset's `compile`)."""
     rows = []
     for e in entries:
         row = {name: e.get(name) for name in PRESETS_SCHEMA.names}
-        row["compile"] = json.dumps(e["compile"], sort_keys=True)
-        if e.get("model_spec") is not None:
-            row["model_spec"] = json.dumps(e["model_spec"], sort_keys=True)
+        for key in ("compile", "runtime", "eager_over_compile", "model_spec"):
+            if e.get(key) is not None:
+                row[key] = json.dumps(e[key], sort_keys=True)
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=PRESETS_SCHEMA)
 

@@ -15,7 +15,8 @@ Successive halving, in three rounds of jobs dispatched across the cluster like a
    config and the candidate interleaved, in `--confirm-repeats` fresh processes (rung 1's
    one-process figures only rank; a candidate a little behind there may still be faster). The
    candidate wins only if the paired interval of stock / candidate lies above 1
-   (`compiler.statistics.beats`); otherwise the stock config stays the preset.
+   (`compiler.statistics.beats`); otherwise the stock config stays the preset. Either becomes
+   eager (do not compile) where the same processes timed eager faster (`orchestrator.tune.eager`).
 
 Candidates recompile across rungs, and the candidates of one cell share GEMM/conv shapes, so
 their jobs share compile and autotune work through a Redis server by default
@@ -50,6 +51,7 @@ from orchestrator.store.lock import holding
 from orchestrator.store.rows import latest_rows
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked, refusal_stops
+from orchestrator.tune import eager
 from orchestrator.tune.cells import Cell, best_pair, combine_helping_knobs, decide, promote
 from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
 from orchestrator.tune.presets import Budgets, durable_write, preset_document, write_preset_files
@@ -85,6 +87,9 @@ class TuneOptions:
     eta: int = DEFAULT_ETA
     """Rung 0 keeps the best 1/eta of each cell's candidates (at least one) for rung 1."""
     confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
+    eager_presets: bool = True
+    """A cell's preset may be eager where its row timed eager faster (`orchestrator.tune.eager`);
+    False (`--no-eager`) keeps the compiled config and only records the check."""
     cpus_per_job: int | None = None
     timeout_cap_s: float | None = None
     allow_missing: bool = False
@@ -103,6 +108,9 @@ class TuneSummary:
     tuned: int
     stock: int
     no_preset: int
+    eager: int
+    """Cells whose preset is eager: the compiled preset chosen ran slower than eager there
+    (`orchestrator.tune.eager`)."""
     jobs: dict[str, int]
     wall_s: float
     decisions: dict[str, str]
@@ -385,7 +393,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
             log[cell.name]["confirm"] = _figures(confirmation[2], opts.budgets)
             if apart_job is not None:
                 log[cell.name]["confirm_stock_apart"] = _figures(apart_row, opts.budgets)
-        entry, why = decide(cell, rung1[cell], confirmation, opts.budgets)
+        entry, why = decide(cell, rung1[cell], confirmation, opts.budgets, log[cell.name], opts.eager_presets)
         decisions[cell.name] = why
         log[cell.name]["decision"] = why
         if entry is None:
@@ -411,7 +419,8 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         }
         entries.append(entry)
 
-    effects = setting_effects(list(rows0.values()))
+    checks = [c["eager_check"] for c in log.values() if "eager_check" in c]
+    effects = eager.add_effects(setting_effects(list(rows0.values())), checks)
     won = what_won(entries, effects)
     data = preset_document(entries, missing, list(rows0.values()), opts.budgets)
     data["what_won"] = won
@@ -427,6 +436,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
                     "budgets": opts.budgets.to_dict(),
                     "eta": opts.eta,
                     "confirm_repeats": opts.confirm_repeats,
+                    "eager_presets": opts.eager_presets,
                     "precisions": list(opts.precisions),
                     "knobs": list(opts.knobs),
                     "bases": list(opts.bases)
@@ -449,6 +459,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         tuned=sources.count("tuned"),
         stock=sources.count("stock"),
         no_preset=len(missing),
+        eager=sources.count("eager"),
         jobs=jobs_run,
         wall_s=time.monotonic() - t0,
         decisions=decisions,

@@ -114,16 +114,37 @@ def test_export_refuses_before_compiling(results_dir, tmp_path, table_jobs, make
         plan_export(results_dir, "cpu")
 
 
-def test_an_interrupted_export_resumes_without_compiling_what_it_finished(results_dir, tmp_path):
-    """Both presets finished before the (simulated) kill: the resumed export compiles nothing and
-    writes the manifest over exactly the files it had made; a stale temporary file is dropped."""
+def test_an_interrupted_export_resumes_without_compiling_what_it_finished(
+    results_dir, tmp_path, table_jobs, make_result
+):
+    """Both compiled presets finished before the (simulated) kill: the resumed export compiles
+    nothing and writes the manifest over exactly the files it had made; a stale temporary file is
+    dropped. The third cell's preset is eager (its rows timed eager faster in 3 processes): it gets
+    no bundle or package, and stays in presets.json and the manifest with its runtime settings."""
     from orchestrator.tune.export import PROGRESS
+    from tests.tune.test_tune import samples
 
+    sink = ResultSink(results_dir)
+    for config, compiled in (("default", 5.0), ("ro", 4.0)):
+        fields = {
+            "eager_samples_ms": samples(3.0, 30, 3, seed=1),
+            "compiled_samples_ms": samples(compiled, 30, 3, seed=2),
+            "samples_per_repeat": [30, 30, 30],
+        }
+        result = make_result("ok", 3.0, compiled, **fields, **local_stack_fields())
+        sink.add(make_row(table_jobs[f"cpu/mlp/bs1/fp32/{config}"], result, run_id="r1"))
+    sink.close()
     dest = tmp_path / "dest"
     (dest / "bundles").mkdir(parents=True)
     entries, _, _ = plan_export(results_dir, "cpu")
+    assert [(e["model"], e["batch_size"], e["config"]) for e in entries] == [
+        ("mlp", 1, "eager"),
+        ("mlp", 4, "ro"),
+        ("resnet", 1, "tuned"),
+    ]
+    compiled = entries[1:]
     finished = []
-    for entry in entries:
+    for entry in compiled:
         name = f"bundles/{entry['model']}.bin"
         (dest / name).write_bytes(entry["model"].encode())
         finished.append({**entry, "bundle": name, "package": None})
@@ -137,12 +158,21 @@ def test_an_interrupted_export_resumes_without_compiling_what_it_finished(result
         export(results_dir, "cpu", dest, resume=True, packages=False)
     lines = []
     manifest = export(results_dir, "cpu", dest, resume=True, log=lines.append)
-    assert lines == ["resuming the export into " + str(dest) + ": 2 of 2 presets already done"]
-    assert set(manifest["files"]) == {PRESETS, "bundles/mlp.bin", "bundles/resnet.bin"}
-    assert not (dest / PROGRESS).exists() and not (dest / "bundles" / ".resnet.bin.tmp").exists()
-    assert [e["bundle"] for e in json.loads((dest / PRESETS).read_text())["presets"]] == [
-        f"bundles/{e['model']}.bin" for e in entries
+    assert lines == [
+        "resuming the export into " + str(dest) + ": 2 of 3 presets already done",
+        "[1/3] mlp/bs1/fp32/eager: eager (do not compile: compiled ro was slower), no bundle or package; "
+        "runtime torch defaults",
     ]
+    assert set(manifest["files"]) == {PRESETS, "bundles/mlp.bin", "bundles/resnet.bin"}
+    assert manifest["runtime"] == {
+        "mlp/bs1/fp32/eager": {},
+        "mlp/bs4/fp32/ro": {},
+        "resnet/bs1/fp32/tuned": {},
+    }
+    assert not (dest / PROGRESS).exists() and not (dest / "bundles" / ".resnet.bin.tmp").exists()
+    eager, *rest = json.loads((dest / PRESETS).read_text())["presets"]
+    assert [e["bundle"] for e in rest] == [f"bundles/{e['model']}.bin" for e in compiled]
+    assert eager["compile"] is None and eager["runtime"] == {} and eager["bundle"] is eager["package"] is None
     with pytest.raises(ExportError, match="a finished export"):
         export(results_dir, "cpu", dest, resume=True)
 
@@ -249,6 +279,40 @@ def write_export(
     manifest = {"format": 1, "hardware": hardware or hardware_class(), "stack": stack, "files": files}
     (dest / MANIFEST).write_text(json.dumps(manifest))
     return dest
+
+
+def edit_presets(dest: Path, edit) -> Path:
+    """Change the export's presets.json with `edit(presets)` and give the manifest its new sha256,
+    as an export that wrote it so would have."""
+    presets = json.loads((dest / PRESETS).read_text())
+    edit(presets)
+    (dest / PRESETS).write_text(json.dumps(presets))
+    manifest = json.loads((dest / MANIFEST).read_text())
+    manifest["files"][PRESETS] = sha256_file(dest / PRESETS)
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    return dest
+
+
+def compile_tuned_in_fresh_process(dest: Path, kwargs: str, report: str) -> dict:
+    """`compile_tuned` of the toy mlp at batch 4 with the export `dest` (and the keyword arguments
+    `kwargs`, as Python source) in a fresh process, cuDNN's benchmark flag off before it: the JSON
+    object that the expression `report` gives there (over `model`, `served`, `applied`, `torch`,
+    `sys` and `warned`, the messages of the warnings it raised)."""
+    code = (
+        "import json, sys, warnings, torch\n"
+        "from compiler.apply import compile_tuned\n"
+        "from workers import toy\n"
+        "model, inputs = toy.mlp(4, None, {})\n"
+        "assert torch.backends.cudnn.benchmark is False\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    served, applied = compile_tuned(model, inputs, {str(dest)!r}, model_name='mlp', {kwargs})\n"
+        "warned = [str(w.message) for w in seen]\n"
+        f"print(json.dumps({report}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_exact_cell_then_the_class_default_then_nothing():

@@ -5,8 +5,6 @@ per-class "what won" table and knob pruning; and what `compile_tuned` sets in a 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -220,32 +218,17 @@ def test_compile_tuned_sets_the_presets_runtime_settings_in_a_fresh_process(tmp_
     """A real export directory whose preset sets cudnn_benchmark: compile_tuned in a fresh process
     turns the setting on before the first call and says so (on CPU cuDNN is not called, but what
     is applied is the same)."""
-    from tests.tune.test_export_apply import write_export
+    from tests.tune.test_export_apply import compile_tuned_in_fresh_process, edit_presets, write_export
 
-    dest = write_export(tmp_path / "export")
-    presets = json.loads((dest / "presets.json").read_text())
-    presets["presets"][0]["compile"]["runtime"] = {"cudnn_benchmark": True}
-    (dest / "presets.json").write_text(json.dumps(presets))
-    manifest = json.loads((dest / "manifest.json").read_text())
-    from compiler.apply import sha256_file
+    def bench(presets):
+        presets["presets"][0]["compile"]["runtime"] = {"cudnn_benchmark": True}
 
-    manifest["files"]["presets.json"] = sha256_file(dest / "presets.json")
-    (dest / "manifest.json").write_text(json.dumps(manifest))
-    code = (
-        "import json, warnings, torch\n"
-        "from compiler.apply import compile_tuned\n"
-        "from workers import toy\n"
-        "model, inputs = toy.mlp(4, None, {})\n"
-        "assert torch.backends.cudnn.benchmark is False\n"
-        "with warnings.catch_warnings(record=True) as seen:\n"
-        "    warnings.simplefilter('always')\n"
-        f"    compiled, applied = compile_tuned(model, inputs, {str(dest)!r}, model_name='mlp', use_package=False)\n"
-        "print(json.dumps({'flag': torch.backends.cudnn.benchmark, 'runtime': applied.runtime,"
-        " 'match': applied.match, 'warned': [str(w.message) for w in seen]}))\n"
+    dest = edit_presets(write_export(tmp_path / "export"), bench)
+    got = compile_tuned_in_fresh_process(
+        dest,
+        "use_package=False",
+        "{'flag': torch.backends.cudnn.benchmark, 'runtime': applied.runtime, 'match': applied.match, 'warned': warned}",
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["match"] == "exact" and got["flag"] is True and got["runtime"] == {"cudnn_benchmark": True}
     assert any("cudnn_benchmark: False -> True" in w for w in got["warned"])
 

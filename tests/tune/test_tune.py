@@ -230,5 +230,5 @@ def test_derive_presets_with_budgets_and_the_presets_table(tmp_path, table_jobs)
     assert table.schema == PRESETS_SCHEMA and table.num_rows == 1
     got = table.to_pylist()[0]
     assert got["config"] == "default" and json.loads(got["compile"])["mode"] is None
-    assert json.loads((tmp_path / "presets.json").read_text())["format"] == 3
+    assert json.loads((tmp_path / "presets.json").read_text())["format"] == 4
     assert read_presets_table(tmp_path / "nothing") is None
