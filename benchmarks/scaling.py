@@ -57,7 +57,7 @@ def run_phase(spec_file: str, out: Path, phase: str, args: argparse.Namespace) -
         resources = {"num_gpus": 0, "num_cpus": slots * args.cpus_per_job}
     history = [str(out / "serial")] if phase == "parallel" and (out / "serial" / "results").is_dir() else []
     print(f"== {phase}: {slots} slot(s), {args.cpus_per_job} cores each", flush=True)
-    ray.init(include_dashboard=False, log_to_driver=False, **resources)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, **resources)
     try:
         summary = run_sweep(
             load_spec(spec_file),

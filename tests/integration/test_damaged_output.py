@@ -80,7 +80,10 @@ def finished(tmp_path_factory):
     from orchestrator.fleet import driver
     from orchestrator.store.sink import ResultSink
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # address="local": a bare ray.init() attaches to any cluster `ray start` left on this machine
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
     try:
         out = tmp_path_factory.mktemp("damage") / "out"
         with pytest.MonkeyPatch.context() as patch:  # one part file per job, as slow jobs give
