@@ -380,15 +380,48 @@ def test_report_pages_of_an_earlier_run_are_replaced(two_runs, tmp_path, capsys)
     assert '"cells"' in (tmp_path / "r.json").read_text() and "<svg" in (tmp_path / "r.html").read_text()
 
 
-@pytest.mark.parametrize("command", ["sweep", "nightly"])
+@pytest.mark.parametrize("command", ["sweep", "nightly", "tune"])
 def test_an_only_typo_is_found_before_ray_starts(command, tmp_path, capsys, no_ray):
     """On this machine (no --address) the plan is checked before its private Ray starts: a typo in
-    --only cost Ray's start first (10-40 s on a loaded 2-core machine)."""
+    --only cost Ray's start first (10-40 s on a loaded 2-core machine). `tune` checks its
+    candidates' names, which its --only selects from."""
     out = tmp_path / "out"
     target = ["--history", str(out)] if command == "nightly" else ["--out", str(out)]
     assert main([command, str(SMOKE), *target, "--only", "vit-tiny/bs3"]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert line.startswith("error: --only 'vit-tiny/bs3' matches none of the sweep's"), line
+    whose = "the tune's" if command == "tune" else "the sweep's"
+    assert line.startswith(f"error: --only 'vit-tiny/bs3' matches none of {whose}"), line
+    assert "e.g. cpu/vit-tiny/bs" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        # an unset shell variable: the tune ran without the precisions or knobs it was asked to try
+        (["--precisions", ""], "error: --precisions: an empty list of precision policies ''"),
+        (["--precisions", " , "], "error: --precisions: an empty list of precision policies ' , '"),
+        (["--knobs", ""], "error: --knobs: an empty list of knobs ''"),
+        (["--only", "default+freezing"], None),  # a knob's candidate: matches no sweep job, yet runs
+    ],
+)
+def test_tune_list_flags_are_checked_before_ray_starts(
+    flags, expected, tmp_path, capsys, no_ray, monkeypatch
+):
+    from orchestrator.tune import search
+
+    out = tmp_path / "out"
+
+    def started(spec, opts):  # the checks passed: where Ray would start
+        raise SystemExit(f"run_tune {opts.only}")
+
+    monkeypatch.setattr(search, "run_tune", started)
+    if expected is None:
+        with pytest.raises(SystemExit, match="run_tune default"):
+            main(["tune", str(SMOKE), "--out", str(out), *flags])
+        return
+    assert main(["tune", str(SMOKE), "--out", str(out), *flags]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(expected)
     assert not out.exists()
 
 

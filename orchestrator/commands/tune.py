@@ -13,7 +13,9 @@ from orchestrator.commands.common import (
     _add_only,
     _budgets,
     _cache_address,
+    _check_plan_locally,
     _drive,
+    _listing,
     _load,
     _positive,
     _print_what_won,
@@ -71,14 +73,15 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--precisions",
+        type=_listing("list of precision policies", "tf32,bf16", "none besides the cell's own"),
         metavar="LIST",
-        default="",
         help="precision policies a candidate may use besides the cell's own, e.g. tf32,bf16 (default: none; "
         "a faster precision changes the numbers, so it is only tried when asked, and still gated by the "
         "fp64 accuracy rule)",
     )
     p.add_argument(
         "--knobs",
+        type=_listing("list of knobs", "freezing,coordinate_descent", "all that apply"),
         metavar="LIST",
         help="the knobs to try on each stock config, comma-separated (default: all that apply to the device "
         "and model): " + ", ".join(_knob_names()) + ". A freezing preset's exported bundle barely shortens "
@@ -134,7 +137,7 @@ def cmd_tune(args) -> int:
     from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.progress import format_duration
     from orchestrator.store.storage import StorageError, check_own_output, check_writable, checked
-    from orchestrator.tune.search import TuneOptions, run_tune
+    from orchestrator.tune.search import TuneOptions, plan_locally, run_tune
     from orchestrator.tune.space import KNOB_NAMES
     from workers.job import PRECISIONS, canonical_precision
 
@@ -144,7 +147,7 @@ def cmd_tune(args) -> int:
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
     problems = []
     precisions = []
-    for name in filter(None, (p.strip() for p in args.precisions.split(","))):
+    for name in filter(None, (p.strip() for p in (args.precisions or "").split(","))):
         canon = canonical_precision(name)
         if canon is None:
             problems.append(f"--precisions: unknown policy {name!r}; valid: {', '.join(PRECISIONS)}")
@@ -199,6 +202,8 @@ def cmd_tune(args) -> int:
         cache_redis=cache_redis,
         argv=sys.argv,
     )
+    if not _check_plan_locally(spec, args, plan_locally(spec, opts)):
+        return EXIT_BAD_INPUT
     summary, code = _drive(lambda: run_tune(spec, opts))
     if summary is None:
         return code
