@@ -70,6 +70,8 @@ class TableSpec:
     """The values `status` may take (results only)."""
     ok_figures: tuple[str, ...] = ()
     """Columns an `ok` row never leaves null (results only)."""
+    ok_derived: tuple[str, ...] = ()
+    """Columns an `ok` row leaves null or holds a positive, finite number in (results only)."""
     unique: str | None = None
     """A column whose value appears in at most one row of the table (results: job_id)."""
 
@@ -188,7 +190,13 @@ def conform(
 
     schema = spec.schema
     if columns is not None:
-        wanted = {*columns, *spec.required, *spec.ok_figures, *(["status"] if spec.statuses else [])}
+        wanted = {
+            *columns,
+            *spec.required,
+            *spec.ok_figures,
+            *spec.ok_derived,
+            *(["status"] if spec.statuses else []),
+        }
         schema = pa.schema([f for f in spec.schema if f.name in wanted], metadata=spec.schema.metadata)
 
     if not data:
@@ -217,7 +225,8 @@ def conform(
             arrays.append(pa.nulls(table.num_rows, f.type))
     table = pa.Table.from_arrays(arrays, schema=schema)
     figures = tuple(c for c in spec.ok_figures if c in present)  # an old file may lack some
-    return table, _row_problem(table, spec, figures)
+    derived = tuple(c for c in spec.ok_derived if c in present)
+    return table, _row_problem(table, spec, figures, derived)
 
 
 def _schema_problem(schema: pa.Schema, spec: TableSpec, version: int) -> str | None:
@@ -250,8 +259,12 @@ def _partition_values(rel: str, spec: TableSpec) -> dict[str, str]:
     return {c: pieces[c] for c in spec.partitions if c in pieces}
 
 
-def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> str | None:
-    rows = table.select([*spec.required, *figures, *(["status"] if spec.statuses else [])]).to_pylist()
+def _row_problem(
+    table: pa.Table, spec: TableSpec, figures: tuple[str, ...], derived: tuple[str, ...] = ()
+) -> str | None:
+    rows = table.select(
+        [*spec.required, *figures, *derived, *(["status"] if spec.statuses else [])]
+    ).to_pylist()
     seen: set[str] = set()
     for n, row in enumerate(rows, 1):
         who = f"row {n}" + (f" (job_id {row['job_id']})" if row.get("job_id") is not None else "")
@@ -267,8 +280,12 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
             null = [c for c in figures if row[c] is None]
             if row["status"] == "ok" and null:
                 return f"{who}: status ok but {', '.join(null)} null"
-            bad = [f"{c} {row[c]!r}" for c in figures if row[c] is not None and not 0 < row[c] < math.inf]
-            if row["status"] == "ok" and bad:  # a latency is a positive, finite number of ms
+            bad = [
+                f"{c} {row[c]!r}"
+                for c in (*figures, *derived)
+                if row[c] is not None and not 0 < row[c] < math.inf
+            ]
+            if row["status"] == "ok" and bad:  # a latency (or their ratio) is a positive, finite number
                 return f"{who}: status ok but {', '.join(bad)}"
         if spec.unique:
             if row[spec.unique] in seen:

@@ -105,6 +105,10 @@ RESULT_COLUMNS: tuple[str, ...] = tuple(RESULTS_SCHEMA.names)
 OK_FIGURES = ("eager_ms", "compiled_ms")
 """Columns a results row with status `ok` always has (the job timed both sides; the strict reader
 refuses one without). `speedup` is derived from them and null where the compiled median is 0."""
+OK_DERIVED = ("speedup", "speedup_vs_baseline", "compile_s")
+"""Figures an `ok` row may leave null but never holds as NaN, an infinity, 0 or a negative number
+(latency ratios and a compile time): the strict reader refuses such a row whether or not a ledger
+covers its part (a NaN `speedup` shows as `nanx` in a report and sorts anywhere)."""
 
 
 class SchemaError(ValueError):
@@ -170,6 +174,7 @@ def table_spec(table: str):
             required=("job_id", "run_id", "status", "model", "batch_size", "dtype", "config"),
             statuses=STATUSES,
             ok_figures=OK_FIGURES,
+            ok_derived=OK_DERIVED,
             unique="job_id",
         )
     return TableSpec(table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)

@@ -97,6 +97,10 @@ def int_job_id(t):
     return t.set_column(0, "job_id", pa.array([7]))
 
 
+def set_float(t, name, value):
+    return t.set_column(t.schema.get_field_index(name), name, pa.array([value], pa.float64()))
+
+
 def null_figures(t):
     i = t.schema.get_field_index("compiled_ms")
     return t.set_column(i, "compiled_ms", pa.nulls(1, pa.float64()))
@@ -141,6 +145,13 @@ def null_figures(t):
             lambda t: t.set_column(t.schema.get_field_index("compiled_ms"), "compiled_ms", pa.array([-1.0])),
             "status ok but compiled_ms -1.0",
         ),
+        # a derived figure may be null, never NaN: `report` showed `nanx`, exit 0, without a ledger
+        (lambda t: set_float(t, "speedup", float("nan")), "status ok but speedup nan"),
+        (
+            lambda t: set_float(t, "speedup_vs_baseline", float("inf")),
+            "status ok but speedup_vs_baseline inf",
+        ),
+        (lambda t: set_float(t, "compile_s", -2.0), "status ok but compile_s -2.0"),
     ],
     ids=[
         "string speedup",
@@ -154,6 +165,9 @@ def null_figures(t):
         "control character in a model name",
         "batch size below 1",
         "negative latency",
+        "NaN speedup",
+        "infinite ratio",
+        "negative compile time",
     ],
 )
 @pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "pre-ledger"])
