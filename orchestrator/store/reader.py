@@ -125,8 +125,8 @@ def check_table(
             check.problems.append(_problem(out, rel, "damaged", f"cannot be read ({exc})"))
             continue
         digest = hashlib.sha256(data).hexdigest()
+        listed = ledger.entries.get(rel) if ledger is not None else None
         if ledger is not None:
-            listed = ledger.entries.get(rel)
             if not listed:
                 if _younger_than(loc, in_flight_s):
                     continue
@@ -140,13 +140,14 @@ def check_table(
                 check.problems.append(_problem(out, rel, "damaged", reason))
                 continue
         table, reason = conform(data, spec, rel, columns)
+        found = ledgers.Entry(
+            rel, digest, table.num_rows, tuple(sorted(set(table.column("job_id").to_pylist())))
+        )
+        reason = reason or _listed_otherwise(found, listed)
         if reason:
             check.problems.append(_problem(out, rel, "damaged", reason))
             continue
-        ids = table.column("job_id").to_pylist()
-        check.good.append(
-            Verified(ledgers.Entry(rel, digest, table.num_rows, tuple(sorted(set(ids)))), table)
-        )
+        check.good.append(Verified(found, table))
     if ledger is not None:
         for rel in sorted(ledger.entries):
             if rel.startswith(spec.name + "/") and rel not in present:
@@ -155,6 +156,26 @@ def check_table(
     if spec.unique:
         _refuse_duplicates(out, spec.unique, check)
     return check
+
+
+def _listed_otherwise(found: ledgers.Entry, listed: list[ledgers.Entry] | None) -> str | None:
+    """Where the ledger line with the part's digest gives other rows or job_ids than the part
+    holds: the line was edited (the sink writes both from the rows it commits), so neither it
+    nor the part is vouched for."""
+    line = next((e for e in listed or () if e.sha256 == found.sha256), None)
+    if line is None:
+        return None
+    if line.rows != found.rows:
+        said = f"{line.rows} rows, the file (sha256 as listed) holds {found.rows}"
+    elif set(line.job_ids) != set(found.job_ids):
+
+        def ids(e: ledgers.Entry) -> str:
+            return ", ".join(i[:12] for i in sorted(set(e.job_ids))[:2]) or "none"
+
+        said = f"job_id(s) {ids(line)}, the file (sha256 as listed) holds {ids(found)}"
+    else:
+        return None
+    return f"the commit ledger lists {said}: its line was changed"
 
 
 def _younger_than(loc: Location, seconds: float) -> bool:

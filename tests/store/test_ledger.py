@@ -89,6 +89,31 @@ def test_parts_the_ledger_does_not_vouch_for_are_named(out, damage, kind):
     assert not find_damaged(resolve(out), SPECS)[0]
 
 
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda e: e | {"rows": 2}, "lists 2 rows, the file (sha256 as listed) holds 1"),
+        (lambda e: e | {"job_ids": ["0" * 20]}, "lists job_id(s) 000000000000, the file"),
+        (lambda e: e | {"job_ids": []}, "lists job_id(s) none, the file"),
+    ],
+    ids=["rows", "job_ids", "no job_ids"],
+)
+def test_a_ledger_line_that_disagrees_with_its_matching_part_is_damage(out, edit, says):
+    """The digest matches, so the part is as committed, but its line says other rows or job_ids:
+    the line was edited. Nothing reads job_ids from the ledger instead of the part (a resume
+    plans from the rows), but a reader must not vouch for a part through a line that lies."""
+    [segment] = (out / LEDGER_DIR).glob("*.jsonl")
+    lines = [json.loads(line) for line in segment.read_text().splitlines()]
+    lines[0] = edit(lines[0])
+    segment.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    [d] = refusal(out).damaged
+    assert (d.rel, d.kind) == (lines[0]["part"], "damaged")
+    assert says in d.reason and d.reason.endswith("its line was changed"), d.reason
+    repair(resolve(out), SPECS, "T")  # the part to quarantine, its job to run again
+    assert (out / "quarantine" / "T" / lines[0]["part"]).exists()
+    assert read_results(out).num_rows == 2
+
+
 def mistype_speedup(t):
     return t.set_column(t.schema.get_field_index("speedup"), "speedup", pa.array(["99.5"]))
 
