@@ -459,3 +459,32 @@ def test_an_only_pattern_that_matches_no_job_is_one_line(command, tmp_path, caps
 def test_an_address_with_a_control_character_stays_on_one_line(argv, expected, tmp_path, capsys, no_ray):
     assert main([*argv, *(["--out", str(tmp_path / "out")] if argv[0] == "sweep" else [])]) == 2
     assert expected in _one_line(capsys.readouterr().err)
+
+
+def test_resuming_another_sweep_into_an_output_is_one_line_before_ray(two_runs, tmp_path, capsys, no_ray):
+    """An output holds one sweep: `--resume` with another sweep file ran that sweep's jobs into it,
+    mixing two sweeps under one report. Its rows' `sweep` column says which (run.json too, below)."""
+    after, _ = two_runs
+    assert main(["sweep", str(SMOKE), "--out", str(after), "--resume"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == (
+        f"error: {after} holds sweep 'tables', and {SMOKE} is sweep 'smoke': an output holds one sweep. "
+        "Resume 'tables' with its own file, or give 'smoke' another --out; no job of 'smoke' ran"
+    )
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+def test_an_output_whose_run_json_names_another_sweep_is_refused(command, tmp_path, capsys, no_ray):
+    """No rows yet (the first run was stopped before any finished): run.json names the sweep."""
+    import json
+
+    out = tmp_path / "out"
+    runs = out / "rung0" if command == "tune" else out
+    runs.mkdir(parents=True)
+    run = {"run_id": "r1", "spec_file": "sweeps/vision.yaml", "spec": {"name": "vision"}}
+    (runs / "run.json").write_text(json.dumps({"runs": [run]}))
+    assert main([command, str(SMOKE), "--out", str(out), "--resume"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(
+        f"error: {runs} holds sweep 'vision' (sweeps/vision.yaml), and {SMOKE} is sweep 'smoke'"
+    )

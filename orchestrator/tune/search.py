@@ -49,6 +49,7 @@ from orchestrator.spec.matrix import select_matching
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store.lock import holding
 from orchestrator.store.rows import latest_rows
+from orchestrator.store.runlog import check_same_sweep
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked, refusal_stops
 from orchestrator.tune.cells import Cell, best_pair, combine_helping_knobs, decide, promote
@@ -272,6 +273,8 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
                 f"{out} already holds a tune ({', '.join(found) or TUNE_FILE}). Pass --resume to finish it, "
                 "or --out to write somewhere else; nothing was changed."
             )
+    for name in ROUNDS:  # each rung's sweep checks its rows too, once its damage is repaired
+        check_same_sweep(out.join(name), spec)
     pruned = _pruned(opts.prune_from)  # a bad --prune-from is refused before Ray starts
     t0 = time.monotonic()
     jobs_run: dict[str, int] = {}
