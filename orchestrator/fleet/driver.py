@@ -439,6 +439,7 @@ def _run_locked(
             inventory=lambda: cluster_classes(opts.cpus_per_job),
             max_attempts=opts.max_attempts,
             task_kwargs={"shared_cache": cache_address} if cache_address else {},
+            keep=sink.add_side,
         )
         scheduler.add(longest_first(todo, history))
         t_dispatch = time.monotonic()
