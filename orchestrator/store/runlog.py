@@ -85,18 +85,23 @@ class OtherSweepError(StorageError):
     """An output that holds the rows or runs of another sweep than the one given."""
 
 
+def recorded_sweeps(out_dir: Target) -> dict[str, str | None]:
+    """The sweeps run.json records (name -> its file, where known); {} where it is missing or
+    damaged (it tells nothing then)."""
+    found: dict[str, str | None] = {}
+    with contextlib.suppress(RunLogError):
+        for run in read_runs(out_dir):
+            name, where = (run.get("spec") or {}).get("name"), run.get("spec_file")
+            if isinstance(name, str):
+                found.setdefault(name, where if isinstance(where, str) else None)
+    return found
+
+
 def check_same_sweep(out_dir: Target, spec: SweepSpec, row_sweeps: Iterable[str | None] = ()) -> None:
     """`OtherSweepError` when `out_dir` records another sweep than `spec` (by name): in run.json
     (a damaged one tells nothing here) or in `row_sweeps`, the `sweep` column of its rows. An
     output holds one sweep: resuming another into it would mix their rows under one report."""
-    found: dict[str, str | None] = {}
-    with contextlib.suppress(RunLogError):
-        for run in read_runs(out_dir):
-            name = (run.get("spec") or {}).get("name")
-            if isinstance(name, str):
-                found.setdefault(
-                    name, run.get("spec_file") if isinstance(run.get("spec_file"), str) else None
-                )
+    found = recorded_sweeps(out_dir)
     for name in row_sweeps:
         if name:
             found.setdefault(name, None)

@@ -159,15 +159,13 @@ def results_path(out_dir: Target) -> Location:
 
 def table_spec(table: str):
     """What the strict reader (`orchestrator.store.reader`) checks the parts of `table` against."""
+    from orchestrator.store import invariants
     from orchestrator.store.reader import TableSpec
 
+    common = (table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)
     if table == RESULTS_DIR:
         return TableSpec(
-            table,
-            TABLES[table],
-            PARTITION_COLUMNS,
-            SCHEMA_VERSION,
-            SCHEMA_VERSION_KEY,
+            *common,
             # the job's identity in every version's files (hardware is the partition, model_id
             # came later): a report, the presets and an export key their cells on them (a null
             # one made a cell `cpu/None/bsNone/None`)
@@ -176,8 +174,16 @@ def table_spec(table: str):
             ok_figures=OK_FIGURES,
             ok_derived=OK_DERIVED,
             unique="job_id",
+            invariant=invariants.results_problem,
+            invariant_columns=invariants.RESULTS_COLUMNS,
         )
-    return TableSpec(table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)
+    if table == "kernel_choices":
+        return TableSpec(
+            *common,
+            invariant=invariants.kernel_choices_problem,
+            invariant_columns=invariants.KERNEL_CHOICES_COLUMNS,
+        )
+    return TableSpec(*common)
 
 
 def read_table(out_dir: Target, table: str, columns: list[str] | None = None) -> pa.Table:
