@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,8 @@ FLAG_CASES = {
     # an empty --only (an unset shell variable) ran every job of the sweep
     "--only ''": (["--only", ""], "error: --only: an empty pattern ''"),
     "--only ' , '": (["--only", " , "], "error: --only: an empty pattern ' , '"),
+    # an unset variable: the run went to a private local Ray, not the cluster
+    "--address ''": (["--address", ""], "error: --address: an empty address ''"),
 }
 
 
@@ -150,6 +153,76 @@ def test_an_out_that_is_a_broken_symlink_is_one_line(command, link, tmp_path, ca
     assert line == f"error: {target}: a symbolic link to a missing target, or a loop of them; pick another", (
         line
     )
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+def test_an_out_under_a_symlink_loop_is_one_line(command, tmp_path, capsys, no_ray):
+    """The lock's mkdir under the loop raised OSError ELOOP, a traceback."""
+    (tmp_path / "loop").symlink_to("loop")
+    target = tmp_path / "loop" / "out"
+    assert main([command, str(SMOKE), "--out", str(target)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert (
+        line
+        == f"error: {target}: {tmp_path / 'loop'} is a symbolic link to a missing target, or a loop of them; pick another path"
+    )
+
+
+def test_a_sweep_and_a_tune_do_not_write_into_each_others_output(two_runs, tmp_path, capsys, no_ray):
+    """`sweep --out` a tune's folder ran the sweep into it (its results/ beside rung0/, and
+    `presets` there then replaced the tune's presets); `tune --out` a sweep output likewise."""
+    tune_out = tmp_path / "tuned"
+    (tune_out / "rung0").mkdir(parents=True)
+    (tune_out / "tune.json").write_text("{}")
+    assert main(["sweep", str(SMOKE), "--out", str(tune_out)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(
+        f"error: {tune_out}: holds a tune's output (rung0, tune.json), which a sweep must not"
+    )
+    after, _ = two_runs
+    assert main(["tune", str(SMOKE), "--out", str(after)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(
+        f"error: {after}: holds a sweep's output (results), which a tune must not write into"
+    )
+    assert sorted(p.name for p in tune_out.iterdir()) == ["rung0", "tune.json"]
+
+
+def _orchestrate(*args, env=None, close_stdout=False):
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *map(str, args)],
+        cwd=REPO,
+        stdout=None if close_stdout else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        preexec_fn=(lambda: os.close(1)) if close_stdout else None,
+    )
+
+
+def test_a_closed_standard_output_is_one_line(two_runs):
+    """`orchestrate report OUT >&-`: Python gives sys.stdout = None, and the first print raised
+    AttributeError, a traceback."""
+    after, _ = two_runs
+    done = _orchestrate("report", after, close_stdout=True)
+    assert done.returncode == 2 and _one_line(done.stderr) == (
+        "error: cannot write to standard output: [Errno 9] standard out is closed"
+    )
+
+
+@pytest.mark.parametrize("raises", ["ImportError('shadowed')", "OSError('broken')"])
+def test_a_module_that_fails_on_import_from_the_environment_is_one_line(raises, two_runs, tmp_path):
+    """A `yaml.py` on PYTHONPATH that shadows PyYAML (or a package that fails on import for an
+    environment variable, e.g. TORCHINDUCTOR_CACHE_DIR naming a file): the command is not at fault."""
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "yaml.py").write_text(f"raise {raises}\n")
+    done = _orchestrate("validate", SMOKE, env={"PYTHONPATH": f"{tmp_path / 'shadow'}{os.pathsep}{REPO}"})
+    line = _one_line(done.stderr)
+    assert done.returncode == 2 and line.startswith(
+        f"error: importing a module failed in {tmp_path / 'shadow' / 'yaml.py'}: "
+    ), line
+    assert raises.split("(")[0] in line and "The Python environment needs fixing" in line
 
 
 @pytest.mark.parametrize("where", ["the output", "its results folder"])

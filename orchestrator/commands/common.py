@@ -39,9 +39,10 @@ def _positive(text: str) -> float:
     return value
 
 
-def _listing(what: str, example: str, without: str):
-    """An argparse type: a comma-separated list with something in it. An empty value, such as an
-    unset shell variable, is refused: `--only ""` ran every job, `--precisions ""` tried none."""
+def _not_empty(what: str, example: str, without: str):
+    """An argparse type: a value (or comma-separated list) with something in it. An empty one, such
+    as an unset shell variable, is refused: `--only ""` ran every job, `--precisions ""` tried none,
+    `--address ""` ran on a private local Ray instead of the cluster."""
 
     def parse(text: str) -> str:
         if not any(p.strip() for p in text.split(",")):
@@ -54,7 +55,8 @@ def _listing(what: str, example: str, without: str):
     return parse
 
 
-_pattern = _listing("pattern", "'*/bs1/*'", "every job")
+_pattern = _not_empty("pattern", "'*/bs1/*'", "every job")
+_ray_address = _not_empty("address", "head:6379 or ray://head:10001", "a private local Ray")
 
 
 def _add_only(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ from orchestrator.commands.common import (
     _drive,
     _load,
     _positive,
+    _ray_address,
     _sweep_options,
     _whole,
 )
@@ -87,7 +88,12 @@ def add_parsers(sub) -> None:
         metavar="DIR",
         help="where the dated runs live (path or URI)",
     )
-    p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
+    p.add_argument(
+        "--address",
+        type=_ray_address,
+        metavar="ADDR",
+        help="Ray cluster to use; default: a private local Ray",
+    )
     p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
     p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
     p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")

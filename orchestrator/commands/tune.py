@@ -15,10 +15,11 @@ from orchestrator.commands.common import (
     _cache_address,
     _check_plan_locally,
     _drive,
-    _listing,
     _load,
+    _not_empty,
     _positive,
     _print_what_won,
+    _ray_address,
     _whole,
 )
 from orchestrator.store.location import arg as location_arg
@@ -67,13 +68,18 @@ def add_parsers(sub) -> None:
         metavar="DIR",
         help="output directory (default: runs/<sweep name>-tune); a path or URI",
     )
-    p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
+    p.add_argument(
+        "--address",
+        type=_ray_address,
+        metavar="ADDR",
+        help="Ray cluster to use; default: a private local Ray",
+    )
     p.add_argument(
         "--resume", action="store_true", help="finish a tune in --out: jobs already recorded are skipped"
     )
     p.add_argument(
         "--precisions",
-        type=_listing("list of precision policies", "tf32,bf16", "none besides the cell's own"),
+        type=_not_empty("list of precision policies", "tf32,bf16", "none besides the cell's own"),
         metavar="LIST",
         help="precision policies a candidate may use besides the cell's own, e.g. tf32,bf16 (default: none; "
         "a faster precision changes the numbers, so it is only tried when asked, and still gated by the "
@@ -81,7 +87,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--knobs",
-        type=_listing("list of knobs", "freezing,coordinate_descent", "all that apply"),
+        type=_not_empty("list of knobs", "freezing,coordinate_descent", "all that apply"),
         metavar="LIST",
         help="the knobs to try on each stock config, comma-separated (default: all that apply to the device "
         "and model): " + ", ".join(_knob_names()) + ". A freezing preset's exported bundle barely shortens "
@@ -176,7 +182,7 @@ def cmd_tune(args) -> int:
         return EXIT_BAD_INPUT
     try:
         out = checked(args.out or str(Path("runs") / f"{spec.name}-tune"))
-        check_own_output(out)
+        check_own_output(out, "tune")
         check_writable(out)
         prune_from = checked(args.prune_from) if args.prune_from else None
     except StorageError as exc:
