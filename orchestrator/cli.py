@@ -15,7 +15,7 @@ import sys
 import warnings
 
 from orchestrator.commands import export, jobs, kernels, presets, report, spec, sweep, tune
-from orchestrator.commands.common import EXIT_BAD_INPUT
+from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 DESCRIPTION = """\
 Find the fastest torch.compile settings for your models on every hardware class of a Ray cluster.
@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             setattr(sys, name, _Closed(name))
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a sweep's job loop (which says how to resume) or after it
+        with contextlib.suppress(OSError, ValueError):
+            print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:
         reason = _environment_failure(exc)
         if reason is None:

@@ -245,9 +245,15 @@ def test_plan_hardware_names_are_checked_as_the_sweep_file_checks_them(classes, 
     assert line.startswith("error: --hardware: expected classes such as H100,cpu"), line
 
 
-def test_cpus_per_job_above_every_node_is_one_line_not_a_sweep_of_nothing(capsys, no_ray):
-    """`--cpus-per-job 1000` on a 2-core machine left no hardware class: "0 jobs planned", exit 0."""
-    assert main(["plan", str(SMOKE), "--cpus-per-job", str(100 * (os.cpu_count() or 1))]) == 2
+@pytest.mark.parametrize("command", ["plan", "sweep", "sweep --address local"])
+def test_cpus_per_job_above_every_node_is_one_line_not_a_sweep_of_nothing(command, tmp_path, capsys, no_ray):
+    """`--cpus-per-job 1000` on a 2-core machine left no hardware class: "0 jobs planned", exit 0;
+    `sweep` found it only once its private Ray had started (10-40 s), and `--address local`, which
+    is that private Ray, skipped the checks before it."""
+    command, *extra = command.split()
+    if command == "sweep":
+        extra += ["--out", str(tmp_path / "out")]
+    assert main([command, str(SMOKE), "--cpus-per-job", str(100 * (os.cpu_count() or 1)), *extra]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("error: no node of the cluster can run a job (classes present: none)"), line
 
@@ -561,3 +567,29 @@ def test_an_output_whose_run_json_names_another_sweep_is_refused(command, tmp_pa
     assert line.startswith(
         f"error: {runs} holds sweep 'vision' (sweeps/vision.yaml), and {SMOKE} is sweep 'smoke'"
     )
+
+
+def test_ctrl_c_outside_a_sweeps_job_loop_is_one_line(tmp_path):
+    """Ctrl-C while a command imports torch, waits for a check or starts Ray printed a Python
+    traceback (a sweep's job loop says how to resume; everything else says it was interrupted)."""
+    import signal
+    import time
+
+    (tmp_path / "co_slow").mkdir()
+    (tmp_path / "co_slow" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "co_slow" / "sub.py").write_text("def f():\n    pass\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(SMOKE.read_text().replace("python:workers.toy:mlp", "python:co_slow.sub:f"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "validate", str(sweep)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and _one_line(err) == "interrupted", err[-2000:]

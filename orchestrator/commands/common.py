@@ -143,16 +143,17 @@ def _sweep_options(args, out, **extra):
 
 
 def _check_plan_locally(spec, args, plan=None) -> bool:
-    """For a run on this machine (no --address): --only and the sweep's hardware checked against
-    the classes its private Ray will have, before Ray starts (a typo cost Ray's start, 10-40 s on
-    a loaded 2-core machine). `plan` makes the jobs from those classes (default: the sweep's
-    matrix; `tune` gives its candidates). False, after printing why, when nothing would run."""
+    """For a run on this machine (no --address, or `local`): --only, the sweep's hardware and
+    --cpus-per-job checked against the classes its private Ray will have, before Ray starts (a
+    typo cost Ray's start, 10-40 s on a loaded 2-core machine). `plan` makes the jobs from those
+    classes (default: the sweep's matrix; `tune` gives its candidates). False, after printing why,
+    when nothing would run."""
     from orchestrator.fleet.driver import plan_jobs
     from orchestrator.fleet.inventory import MissingHardwareError, local_classes
     from orchestrator.spec.matrix import NoJobMatches
     from orchestrator.tune.search import NothingToTune
 
-    if args.address is not None or args.only is None:
+    if args.address not in (None, "local"):
         return True
     if plan is None:
 
