@@ -4,7 +4,9 @@ are strays, and moving damaged ones aside (quarantine) instead of deleting them.
 A table folder holds `hardware=<class>/part-<uuid>.parquet` files written whole by the sink.
 Anything else found there is classified, never guessed at:
 
-- names starting with `.` or `_` (a write in progress, `_SUCCESS` markers): skipped silently;
+- names starting with `.` or `_` (a write in progress, `_SUCCESS` markers): skipped silently,
+  except a `_….parquet` file (a part renamed out of sight) and a folder named like a part, which
+  are strays;
 - any other file that is not `hardware=<class>/<name>.parquet`, and any FIFO, socket or device
   (never opened: a FIFO would wait): a *stray* (a note someone left,
   a copy in the wrong folder), ignored with a warning that names it;
@@ -97,15 +99,25 @@ def list_parts(table_dir: Location, sizes: dict[str, int] | None = None) -> tupl
     infos = table_dir.fs.get_file_info(pafs.FileSelector(root, recursive=True))
     parts, strays = [], []
     for info in sorted(infos, key=lambda i: i.path):
-        if info.type in (pafs.FileType.Directory, pafs.FileType.NotFound):
-            continue
         rel = info.path[len(root) :].lstrip("/")
         pieces = rel.split("/")
-        if any(p.startswith((".", "_")) for p in pieces):
+        if info.type == pafs.FileType.Directory and len(pieces) == 2 and pieces[1].endswith(".parquet"):
+            strays.append(rel)  # a folder where a part belongs: its rows are not there
             continue
+        if info.type in (pafs.FileType.Directory, pafs.FileType.NotFound):
+            continue
+        if any(p.startswith((".", "_")) for p in pieces[:-1]) or pieces[-1].startswith("."):
+            continue
+        if pieces[-1].startswith("_") and not pieces[-1].endswith(".parquet"):
+            continue  # a `_SUCCESS` marker; a `_…parquet` is a part hidden by a rename: a stray
         if info.type != pafs.FileType.File:  # a FIFO, socket or device: never opened (a FIFO waits)
             strays.append(rel)
-        elif len(pieces) == 2 and PART_DIR_RE.match(pieces[0]) and pieces[1].endswith(".parquet"):
+        elif (
+            len(pieces) == 2
+            and PART_DIR_RE.match(pieces[0])
+            and pieces[1].endswith(".parquet")
+            and pieces[1][0] != "_"
+        ):
             parts.append(table_dir.join(*pieces))
             if sizes is not None and info.size is not None:
                 sizes[parts[-1].path] = info.size

@@ -8,7 +8,8 @@ figure is plausible.
 - results: `job_name` is `hardware/model/bsN/dtype/config[/vs/baseline]` of the row's own columns
   and folder (a part moved to another `hardware=` folder, a model or config renamed in place);
   `speedup` is `eager_ms / compiled_ms` and `speedup_vs_baseline` is `baseline_ms / compiled_ms`
-  (`workers.repeats` computes them from the same medians);
+  wherever both figures are there (`workers.repeats` computes them from the same medians), a
+  finite number;
 - kernel_choices: an op's winner (per job, run and op) is its one fastest timed candidate
   (`compiler.kernels.KernelChoiceRecorder`), and a time is a finite number of ms, never negative.
 """
@@ -39,11 +40,11 @@ def negative_count(table: pa.Table) -> str | None:
     return None
 
 
-def results_problem(table: pa.Table, folder: dict[str, str]) -> str | None:
+def results_problem(table: pa.Table, folder: dict[str, str], present: set[str]) -> str | None:
     """Why the rows of a results part are not ones this tool wrote (`folder`: the partition values
-    from its path, e.g. {"hardware": "cpu"}), or None."""
-    present = [c for c in RESULTS_COLUMNS if c in table.column_names]
-    for n, row in enumerate(table.select(present).to_pylist(), 1):
+    from its path, e.g. {"hardware": "cpu"}; `present`: the columns its file has), or None."""
+    read = [c for c in RESULTS_COLUMNS if c in table.column_names]
+    for n, row in enumerate(table.select(read).to_pylist(), 1):
         row = {**dict.fromkeys(RESULTS_COLUMNS), **row, **folder}
         name = row["job_name"]
         if name is not None and row["hardware"] is not None:
@@ -53,14 +54,15 @@ def results_problem(table: pa.Table, folder: dict[str, str]) -> str | None:
                 return f"row {n}: job_name {name[:80]!r} is not its cell {expected[:80]!r} (moved or edited)"
         for ratio, top, bottom in RATIOS:
             value, a, b = row[ratio], row[top], row[bottom]
-            if value is None or a is None or not b:
+            if a is None or not b or ratio not in present:
                 continue
-            if not math.isclose(value, a / b, rel_tol=REL_TOL):
-                return f"row {n}: {ratio} {value!r} is not {top} / {bottom} = {a / b!r}"
+            expected = a / b if abs(a) < abs(b) * 1e300 else math.inf  # no OverflowError
+            if value is None or not math.isclose(value, expected, rel_tol=REL_TOL) or math.isinf(expected):
+                return f"row {n}: {ratio} {value!r} is not {top} / {bottom} = {expected!r}"
     return None
 
 
-def kernel_choices_problem(table: pa.Table, folder: dict[str, str]) -> str | None:
+def kernel_choices_problem(table: pa.Table, folder: dict[str, str], present: set[str]) -> str | None:
     """Why the rows of a kernel_choices part are not ones this tool wrote, or None."""
     if not set(KERNEL_CHOICES_COLUMNS) <= set(table.column_names):
         return None

@@ -75,9 +75,9 @@ class TableSpec:
     """Columns an `ok` row leaves null or holds a positive, finite number in (results only)."""
     unique: str | None = None
     """A column whose value appears in at most one row of the table (results: job_id)."""
-    invariant: Callable[[pa.Table, dict[str, str]], str | None] | None = None
-    """Why a part's rows (and its partition values) break what the writer guarantees, or None
-    (`orchestrator.store.invariants`)."""
+    invariant: Callable[[pa.Table, dict[str, str], set[str]], str | None] | None = None
+    """Why a part's rows (given its partition values and the columns its file has) break what the
+    writer guarantees, or None (`orchestrator.store.invariants`)."""
     invariant_columns: tuple[str, ...] = ()
     """The columns `invariant` reads (always read, whatever a command asks for)."""
 
@@ -275,8 +275,9 @@ def conform(
     table = pa.Table.from_arrays(arrays, schema=schema)
     figures = tuple(c for c in spec.ok_figures if c in present)  # an old file may lack some
     derived = tuple(c for c in spec.ok_derived if c in present)
-    reason = _row_problem(table, spec, figures, derived) or negative_count(table)
-    return table, reason or (spec.invariant(table, values) if spec.invariant else None)
+    empty = "no rows (the sink writes no part without rows)" if not table.num_rows else None
+    reason = empty or _row_problem(table, spec, figures, derived) or negative_count(table)
+    return table, reason or (spec.invariant(table, values, present) if spec.invariant else None)
 
 
 def _schema_problem(schema: pa.Schema, spec: TableSpec, version: int) -> str | None:

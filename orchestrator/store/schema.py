@@ -180,6 +180,9 @@ def table_spec(table: str):
     if table == "kernel_choices":
         return TableSpec(
             *common,
+            # the candidate's identity, in every version's files (op_index may be 0: its negative
+            # values are refused as counts are)
+            required=("job_id", "run_id", "op", "choice", "input_shapes"),
             invariant=invariants.kernel_choices_problem,
             invariant_columns=invariants.KERNEL_CHOICES_COLUMNS,
         )

@@ -191,6 +191,12 @@ def null_figures(t):
         # valid Parquet, plausible values, but not what the writer wrote (found without a ledger too)
         (lambda t: set_str(t, "model", "resnet"), "is not its cell 'cpu/resnet/bs"),
         (lambda t: set_float(t, "speedup", 6.0), "speedup 6.0 is not eager_ms / compiled_ms = 2.0"),
+        (lambda t: set_float(t, "speedup", None), "speedup None is not eager_ms / compiled_ms = 2.0"),
+        (  # the ratio overflows: no job measured that
+            lambda t: set_float(set_float(t, "compiled_ms", 5e-324), "speedup", None),
+            "speedup None is not eager_ms / compiled_ms = inf",
+        ),
+        (lambda t: t.slice(0, 0), "no rows (the sink writes no part without rows)"),
         (
             lambda t: t.set_column(
                 t.schema.get_field_index("peak_mem_bytes"),
@@ -221,6 +227,9 @@ def null_figures(t):
         "negative compile time",
         "model renamed",
         "speedup off its figures",
+        "speedup null beside its figures",
+        "a compiled time that overflows the speedup",
+        "a part emptied of its rows",
         "negative count",
         "old version without a figure",
     ],
@@ -257,8 +266,9 @@ def test_a_part_moved_to_another_hardware_folder_is_named_without_a_ledger(out):
         ),
         (lambda rows: [dict(r, time_ms=float("nan")) for r in rows], "time_ms nan is not a time"),
         (lambda rows: [dict(r, op_index=-1) for r in rows], "op_index -1 is negative"),
+        (lambda rows: [dict(r, input_shapes=None) for r in rows], "input_shapes null"),
     ],
-    ids=["two winners", "winner not the fastest", "NaN time", "negative op index"],
+    ids=["two winners", "winner not the fastest", "NaN time", "negative op index", "no input shapes"],
 )
 def test_kernel_choices_that_the_recorder_never_writes_are_named(
     tmp_path, table_jobs, make_result, change, reason
