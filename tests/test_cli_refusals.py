@@ -311,6 +311,10 @@ def test_report_pages_that_cannot_be_written_are_one_line(flag, target, expected
     [
         ("{file}", "is a file, not a directory"),
         ("/proc/co-export", "cannot write there"),
+        # an export compiled into an output's own folders (a tune's results/ was made and filled)
+        ("{out}/results/x", "is the sweep output {out}'s own data (its results/); export into a directory"),
+        ("{tune}/results", "is the tune output {tune}'s own data (its results); export into a directory"),
+        ("{tune}/rung0/x", "is the tune output {tune}'s own data (its rung0/)"),
     ],
 )
 def test_export_destinations_are_checked_before_any_compile(
@@ -320,7 +324,11 @@ def test_export_destinations_are_checked_before_any_compile(
     file = tmp_path / "a-file"
     file.write_text("x")
     after, _ = two_runs
-    assert main(["export", str(after), "--hardware", "cpu", "--dest", dest.format(file=file)]) == 2
+    tune = tmp_path / "tuned"
+    (tune / "rung0").mkdir(parents=True)
+    (tune / "tune.json").write_text("{}")
+    dest, expected = (x.format(file=file, out=after, tune=tune) for x in (dest, expected))
+    assert main(["export", str(after), "--hardware", "cpu", "--dest", dest]) == 2
     assert expected in _one_line(capsys.readouterr().err)
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()
 
