@@ -315,6 +315,7 @@ def test_report_pages_that_cannot_be_written_are_one_line(flag, target, expected
         ("{out}/results/x", "is the sweep output {out}'s own data (its results/); export into a directory"),
         ("{tune}/results", "is the tune output {tune}'s own data (its results); export into a directory"),
         ("{tune}/rung0/x", "is the tune output {tune}'s own data (its rung0/)"),
+        ("{loop}", "cannot write there"),  # resolving the loop to check the above raised RuntimeError
     ],
 )
 def test_export_destinations_are_checked_before_any_compile(
@@ -327,7 +328,10 @@ def test_export_destinations_are_checked_before_any_compile(
     tune = tmp_path / "tuned"
     (tune / "rung0").mkdir(parents=True)
     (tune / "tune.json").write_text("{}")
-    dest, expected = (x.format(file=file, out=after, tune=tune) for x in (dest, expected))
+    (tmp_path / "loop").symlink_to("loop")
+    dest, expected = (
+        x.format(file=file, out=after, tune=tune, loop=tmp_path / "loop") for x in (dest, expected)
+    )
     assert main(["export", str(after), "--hardware", "cpu", "--dest", dest]) == 2
     assert expected in _one_line(capsys.readouterr().err)
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()

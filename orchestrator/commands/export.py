@@ -196,7 +196,10 @@ def _local_dest(text: str) -> Path:
     from orchestrator.store.storage import resolve
 
     dest = resolve(text).local_path
-    _check_not_output_data(dest.resolve(), shown(text), "--dest", "export into a directory of its own")
+    # realpath, not resolve(): a symbolic link loop is refused below, with what mkdir says
+    _check_not_output_data(
+        Path(os.path.realpath(dest)), shown(text), "--dest", "export into a directory of its own"
+    )
     try:
         if dest.exists() and not dest.is_dir():
             raise ValueError(
