@@ -8,8 +8,8 @@ figure is plausible.
 - results: `job_name` is `hardware/model/bsN/dtype/config[/vs/baseline]` of the row's own columns
   and folder (a part moved to another `hardware=` folder, a model or config renamed in place);
   `speedup` is `eager_ms / compiled_ms` and `speedup_vs_baseline` is `baseline_ms / compiled_ms`
-  wherever both figures are there (`workers.repeats` computes them from the same medians), a
-  finite number;
+  (`workers.repeats` computes them from the same medians; null is shown as `-`), and that ratio of
+  the figures is a finite number;
 - kernel_choices: an op's winner (per job, run and op) is its one fastest timed candidate
   (`compiler.kernels.KernelChoiceRecorder`), and a time is a finite number of ms, never negative.
 """
@@ -57,7 +57,9 @@ def results_problem(table: pa.Table, folder: dict[str, str], present: set[str]) 
             if a is None or not b or ratio not in present:
                 continue
             expected = a / b if abs(a) < abs(b) * 1e300 else math.inf  # no OverflowError
-            if value is None or not math.isclose(value, expected, rel_tol=REL_TOL) or math.isinf(expected):
+            if math.isinf(expected) or (
+                value is not None and not math.isclose(value, expected, rel_tol=REL_TOL)
+            ):
                 return f"row {n}: {ratio} {value!r} is not {top} / {bottom} = {expected!r}"
     return None
 
