@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import faulthandler
 import os
 import signal
@@ -14,7 +15,7 @@ import sys
 import warnings
 
 from orchestrator.commands import export, jobs, kernels, presets, report, spec, sweep, tune
-from orchestrator.commands.common import EXIT_BAD_INPUT
+from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 DESCRIPTION = """\
 Find the fastest torch.compile settings for your models on every hardware class of a Ray cluster.
@@ -64,6 +65,47 @@ _warned: set[str] = set()
 
 
 def main(argv: list[str] | None = None) -> int:
+    for name in ("stdout", "stderr"):  # a stream closed before we started (`>&-`): Python gives None
+        if getattr(sys, name) is None:
+            setattr(sys, name, _Closed(name))
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a sweep's job loop (which says how to resume) or after it
+        with contextlib.suppress(OSError, ValueError):
+            print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        reason = _environment_failure(exc)
+        if reason is None:
+            raise
+        with contextlib.suppress(OSError, ValueError):
+            print(f"error: {reason}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _environment_failure(exc: Exception) -> str | None:
+    """What failed, as one line, where `exc` was raised while importing a module from outside this
+    project (a package broken by an environment variable, a module on PYTHONPATH that shadows one
+    we need) or is an ImportError: the Python environment, not the command, needs fixing. None for
+    anything else (a bug of ours keeps its traceback)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)  # from `main` down
+    importing = any(f.name == "<module>" for f in frames[1:])  # module-level code: an import
+    if not frames or not (importing or isinstance(exc, ImportError)):
+        return None
+    where = next((f.filename for f in reversed(frames) if not f.filename.startswith("<")), "?")
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not isinstance(exc, ImportError) and os.path.abspath(where).startswith(ours + os.sep):
+        return None
+    text = " ".join(str(exc).split())[:300]
+    return (
+        f"importing a module failed in {where}: {type(exc).__name__}: {text}. The Python environment needs "
+        "fixing (PYTHONPATH, or an environment variable of that package), not the command"
+    )
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0), or a bad flag (2, already explained on one line)
@@ -103,6 +145,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.stdout, sys.stderr = stdout, stderr
         warnings.showwarning = _show_warning
+
+
+class _Closed:
+    """A standard stream that was closed before the command started: writing to it fails as
+    writing to a closed descriptor does (EBADF), which `main` turns into one line, exit 2."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text):
+        raise OSError(errno.EBADF, f"standard {self.name.removeprefix('std')} is closed")
+
+    def flush(self):  # nothing was written: nothing to flush (also at interpreter exit)
+        pass
+
+    def fileno(self):
+        raise OSError(errno.EBADF, "closed")
 
 
 class _Watched:

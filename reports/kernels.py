@@ -8,7 +8,7 @@ into the generated code where epilogue-fusion benchmarking chose another than th
 where it is the winner; `-` for rows written before `emitted` was recorded). Autotune-cache
 hits (`from_cache`) reuse the first timing of a signature, so the times are the first fresh
 benchmark's where there is one. Rows kept from a compile that did not finish (a job that timed
-out or crashed mid-autotune: `partial`) count like the others, since each of their ops was
+out, crashed or was cancelled mid-autotune: `partial`) count like the others, since each of their ops was
 timed whole, and are marked: `times tuned` says how many were partial, and `emitted` says
 `partial compile` where the line's op never got as far as generated code.
 
@@ -71,14 +71,21 @@ def _sort_key(item: tuple[tuple, Any]) -> tuple:
     return (str(hardware), str(op), tuple(map(str, shapes)), tuple(map(str, dtypes)))
 
 
+def autotuned_ops(rows: list[Row]) -> list[list[Row]]:
+    """The rows of each op one compile autotuned: per (job_id, run_id, op_index), since a job that
+    ran twice (cancelled, then resumed; rerun after its results part was quarantined) has the
+    same op indexes in both runs, and its candidates must not be counted as one op's."""
+    ops: dict[tuple, list[Row]] = defaultdict(list)
+    for r in rows:
+        ops[(r["job_id"], r.get("run_id"), r["op_index"])].append(r)
+    return list(ops.values())
+
+
 def summarize(rows: list[Row]) -> list[Row]:
     """One entry per (hardware, op, shapes, dtypes), from the first autotuning of each signature
     (a fresh benchmark where there is one)."""
-    ops: dict[tuple, list[Row]] = defaultdict(list)
-    for r in rows:
-        ops[(r["job_id"], r["op_index"])].append(r)
     signatures: dict[tuple, list[list[Row]]] = defaultdict(list)
-    for op_rows in ops.values():
+    for op_rows in autotuned_ops(rows):
         first = op_rows[0]
         key = (
             first["hardware"],

@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,8 @@ FLAG_CASES = {
     # an empty --only (an unset shell variable) ran every job of the sweep
     "--only ''": (["--only", ""], "error: --only: an empty pattern ''"),
     "--only ' , '": (["--only", " , "], "error: --only: an empty pattern ' , '"),
+    # an unset variable: the run went to a private local Ray, not the cluster
+    "--address ''": (["--address", ""], "error: --address: an empty address ''"),
 }
 
 
@@ -152,6 +155,76 @@ def test_an_out_that_is_a_broken_symlink_is_one_line(command, link, tmp_path, ca
     )
 
 
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+def test_an_out_under_a_symlink_loop_is_one_line(command, tmp_path, capsys, no_ray):
+    """The lock's mkdir under the loop raised OSError ELOOP, a traceback."""
+    (tmp_path / "loop").symlink_to("loop")
+    target = tmp_path / "loop" / "out"
+    assert main([command, str(SMOKE), "--out", str(target)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert (
+        line
+        == f"error: {target}: {tmp_path / 'loop'} is a symbolic link to a missing target, or a loop of them; pick another path"
+    )
+
+
+def test_a_sweep_and_a_tune_do_not_write_into_each_others_output(two_runs, tmp_path, capsys, no_ray):
+    """`sweep --out` a tune's folder ran the sweep into it (its results/ beside rung0/, and
+    `presets` there then replaced the tune's presets); `tune --out` a sweep output likewise."""
+    tune_out = tmp_path / "tuned"
+    (tune_out / "rung0").mkdir(parents=True)
+    (tune_out / "tune.json").write_text("{}")
+    assert main(["sweep", str(SMOKE), "--out", str(tune_out)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(
+        f"error: {tune_out}: holds a tune's output (rung0, tune.json), which a sweep must not"
+    )
+    after, _ = two_runs
+    assert main(["tune", str(SMOKE), "--out", str(after)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(
+        f"error: {after}: holds a sweep's output (results), which a tune must not write into"
+    )
+    assert sorted(p.name for p in tune_out.iterdir()) == ["rung0", "tune.json"]
+
+
+def _orchestrate(*args, env=None, close_stdout=False):
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *map(str, args)],
+        cwd=REPO,
+        stdout=None if close_stdout else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        preexec_fn=(lambda: os.close(1)) if close_stdout else None,
+    )
+
+
+def test_a_closed_standard_output_is_one_line(two_runs):
+    """`orchestrate report OUT >&-`: Python gives sys.stdout = None, and the first print raised
+    AttributeError, a traceback."""
+    after, _ = two_runs
+    done = _orchestrate("report", after, close_stdout=True)
+    assert done.returncode == 2 and _one_line(done.stderr) == (
+        "error: cannot write to standard output: [Errno 9] standard out is closed"
+    )
+
+
+@pytest.mark.parametrize("raises", ["ImportError('shadowed')", "OSError('broken')"])
+def test_a_module_that_fails_on_import_from_the_environment_is_one_line(raises, two_runs, tmp_path):
+    """A `yaml.py` on PYTHONPATH that shadows PyYAML (or a package that fails on import for an
+    environment variable, e.g. TORCHINDUCTOR_CACHE_DIR naming a file): the command is not at fault."""
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "yaml.py").write_text(f"raise {raises}\n")
+    done = _orchestrate("validate", SMOKE, env={"PYTHONPATH": f"{tmp_path / 'shadow'}{os.pathsep}{REPO}"})
+    line = _one_line(done.stderr)
+    assert done.returncode == 2 and line.startswith(
+        f"error: importing a module failed in {tmp_path / 'shadow' / 'yaml.py'}: "
+    ), line
+    assert raises.split("(")[0] in line and "The Python environment needs fixing" in line
+
+
 @pytest.mark.parametrize("where", ["the output", "its results folder"])
 def test_nightly_history_in_a_sweep_output_is_refused(where, two_runs, capsys, no_ray):
     """`nightly --history OUT/results` wrote tonight's run inside OUT's results table."""
@@ -172,9 +245,15 @@ def test_plan_hardware_names_are_checked_as_the_sweep_file_checks_them(classes, 
     assert line.startswith("error: --hardware: expected classes such as H100,cpu"), line
 
 
-def test_cpus_per_job_above_every_node_is_one_line_not_a_sweep_of_nothing(capsys, no_ray):
-    """`--cpus-per-job 1000` on a 2-core machine left no hardware class: "0 jobs planned", exit 0."""
-    assert main(["plan", str(SMOKE), "--cpus-per-job", str(100 * (os.cpu_count() or 1))]) == 2
+@pytest.mark.parametrize("command", ["plan", "sweep", "sweep --address local"])
+def test_cpus_per_job_above_every_node_is_one_line_not_a_sweep_of_nothing(command, tmp_path, capsys, no_ray):
+    """`--cpus-per-job 1000` on a 2-core machine left no hardware class: "0 jobs planned", exit 0;
+    `sweep` found it only once its private Ray had started (10-40 s), and `--address local`, which
+    is that private Ray, skipped the checks before it."""
+    command, *extra = command.split()
+    if command == "sweep":
+        extra += ["--out", str(tmp_path / "out")]
+    assert main([command, str(SMOKE), "--cpus-per-job", str(100 * (os.cpu_count() or 1)), *extra]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("error: no node of the cluster can run a job (classes present: none)"), line
 
@@ -232,6 +311,11 @@ def test_report_pages_that_cannot_be_written_are_one_line(flag, target, expected
     [
         ("{file}", "is a file, not a directory"),
         ("/proc/co-export", "cannot write there"),
+        # an export compiled into an output's own folders (a tune's results/ was made and filled)
+        ("{out}/results/x", "is the sweep output {out}'s own data (its results/); export into a directory"),
+        ("{tune}/results", "is the tune output {tune}'s own data (its results); export into a directory"),
+        ("{tune}/rung0/x", "is the tune output {tune}'s own data (its rung0/)"),
+        ("{loop}", "cannot write there"),  # resolving the loop to check the above raised RuntimeError
     ],
 )
 def test_export_destinations_are_checked_before_any_compile(
@@ -241,7 +325,14 @@ def test_export_destinations_are_checked_before_any_compile(
     file = tmp_path / "a-file"
     file.write_text("x")
     after, _ = two_runs
-    assert main(["export", str(after), "--hardware", "cpu", "--dest", dest.format(file=file)]) == 2
+    tune = tmp_path / "tuned"
+    (tune / "rung0").mkdir(parents=True)
+    (tune / "tune.json").write_text("{}")
+    (tmp_path / "loop").symlink_to("loop")
+    dest, expected = (
+        x.format(file=file, out=after, tune=tune, loop=tmp_path / "loop") for x in (dest, expected)
+    )
+    assert main(["export", str(after), "--hardware", "cpu", "--dest", dest]) == 2
     assert expected in _one_line(capsys.readouterr().err)
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "gs:").exists()
 
@@ -380,15 +471,48 @@ def test_report_pages_of_an_earlier_run_are_replaced(two_runs, tmp_path, capsys)
     assert '"cells"' in (tmp_path / "r.json").read_text() and "<svg" in (tmp_path / "r.html").read_text()
 
 
-@pytest.mark.parametrize("command", ["sweep", "nightly"])
+@pytest.mark.parametrize("command", ["sweep", "nightly", "tune"])
 def test_an_only_typo_is_found_before_ray_starts(command, tmp_path, capsys, no_ray):
     """On this machine (no --address) the plan is checked before its private Ray starts: a typo in
-    --only cost Ray's start first (10-40 s on a loaded 2-core machine)."""
+    --only cost Ray's start first (10-40 s on a loaded 2-core machine). `tune` checks its
+    candidates' names, which its --only selects from."""
     out = tmp_path / "out"
     target = ["--history", str(out)] if command == "nightly" else ["--out", str(out)]
     assert main([command, str(SMOKE), *target, "--only", "vit-tiny/bs3"]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert line.startswith("error: --only 'vit-tiny/bs3' matches none of the sweep's"), line
+    whose = "the tune's" if command == "tune" else "the sweep's"
+    assert line.startswith(f"error: --only 'vit-tiny/bs3' matches none of {whose}"), line
+    assert "e.g. cpu/vit-tiny/bs" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        # an unset shell variable: the tune ran without the precisions or knobs it was asked to try
+        (["--precisions", ""], "error: --precisions: an empty list of precision policies ''"),
+        (["--precisions", " , "], "error: --precisions: an empty list of precision policies ' , '"),
+        (["--knobs", ""], "error: --knobs: an empty list of knobs ''"),
+        (["--only", "default+freezing"], None),  # a knob's candidate: matches no sweep job, yet runs
+    ],
+)
+def test_tune_list_flags_are_checked_before_ray_starts(
+    flags, expected, tmp_path, capsys, no_ray, monkeypatch
+):
+    from orchestrator.tune import search
+
+    out = tmp_path / "out"
+
+    def started(spec, opts):  # the checks passed: where Ray would start
+        raise SystemExit(f"run_tune {opts.only}")
+
+    monkeypatch.setattr(search, "run_tune", started)
+    if expected is None:
+        with pytest.raises(SystemExit, match="run_tune default"):
+            main(["tune", str(SMOKE), "--out", str(out), *flags])
+        return
+    assert main(["tune", str(SMOKE), "--out", str(out), *flags]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(expected)
     assert not out.exists()
 
 
@@ -426,3 +550,58 @@ def test_an_only_pattern_that_matches_no_job_is_one_line(command, tmp_path, caps
 def test_an_address_with_a_control_character_stays_on_one_line(argv, expected, tmp_path, capsys, no_ray):
     assert main([*argv, *(["--out", str(tmp_path / "out")] if argv[0] == "sweep" else [])]) == 2
     assert expected in _one_line(capsys.readouterr().err)
+
+
+def test_resuming_another_sweep_into_an_output_is_one_line_before_ray(two_runs, tmp_path, capsys, no_ray):
+    """An output holds one sweep: `--resume` with another sweep file ran that sweep's jobs into it,
+    mixing two sweeps under one report. Its rows' `sweep` column says which (run.json too, below)."""
+    after, _ = two_runs
+    assert main(["sweep", str(SMOKE), "--out", str(after), "--resume"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == (
+        f"error: {after} holds sweep 'tables', and {SMOKE} is sweep 'smoke': an output holds one sweep. "
+        "Resume 'tables' with its own file, or give 'smoke' another --out; no job of 'smoke' ran"
+    )
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+def test_an_output_whose_run_json_names_another_sweep_is_refused(command, tmp_path, capsys, no_ray):
+    """No rows yet (the first run was stopped before any finished): run.json names the sweep."""
+    import json
+
+    out = tmp_path / "out"
+    runs = out / "rung0" if command == "tune" else out
+    runs.mkdir(parents=True)
+    run = {"run_id": "r1", "spec_file": "sweeps/vision.yaml", "spec": {"name": "vision"}}
+    (runs / "run.json").write_text(json.dumps({"runs": [run]}))
+    assert main([command, str(SMOKE), "--out", str(out), "--resume"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(
+        f"error: {runs} holds sweep 'vision' (sweeps/vision.yaml), and {SMOKE} is sweep 'smoke'"
+    )
+
+
+def test_ctrl_c_outside_a_sweeps_job_loop_is_one_line(tmp_path):
+    """Ctrl-C while a command imports torch, waits for a check or starts Ray printed a Python
+    traceback (a sweep's job loop says how to resume; everything else says it was interrupted)."""
+    import signal
+    import time
+
+    (tmp_path / "co_slow").mkdir()
+    (tmp_path / "co_slow" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "co_slow" / "sub.py").write_text("def f():\n    pass\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(SMOKE.read_text().replace("python:workers.toy:mlp", "python:co_slow.sub:f"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "validate", str(sweep)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and _one_line(err) == "interrupted", err[-2000:]

@@ -108,3 +108,16 @@ def test_a_partial_compile_counts_but_a_finished_one_speaks_for_the_signature():
     assert render([only_cut]).endswith(
         "| 1 (1 partial) | 2 | extern: mm |  | 0.3000 | 0.3000 | 0.3500 | 1.00x | none (partial compile) |"
     )
+
+
+def test_one_job_run_twice_is_two_tunings_not_one_op_with_twice_the_candidates():
+    """A job cancelled mid-autotune (its partial rows kept) and run again by `--resume` has the same
+    job_id and op indexes under two run_ids: two tunings of the signature, two candidates each."""
+    first = [{**_row(0, c, k, ms, w), "run_id": "r1", "partial": True} for c, k, ms, w in CANDIDATES]
+    again = [{**_row(0, c, k, ms / 2, w), "run_id": "r2", "partial": False} for c, k, ms, w in CANDIDATES]
+    (line,) = summarize(first + again)
+    assert (line["times_tuned"], line["partial_instances"], line["candidates"]) == (2, 1, 2)
+    assert line["winner"]["run_id"] == "r2" and line["winner_ms"] == 0.05
+
+
+CANDIDATES = [("mm", "extern", 0.1, True), ("triton_mm_1", "triton_template", 0.2, False)]

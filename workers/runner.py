@@ -8,7 +8,8 @@ process dies, even of SIGKILL, the job process dies with it (PR_SET_PDEATHSIG) a
 forked kills its process group, every descendant included (`compiler.env.guard_process_group`,
 docs/fleet.md, "No orphans"). A job whose
 first process ends before its compile returns keeps the kernel choices that compile had
-streamed to disk, marked partial (`keep_streamed_choices`).
+streamed to disk, marked partial (`keep_streamed_choices`); so does a job cancelled then
+(`JobCancelled` carries them to the task, which returns them instead of a result).
 """
 
 from __future__ import annotations
@@ -140,6 +141,21 @@ def keep_streamed_choices(result: dict[str, Any], stream: Path) -> str | None:
     )
 
 
+class JobCancelled(KeyboardInterrupt):
+    """The job was cancelled (Ray's `ray.cancel` raises KeyboardInterrupt in its task, as Ctrl-C
+    does): its processes are killed, and `kept` holds what they left that is worth keeping, the
+    kernel choices of its cold compile (`kernel_choices`, `autotuned_ops`; empty if none). A
+    KeyboardInterrupt still, for every caller that does not look for it."""
+
+    def __init__(self, kept: dict[str, Any]):
+        super().__init__("the job was cancelled")
+        self.kept = kept
+
+
+def _kept_choices(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: result[k] for k in ("kernel_choices", "autotuned_ops") if result.get(k)}
+
+
 def _run_bench(
     flags: list[str],
     job_file: Path,
@@ -171,6 +187,12 @@ def _run_bench(
                     timed_out = True
                     break
                 time.sleep(POLL_S)  # short waits so a cancellation (KeyboardInterrupt) lands here
+        except KeyboardInterrupt:  # cancelled: the process tree goes, what its compile streamed stays
+            kill_tree(proc)
+            result = _read_result(result_file)
+            if keep_choices:
+                keep_streamed_choices(result, choices_stream(result_file))
+            raise JobCancelled(_kept_choices(result)) from None
         finally:
             if proc.poll() is None:
                 kill_tree(proc)
@@ -258,6 +280,7 @@ def run_job(
     gpu = job.device == "cuda"
     prefer = clocks.gpu_local_cpus() if gpu else set()
     lock = clocks.locked_clocks() if gpu and lock_clocks else contextlib.nullcontext()
+    first: dict[str, Any] = {}
     try:
         with affinity.core_lease(threads, prefer) as cores, lock as clock_lock:
             _pin(env, cores)
@@ -291,6 +314,8 @@ def run_job(
                 notes.append(f"--lock-clocks: {clock_lock.refused}")
         if notes:
             result["notes"] = "; ".join(filter(None, [result.get("notes"), *notes]))
+    except JobCancelled as stop:  # in a later process: the cold one's choices are the job's
+        raise JobCancelled(stop.kept or _kept_choices(first)) from None
     finally:
         if not keep_scratch:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from workers.job import Job
-from workers.runner import run_job
+from workers.runner import JobCancelled, run_job
 
 RAYLET_POLL_S = 0.2
 _watching: list[int] = []
@@ -58,20 +58,25 @@ def execute_job(
     lock_clocks: bool = False,
     shared_cache: str | None = None,
 ) -> dict[str, Any]:
-    """Body of the per-job Ray task: run the job, return its result fields plus where it ran."""
+    """Body of the per-job Ray task: run the job, return its result fields plus where it ran; or,
+    when the task is cancelled (`ray.cancel` without force: a KeyboardInterrupt), `{"cancelled":
+    True}` with what the job's cold compile had streamed (`kernel_choices`, `autotuned_ops`)."""
     import ray
 
     _exit_with_raylet()
     started = time.time()
     job = Job.from_dict(job_dict)
-    result = run_job(
-        job,
-        threads=threads,
-        scratch_root=scratch_root,
-        extra_path=extra_path,
-        lock_clocks=lock_clocks,
-        shared_cache=shared_cache,
-    )
+    try:
+        result = run_job(
+            job,
+            threads=threads,
+            scratch_root=scratch_root,
+            extra_path=extra_path,
+            lock_clocks=lock_clocks,
+            shared_cache=shared_cache,
+        )
+    except JobCancelled as stop:  # a task that returns after `ray.cancel` (not forced) is read
+        return {"cancelled": True, **stop.kept}
     result["node_id"] = ray.get_runtime_context().get_node_id()
     result["hostname"] = socket.gethostname()
     result["task_s"] = time.time() - started

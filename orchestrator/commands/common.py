@@ -39,14 +39,24 @@ def _positive(text: str) -> float:
     return value
 
 
-def _pattern(text: str) -> str:
-    """An argparse type: an --only pattern with something in it (`--only ""`, from an unset
-    shell variable, ran every job)."""
-    if not any(p.strip() for p in text.split(",")):
-        raise argparse.ArgumentTypeError(
-            f"an empty pattern {text!r}: give one, e.g. '*/bs1/*', or leave --only out"
-        )
-    return text
+def _not_empty(what: str, example: str, without: str):
+    """An argparse type: a value (or comma-separated list) with something in it. An empty one, such
+    as an unset shell variable, is refused: `--only ""` ran every job, `--precisions ""` tried none,
+    `--address ""` ran on a private local Ray instead of the cluster."""
+
+    def parse(text: str) -> str:
+        if not any(p.strip() for p in text.split(",")):
+            raise argparse.ArgumentTypeError(
+                f"an empty {what} {text!r}: give one, e.g. {example}, or leave the flag out ({without})"
+            )
+        return text
+
+    parse.__name__ = what
+    return parse
+
+
+_pattern = _not_empty("pattern", "'*/bs1/*'", "every job")
+_ray_address = _not_empty("address", "head:6379 or ray://head:10001", "a private local Ray")
 
 
 def _add_only(p: argparse.ArgumentParser) -> None:
@@ -132,19 +142,27 @@ def _sweep_options(args, out, **extra):
     )
 
 
-def _check_plan_locally(spec, args) -> bool:
-    """For a run on this machine (no --address): --only and the sweep's hardware checked against
-    the classes its private Ray will have, before Ray starts (a typo cost Ray's start, 10-40 s on
-    a loaded 2-core machine). False, after printing why, when nothing would run."""
+def _check_plan_locally(spec, args, plan=None) -> bool:
+    """For a run on this machine (no --address, or `local`): --only, the sweep's hardware and
+    --cpus-per-job checked against the classes its private Ray will have, before Ray starts (a
+    typo cost Ray's start, 10-40 s on a loaded 2-core machine). `plan` makes the jobs from those
+    classes (default: the sweep's matrix; `tune` gives its candidates). False, after printing why,
+    when nothing would run."""
     from orchestrator.fleet.driver import plan_jobs
     from orchestrator.fleet.inventory import MissingHardwareError, local_classes
     from orchestrator.spec.matrix import NoJobMatches
+    from orchestrator.tune.search import NothingToTune
 
-    if args.address is not None or args.only is None:
+    if args.address not in (None, "local"):
         return True
+    if plan is None:
+
+        def plan(classes):
+            return plan_jobs(spec, classes, args.only, args.timeout_cap, args.allow_missing)
+
     try:
-        plan_jobs(spec, local_classes(args.cpus_per_job), args.only, args.timeout_cap, args.allow_missing)
-    except (MissingHardwareError, NoJobMatches) as exc:
+        plan(local_classes(args.cpus_per_job))
+    except (MissingHardwareError, NoJobMatches, NothingToTune) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return False
     return True

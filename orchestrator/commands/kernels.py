@@ -16,7 +16,7 @@ def add_parsers(sub) -> None:
         description="One line per hardware class, op, input shapes and dtype from a sweep's kernel_choices "
         "table (written by jobs whose config autotunes: max-autotune, or max_autotune with freezing on CPU): "
         "candidates timed, the winner with its tiles, and the fastest extern and template times. A job whose "
-        "compile timed out or crashed mid-autotune keeps the ops it finished, marked partial.",
+        "compile timed out, crashed or was cancelled mid-autotune keeps the ops it finished, marked partial.",
     )
     p.add_argument(
         "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
@@ -27,7 +27,7 @@ def add_parsers(sub) -> None:
 
 def cmd_kernels(args) -> int:
     from orchestrator.store.storage import StorageError, checked
-    from reports.kernels import load, render, summarize
+    from reports.kernels import autotuned_ops, load, render, summarize
 
     try:
         rows = load(checked(args.out)).to_pylist()
@@ -45,17 +45,16 @@ def cmd_kernels(args) -> int:
         )
         return EXIT_BAD_INPUT
     print(render(summarize(rows)))
-    ops: dict[tuple, list] = {}
-    for r in rows:
-        ops.setdefault((r["job_id"], r["op_index"]), []).append(r)
-    partial = [o for o in ops.values() if o[0].get("partial")]
+    ops = autotuned_ops(rows)
+    partial = [o for o in ops if o[0].get("partial")]
     if partial:
-        jobs = len({o[0]["job_id"] for o in partial})
+        jobs = len({(o[0]["job_id"], o[0]["run_id"]) for o in partial})
         print(
             f"{len(partial)} of {len(ops)} autotuned ops come from {jobs} compile(s) that did not finish (the "
-            "job timed out or crashed; rows marked `partial`): each op was timed whole, but no code was emitted"
+            "job timed out, crashed or was cancelled; rows marked `partial`): each op was timed whole, but no "
+            "code was emitted"
         )
-    known = [o for o in ops.values() if any(r.get("emitted") is not None for r in o)]
+    known = [o for o in ops if any(r.get("emitted") is not None for r in o)]
     differ = sum(1 for o in known if any(r.get("emitted") and not r["is_winner"] for r in o))
     if known:
         benchmarked = sum(1 for o in known if any(r.get("fusion_benchmarked") for r in o))

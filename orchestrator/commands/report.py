@@ -13,6 +13,7 @@ from orchestrator.commands.common import (
     _drive,
     _load,
     _positive,
+    _ray_address,
     _sweep_options,
     _whole,
 )
@@ -87,7 +88,12 @@ def add_parsers(sub) -> None:
         metavar="DIR",
         help="where the dated runs live (path or URI)",
     )
-    p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
+    p.add_argument(
+        "--address",
+        type=_ray_address,
+        metavar="ADDR",
+        help="Ray cluster to use; default: a private local Ray",
+    )
     p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
     p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
     p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
@@ -255,6 +261,12 @@ OUTPUT_MARKS = (*WRITTEN_MARKS, ".orchestrate.lock")
 OUTPUT_DATA = ("results", "kernel_choices", "triton_kernels", "_ledger", "quarantine", *OUTPUT_MARKS)
 """An output's own files and folders: no page goes there."""
 
+TUNE_MARKS = ("tune.json",)
+"""What makes a directory a tune's output (its rounds are sweep outputs one level down)."""
+
+TUNE_DATA = ("rung0", "rung1", "confirm", "tune.json", "presets.json", "presets.parquet")
+"""A tune's own files and folders, beside OUTPUT_DATA's names: neither a page nor an export goes there."""
+
 
 def _check_page_path(target: str | None, flag: str) -> None:
     """A report page's path, checked before the comparison runs: a file in a directory that
@@ -293,15 +305,17 @@ def _check_page_path(target: str | None, flag: str) -> None:
         ) from None
 
 
-def _check_not_output_data(path: Path, target: str, flag: str) -> None:
-    """ValueError when `path` is a sweep output's own file or lies in one of its folders."""
-    for folder in _outputs_among(path.parents, OUTPUT_MARKS):
+def _check_not_output_data(path: Path, target: str, flag: str, beside: str | None = None) -> None:
+    """ValueError when `path` is a sweep or tune output's own file or lies in one of its folders
+    (`beside`: what to write instead, e.g. a file name next to the output)."""
+    for folder in _outputs_among(path.parents, (*OUTPUT_MARKS, *TUNE_MARKS)):
         first = path.relative_to(folder).parts[0]
-        if first in OUTPUT_DATA:
+        if first in OUTPUT_DATA or first in TUNE_DATA:
+            what = "tune" if (folder / TUNE_MARKS[0]).exists() else "sweep"
+            instead = beside or f"write the page beside it, e.g. {folder / ('regression.' + flag[2:])}"
             raise ValueError(
-                f"{flag} {target}: is the sweep output {folder}'s own data "
-                f"(its {first}{'/' if folder != path.parent else ''}); "
-                f"write the page beside it, e.g. {folder / ('regression.' + flag[2:])}"
+                f"{flag} {target}: is the {what} output {folder}'s own data "
+                f"(its {first}{'/' if folder != path.parent else ''}); {instead}"
             )
 
 

@@ -15,6 +15,7 @@ from orchestrator.commands.common import (
     _drive,
     _load,
     _positive,
+    _ray_address,
     _sweep_options,
     _whole,
 )
@@ -33,6 +34,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--address",
+        type=_ray_address,
         metavar="ADDR",
         help="Ray cluster to use (e.g. ray://head:10001 or auto); default: start a private local Ray "
         "for this sweep and stop it at the end",

@@ -13,10 +13,13 @@ from orchestrator.commands.common import (
     _add_only,
     _budgets,
     _cache_address,
+    _check_plan_locally,
     _drive,
     _load,
+    _not_empty,
     _positive,
     _print_what_won,
+    _ray_address,
     _whole,
 )
 from orchestrator.store.location import arg as location_arg
@@ -66,20 +69,26 @@ def add_parsers(sub) -> None:
         metavar="DIR",
         help="output directory (default: runs/<sweep name>-tune); a path or URI",
     )
-    p.add_argument("--address", metavar="ADDR", help="Ray cluster to use; default: a private local Ray")
+    p.add_argument(
+        "--address",
+        type=_ray_address,
+        metavar="ADDR",
+        help="Ray cluster to use; default: a private local Ray",
+    )
     p.add_argument(
         "--resume", action="store_true", help="finish a tune in --out: jobs already recorded are skipped"
     )
     p.add_argument(
         "--precisions",
+        type=_not_empty("list of precision policies", "tf32,bf16", "none besides the cell's own"),
         metavar="LIST",
-        default="",
         help="precision policies a candidate may use besides the cell's own, e.g. tf32,bf16 (default: none; "
         "a faster precision changes the numbers, so it is only tried when asked, and still gated by the "
         "fp64 accuracy rule)",
     )
     p.add_argument(
         "--knobs",
+        type=_not_empty("list of knobs", "freezing,coordinate_descent", "all that apply"),
         metavar="LIST",
         help="the knobs to try on each stock config, comma-separated (default: all that apply to the device "
         "and model): " + ", ".join(_knob_names()) + ". A freezing preset's exported bundle barely shortens "
@@ -141,7 +150,7 @@ def cmd_tune(args) -> int:
     from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.progress import format_duration
     from orchestrator.store.storage import StorageError, check_own_output, check_writable, checked
-    from orchestrator.tune.search import TuneOptions, run_tune
+    from orchestrator.tune.search import TuneOptions, plan_locally, run_tune
     from orchestrator.tune.space import KNOB_NAMES
     from workers.job import PRECISIONS, canonical_precision
 
@@ -151,7 +160,7 @@ def cmd_tune(args) -> int:
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
     problems = []
     precisions = []
-    for name in filter(None, (p.strip() for p in args.precisions.split(","))):
+    for name in filter(None, (p.strip() for p in (args.precisions or "").split(","))):
         canon = canonical_precision(name)
         if canon is None:
             problems.append(f"--precisions: unknown policy {name!r}; valid: {', '.join(PRECISIONS)}")
@@ -180,7 +189,7 @@ def cmd_tune(args) -> int:
         return EXIT_BAD_INPUT
     try:
         out = checked(args.out or str(Path("runs") / f"{spec.name}-tune"))
-        check_own_output(out)
+        check_own_output(out, "tune")
         check_writable(out)
         prune_from = checked(args.prune_from) if args.prune_from else None
     except StorageError as exc:
@@ -207,6 +216,8 @@ def cmd_tune(args) -> int:
         cache_redis=cache_redis,
         argv=sys.argv,
     )
+    if not _check_plan_locally(spec, args, plan_locally(spec, opts)):
+        return EXIT_BAD_INPUT
     summary, code = _drive(lambda: run_tune(spec, opts))
     if summary is None:
         return code

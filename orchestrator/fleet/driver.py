@@ -29,7 +29,6 @@ from orchestrator.fleet.support import row_error, triage
 from orchestrator.spec.matrix import expand, select_matching
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store import runlog
-from orchestrator.store.integrity import quarantine
 from orchestrator.store.location import printable
 from orchestrator.store.lock import OutputLock
 from orchestrator.store.reader import repair
@@ -309,15 +308,6 @@ def run_sweep(
             lock.release()
 
 
-def _check_run_log(out: Location, stream: TextIO, stamp: str) -> None:
-    """A damaged run.json (it only describes runs) is moved aside, so a new one can start."""
-    try:
-        runlog.read_runs(out)
-    except runlog.RunLogError as exc:
-        [(_, dest)] = quarantine(out, [runlog.RUN_FILE], stamp)
-        print(f"warning: {exc}\n  moved it to {dest}; a new {runlog.RUN_FILE} starts now", file=stream)
-
-
 def _quarantine_damage(out: Location, stream: TextIO, stamp: str) -> None:
     """Before a resumed sweep reads which jobs are done: move every part the strict reader refuses
     (damaged, foreign, a second row of a job) aside, so its jobs run again, and leave a commit
@@ -366,8 +356,9 @@ def _run_locked(
     import ray
 
     if opts.resume:  # before the rows are read: every reader refuses a damaged run.json
-        _check_run_log(out, stream, stamp)
+        runlog.set_aside_if_damaged(out, stream, stamp)
     history = History.from_output(out, history_dirs)  # one read: job ids done, and durations
+    runlog.check_same_sweep(out, spec, history.sweeps)
     done_ids = history.job_ids
     if done_ids and not opts.resume:
         raise OutputExistsError(
@@ -448,6 +439,7 @@ def _run_locked(
             inventory=lambda: cluster_classes(opts.cpus_per_job),
             max_attempts=opts.max_attempts,
             task_kwargs={"shared_cache": cache_address} if cache_address else {},
+            keep=sink.add_side,
         )
         scheduler.add(longest_first(todo, history))
         t_dispatch = time.monotonic()

@@ -37,9 +37,12 @@ class History:
         loose: dict[tuple, list[float]] = defaultdict(list)
         self.job_ids: set[str] = set()
         """Every job that has a row in `rows`, whatever its status (`timing_only` rows excluded)."""
+        self.sweeps: set[str] = set()
+        """The sweeps those rows belong to (their `sweep` column)."""
         for own, r in [(True, r) for r in rows] + [(False, r) for r in timing_only]:
             if own and r.get("job_id"):
                 self.job_ids.add(r["job_id"])
+                self.sweeps.add(r.get("sweep") or "")
             if r.get("subprocess_s") is None:
                 continue
             exact[(r["hardware"], r["model_id"], r["config"], r["batch_size"])].append(r["subprocess_s"])
@@ -50,7 +53,7 @@ class History:
     @classmethod
     def from_output(cls, out_dir: Target, history_dirs: Iterable[Target] = ()) -> History:
         """Rows of `out_dir`, plus timings (only) from other output directories (paths or URIs)."""
-        columns = ["job_id", "hardware", "model_id", "config", "batch_size", "subprocess_s"]
+        columns = ["job_id", "sweep", "hardware", "model_id", "config", "batch_size", "subprocess_s"]
         extra: list[dict] = []
         for other in history_dirs:
             loc = resolve(other)

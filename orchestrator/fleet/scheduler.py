@@ -23,6 +23,9 @@ from orchestrator.store.rows import failure_row, make_row, side_rows
 from workers.job import Job
 
 WAIT_S = 0.25
+CANCEL_GRACE_S = 15.0
+"""How long a cancelled task has to kill its job's processes (the runner's SIGTERM grace, then
+SIGKILL) and return what they left, before it is killed with its worker."""
 
 
 def _short(exc: BaseException, limit: int = 2000) -> str:
@@ -52,6 +55,8 @@ class Scheduler:
     max_attempts: int = 3
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of every task (run options such as `shared_cache`, given only when set)."""
+    keep: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None
+    """Gets the rows of the other tables that a cancelled job leaves (its streamed kernel choices)."""
     recheck_s: float = 5.0
     queues: dict[str, deque[tuple[Job, int]]] = field(default_factory=dict)
     running: dict[Any, _Running] = field(default_factory=dict)
@@ -152,9 +157,28 @@ class Scheduler:
             if stalled and any(self.queues[n] for n in self.queues if n not in self.lost):
                 time.sleep(WAIT_S)  # the class's nodes are busy or gone; check again shortly
 
-    def cancel_all(self, ray) -> int:
-        for ref in self.running:
-            ray.cancel(ref, force=True)  # kills the worker; its job process dies with it
-        n = len(self.running)
-        self.running.clear()
-        return n
+    def cancel_all(self, ray, grace_s: float = CANCEL_GRACE_S) -> int:
+        """Cancel every running task; return how many. Each first gets a KeyboardInterrupt: its
+        runner kills the job's processes and returns what the cold compile had streamed, which
+        `keep` gets (so a cancelled job keeps its kernel choices, as a timed-out one does). Any
+        still running after `grace_s` (or at a second Ctrl-C) is killed with its worker; its job
+        process dies with it. A cancelled job has no results row: `--resume` runs it again."""
+        refs = list(self.running)
+        try:
+            for ref in refs:
+                ray.cancel(ref, force=False)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s) if refs else ([], [])
+            for ref in ready:
+                try:
+                    result = ray.get(ref, timeout=grace_s)
+                except Exception:  # cancelled before it could answer: nothing to keep
+                    continue
+                if isinstance(result, dict) and result.get("cancelled") and self.keep is not None:
+                    self.keep(side_rows(self.running[ref].job, result, run_id=self.run_id))
+        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting for them
+            pass
+        finally:
+            for ref in refs:  # a task that has ended is left alone
+                ray.cancel(ref, force=True)
+            self.running.clear()
+        return len(refs)

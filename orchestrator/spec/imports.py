@@ -8,6 +8,7 @@ do, and a failure there is a row)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,22 +21,28 @@ MAX_ID_CHARS = 300
 machinery recurses once per dot)."""
 
 _CHILD = r"""
-import importlib.util, json, sys
+import importlib.util, json, os, sys
+events = os.fdopen(os.dup(1), "w")  # the check's own channel; what the module prints goes nowhere
+quiet = os.open(os.devnull, os.O_WRONLY)
+os.dup2(quiet, 1)
+os.dup2(quiet, 2)
+def say(*event):
+    events.write(json.dumps(list(event)) + "\n")
+    events.flush()
 for module in json.loads(sys.argv[1]):
-    print(json.dumps(["start", module]), flush=True)
+    say("start", module)
     try:
         spec = importlib.util.find_spec(module)
         origin = getattr(spec, "origin", None) or ""
-        print(json.dumps(["done", module, "" if spec is not None else "not found", origin]), flush=True)
+        say("done", module, "" if spec is not None else "not found", origin)
     except ModuleNotFoundError as exc:  # the module or a package on its path is missing
         mine = exc.name and (module == exc.name or module.startswith(exc.name + "."))
-        text = "not found" if mine else f"importing it raised ModuleNotFoundError: {exc}"
-        print(json.dumps(["done", module, text[:300]]), flush=True)
+        say("done", module, ("not found" if mine else f"importing it raised ModuleNotFoundError: {exc}")[:300])
     except SystemExit as exc:
-        print(json.dumps(["done", module, f"importing it called sys.exit({exc.code!r})"]), flush=True)
+        say("done", module, f"importing it called sys.exit({exc.code!r})"[:300])
     except BaseException as exc:
-        text = f"importing it raised {type(exc).__name__}: {exc}"
-        print(json.dumps(["done", module, text[:300]]), flush=True)
+        say("done", module, f"importing it raised {type(exc).__name__}: {exc}"[:300])
+os._exit(0)  # threads or processes the modules started do not hold the check up
 """
 
 
@@ -44,7 +51,11 @@ def module_problems(
 ) -> dict[str, str]:
     """Module -> why it cannot be used, for each of `modules` that cannot (found in a child
     interpreter with this process's search path and working directory). `origins`, if given,
-    gets each found module's file."""
+    gets each found module's file. The child's answers go to a file, not a pipe, and the child
+    runs in a session of its own that is killed as a whole at the time limit, so neither what a
+    module prints nor a process it leaves behind makes the check wait."""
+    import tempfile
+
     problems = {
         m: f"the module path is {len(m)} characters long (at most {MAX_ID_CHARS})"
         for m in modules
@@ -57,12 +68,25 @@ def module_problems(
     env_path = [p for p in sys.path if p]  # the console script's path, as the job processes see it
     cmd = [sys.executable, "-c", _CHILD, json.dumps(todo)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(env_path)}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
-        out, code, timed_out = proc.stdout, proc.returncode, False
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        code, timed_out = None, True
+    with tempfile.TemporaryFile() as answers:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=answers,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            code, timed_out = proc.wait(timeout=timeout_s), False
+        except subprocess.TimeoutExpired:
+            code, timed_out = None, True
+        finally:
+            with contextlib.suppress(OSError):  # the child and whatever its modules started
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        answers.seek(0)
+        out = answers.read(1 << 20).decode("utf-8", "replace")
     started, done = None, set()
     for line in out.splitlines():
         try:

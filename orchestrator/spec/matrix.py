@@ -63,9 +63,15 @@ class NoJobMatches(ValueError):
     """An --only pattern that matches none of a sweep's jobs; the message names the closest names."""
 
 
-def select_matching(jobs: Iterable[Job], pattern: str | None) -> list[Job]:
-    """`select`, refusing (NoJobMatches) a pattern that leaves none of `jobs`: a typo in --only
-    must not pass as a sweep of 0 jobs."""
+def select_matching(
+    jobs: Iterable[Job],
+    pattern: str | None,
+    what: str = "the sweep's {n} jobs",
+    listing: str = " (all: `orchestrate plan SWEEP`)",
+) -> list[Job]:
+    """`select`, refusing (NoJobMatches) a pattern that leaves none of `jobs` (`what` they are, in
+    words, `{n}` their number; `listing`: where to see them all): a typo in --only must not pass
+    as a sweep of 0 jobs."""
     import difflib
 
     jobs = list(jobs)
@@ -74,7 +80,7 @@ def select_matching(jobs: Iterable[Job], pattern: str | None) -> list[Job]:
         names = [j.name for j in jobs]
         near = difflib.get_close_matches(pattern.split(",")[0].strip(), names, n=3, cutoff=0) or names[:3]
         raise NoJobMatches(
-            f"--only {pattern!r} matches none of the sweep's {len(jobs)} jobs; job names are "
-            f"hardware/model/bsN/dtype/config, e.g. {', '.join(near)} (all: `orchestrate plan SWEEP`)"
+            f"--only {pattern!r} matches none of {what.format(n=len(jobs))}; job names are "
+            f"hardware/model/bsN/dtype/config, e.g. {', '.join(near)}{listing}"
         )
     return chosen

@@ -4,7 +4,9 @@ are strays, and moving damaged ones aside (quarantine) instead of deleting them.
 A table folder holds `hardware=<class>/part-<uuid>.parquet` files written whole by the sink.
 Anything else found there is classified, never guessed at:
 
-- names starting with `.` or `_` (a write in progress, `_SUCCESS` markers): skipped silently;
+- names starting with `.` or `_` (a write in progress, `_SUCCESS` markers): skipped silently,
+  except a `_….parquet` file (a part renamed out of sight) and a folder named like a part, which
+  are strays;
 - any other file that is not `hardware=<class>/<name>.parquet`, and any FIFO, socket or device
   (never opened: a FIFO would wait): a *stray* (a note someone left,
   a copy in the wrong folder), ignored with a warning that names it;
@@ -62,26 +64,63 @@ class DamagedOutputError(StorageError):
         super().__init__(f"{out}: damaged part file(s): {names}{more}. {fix}")
 
 
-def list_parts(table_dir: Location) -> tuple[list[Location], list[str]]:
-    """(the part files under `table_dir`, the stray files as paths relative to it), sorted."""
+class LinkedFolderError(StorageError):
+    """A table folder, or a partition folder in it, that is a symbolic link."""
+
+
+def refuse_linked(table_dir: Location) -> None:
+    """`LinkedFolderError` where `table_dir` (local) or a folder in it is a symbolic link: through
+    it a reader would answer with another output's rows, and `--resume` would move that output's
+    files into this one's quarantine. (A link to the whole output is fine: it is one output.)"""
+    if not table_dir.is_local:
+        return
+    path = table_dir.local_path
+    links = [path] if path.is_symlink() else []
+    if not links and path.is_dir():
+        links = sorted(p for p in path.iterdir() if p.is_symlink() and p.is_dir())
+    if links:
+        raise LinkedFolderError(
+            f"{links[0]} is a symbolic link to {links[0].resolve()}: an output's tables are folders of its "
+            "own (a report through the link would show another output's rows, and --resume would move its "
+            "files); replace the link with a copy (cp -rL), or link the whole output instead"
+        )
+
+
+def list_parts(table_dir: Location, sizes: dict[str, int] | None = None) -> tuple[list[Location], list[str]]:
+    """(the part files under `table_dir`, the stray files as paths relative to it), sorted;
+    `LinkedFolderError` where it or a folder in it is a symbolic link. `sizes`, if given, gets each
+    part's size in bytes by its path (from the listing: no request per file on an object store)."""
     import pyarrow.fs as pafs
 
+    refuse_linked(table_dir)
     if not table_dir.is_dir():
         return [], []
     root = table_dir.path.rstrip("/")
     infos = table_dir.fs.get_file_info(pafs.FileSelector(root, recursive=True))
     parts, strays = [], []
     for info in sorted(infos, key=lambda i: i.path):
-        if info.type in (pafs.FileType.Directory, pafs.FileType.NotFound):
-            continue
         rel = info.path[len(root) :].lstrip("/")
         pieces = rel.split("/")
-        if any(p.startswith((".", "_")) for p in pieces):
+        if info.type == pafs.FileType.Directory and len(pieces) == 2 and pieces[1].endswith(".parquet"):
+            strays.append(rel)  # a folder where a part belongs: its rows are not there
             continue
+        if info.type in (pafs.FileType.Directory, pafs.FileType.NotFound):
+            continue
+        if any(p.startswith((".", "_")) for p in pieces[:-1]) or pieces[-1].startswith("."):
+            continue
+        if pieces[-1].startswith("_") and not pieces[-1].endswith(".parquet"):
+            continue  # a `_SUCCESS` marker; a `_…parquet` is a part hidden by a rename: a stray
         if info.type != pafs.FileType.File:  # a FIFO, socket or device: never opened (a FIFO waits)
             strays.append(rel)
-        elif len(pieces) == 2 and PART_DIR_RE.match(pieces[0]) and pieces[1].endswith(".parquet"):
+        elif (
+            len(pieces) == 2
+            and PART_DIR_RE.match(pieces[0])
+            and pieces[1].endswith(".parquet")
+            and pieces[1][0] != "_"
+        ):
             parts.append(table_dir.join(*pieces))
+            if sizes is not None and info.size is not None:
+                sizes[parts[-1].path] = info.size
         else:
             strays.append(rel)
     return parts, strays

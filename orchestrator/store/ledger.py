@@ -79,8 +79,8 @@ def not_a_folder(out: Location) -> str | None:
 
     folder = ledger_dir(out)
     kind = folder.fs.get_file_info(folder.path).type
-    if kind == pafs.FileType.NotFound and folder.is_local and folder.local_path.is_symlink():
-        return "a symbolic link to a missing target"
+    if folder.is_local and folder.local_path.is_symlink():  # another output's ledger, or none
+        return "a symbolic link to a missing target" if kind == pafs.FileType.NotFound else "a symbolic link"
     if kind in (pafs.FileType.NotFound, pafs.FileType.Directory):
         return None
     return "a regular file" if kind == pafs.FileType.File else "not a regular file or folder"

@@ -40,6 +40,7 @@ from orchestrator.store.integrity import (
     quarantine,
     warn_strays,
 )
+from orchestrator.store.invariants import negative_count
 from orchestrator.store.lock import held_by_live_driver
 from orchestrator.store.storage import Location
 
@@ -70,8 +71,15 @@ class TableSpec:
     """The values `status` may take (results only)."""
     ok_figures: tuple[str, ...] = ()
     """Columns an `ok` row never leaves null (results only)."""
+    ok_derived: tuple[str, ...] = ()
+    """Columns an `ok` row leaves null or holds a positive, finite number in (results only)."""
     unique: str | None = None
     """A column whose value appears in at most one row of the table (results: job_id)."""
+    invariant: Callable[[pa.Table, dict[str, str], set[str]], str | None] | None = None
+    """Why a part's rows (given its partition values and the columns its file has) break what the
+    writer guarantees, or None (`orchestrator.store.invariants`)."""
+    invariant_columns: tuple[str, ...] = ()
+    """The columns `invariant` reads (always read, whatever a command asks for)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,10 @@ def _problem(out: Location, rel: str, kind: str, reason: str) -> DamagedFile:
     return DamagedFile(out.join(*rel.split("/")), rel, reason[:MAX_REASON_CHARS], kind)
 
 
+MAX_PART_BYTES = 2 * 2**30
+"""A part larger than this is not read (the sink writes at most 1000 rows a part, each at most a
+few MiB with its samples); a sparse or runaway file would take the reader's memory and minutes."""
+
 IN_FLIGHT_S = 120.0
 """While a live driver holds the output's lock, an unlisted part younger than this may be a commit
 in progress (the sink lists a part just after writing it): readers leave it out, unread, instead
@@ -103,12 +115,14 @@ def check_table(
     ledger: ledgers.Ledger | None,
     in_flight_s: float = IN_FLIGHT_S,
     columns: list[str] | None = None,
+    sweeps: set[str] | None = None,
 ) -> TableCheck:
     """Every part of table `spec.name` of `out`, verified (see the module's docstring), its rows
     read (only `columns` and those the checks need, if given). While a live driver holds the
     lock, an unlisted part younger than `in_flight_s` is left out: neither read nor named."""
     table_dir = out.join(spec.name)
-    parts, strays = list_parts(table_dir)
+    sizes: dict[str, int] = {}
+    parts, strays = list_parts(table_dir, sizes)
     if in_flight_s > 0 and ledger is not None and not held_by_live_driver(out):
         in_flight_s = 0  # nobody is writing: every unlisted part is foreign
     check = TableCheck(strays=strays)
@@ -117,34 +131,39 @@ def check_table(
     for loc in parts:
         rel = f"{spec.name}/{loc.path[len(root) + 1 :]}"
         present.add(rel)
+        listed = ledger.entries.get(rel) if ledger is not None else None
+        if ledger is not None and not listed:  # named without reading it (it may be huge)
+            if _younger_than(loc, in_flight_s):
+                continue
+            reason = "not listed in the commit ledger (a copy, a rename, or a file this tool did not commit)"
+            check.problems.append(_problem(out, rel, "foreign", reason))
+            continue
+        if sizes.get(loc.path, 0) > MAX_PART_BYTES:
+            reason = f"{sizes[loc.path]} bytes, larger than any part this tool writes (at most {MAX_PART_BYTES}): not read"
+            check.problems.append(_problem(out, rel, "damaged", reason))
+            continue
         try:
             data = loc.read_bytes()
         except OSError as exc:
             check.problems.append(_problem(out, rel, "damaged", f"cannot be read ({exc})"))
             continue
         digest = hashlib.sha256(data).hexdigest()
-        if ledger is not None:
-            listed = ledger.entries.get(rel)
-            if not listed:
-                if _younger_than(loc, in_flight_s):
-                    continue
-                reason = (
-                    "not listed in the commit ledger (a copy, a rename, or a file this tool did not commit)"
-                )
-                check.problems.append(_problem(out, rel, "foreign", reason))
-                continue
-            if all(e.sha256 != digest for e in listed):
-                reason = f"its bytes differ from the commit ledger's (sha256 {digest[:12]}, listed {listed[0].sha256[:12]})"
-                check.problems.append(_problem(out, rel, "damaged", reason))
-                continue
+        if listed and all(e.sha256 != digest for e in listed):
+            reason = f"its bytes differ from the commit ledger's (sha256 {digest[:12]}, listed {listed[0].sha256[:12]})"
+            check.problems.append(_problem(out, rel, "damaged", reason))
+            continue
         table, reason = conform(data, spec, rel, columns)
+        found = ledgers.Entry(
+            rel, digest, table.num_rows, tuple(sorted(set(table.column("job_id").to_pylist())))
+        )
+        reason = reason or _listed_otherwise(found, listed)
+        if not reason and (other := _other_sweeps(table, sweeps)):
+            check.problems.append(_problem(out, rel, "foreign", other))
+            continue
         if reason:
             check.problems.append(_problem(out, rel, "damaged", reason))
             continue
-        ids = table.column("job_id").to_pylist()
-        check.good.append(
-            Verified(ledgers.Entry(rel, digest, table.num_rows, tuple(sorted(set(ids)))), table)
-        )
+        check.good.append(Verified(found, table))
     if ledger is not None:
         for rel in sorted(ledger.entries):
             if rel.startswith(spec.name + "/") and rel not in present:
@@ -153,6 +172,37 @@ def check_table(
     if spec.unique:
         _refuse_duplicates(out, spec.unique, check)
     return check
+
+
+def _listed_otherwise(found: ledgers.Entry, listed: list[ledgers.Entry] | None) -> str | None:
+    """Where the ledger line with the part's digest gives other rows or job_ids than the part
+    holds: the line was edited (the sink writes both from the rows it commits), so neither it
+    nor the part is vouched for."""
+    line = next((e for e in listed or () if e.sha256 == found.sha256), None)
+    if line is None:
+        return None
+    if line.rows != found.rows:
+        said = f"{line.rows} rows, the file (sha256 as listed) holds {found.rows}"
+    elif set(line.job_ids) != set(found.job_ids):
+
+        def ids(e: ledgers.Entry) -> str:
+            return ", ".join(i[:12] for i in sorted(set(e.job_ids))[:2]) or "none"
+
+        said = f"job_id(s) {ids(line)}, the file (sha256 as listed) holds {ids(found)}"
+    else:
+        return None
+    return f"the commit ledger lists {said}: its line was changed"
+
+
+def _other_sweeps(table: pa.Table, sweeps: set[str] | None) -> str | None:
+    """Rows of another sweep than the ones run.json records (`sweeps`; None or empty: unknown): a
+    part copied from another output. An output holds one sweep."""
+    if not sweeps or "sweep" not in table.column_names:
+        return None
+    other = sorted(set(table.column("sweep").to_pylist()) - sweeps - {None})
+    if not other:
+        return None
+    return f"rows of sweep {other[0]!r}, while run.json records {', '.join(map(repr, sorted(sweeps)))} (copied from another output?)"
 
 
 def _younger_than(loc: Location, seconds: float) -> bool:
@@ -188,7 +238,14 @@ def conform(
 
     schema = spec.schema
     if columns is not None:
-        wanted = {*columns, *spec.required, *spec.ok_figures, *(["status"] if spec.statuses else [])}
+        wanted = {
+            *columns,
+            *spec.required,
+            *spec.ok_figures,
+            *spec.ok_derived,
+            *spec.invariant_columns,
+            *(["status"] if spec.statuses else []),
+        }
         schema = pa.schema([f for f in spec.schema if f.name in wanted], metadata=spec.schema.metadata)
 
     if not data:
@@ -217,7 +274,10 @@ def conform(
             arrays.append(pa.nulls(table.num_rows, f.type))
     table = pa.Table.from_arrays(arrays, schema=schema)
     figures = tuple(c for c in spec.ok_figures if c in present)  # an old file may lack some
-    return table, _row_problem(table, spec, figures)
+    derived = tuple(c for c in spec.ok_derived if c in present)
+    empty = "no rows (the sink writes no part without rows)" if not table.num_rows else None
+    reason = empty or _row_problem(table, spec, figures, derived) or negative_count(table)
+    return table, reason or (spec.invariant(table, values, present) if spec.invariant else None)
 
 
 def _schema_problem(schema: pa.Schema, spec: TableSpec, version: int) -> str | None:
@@ -238,7 +298,8 @@ def _schema_problem(schema: pa.Schema, spec: TableSpec, version: int) -> str | N
         if f.name in wanted and not f.type.equals(wanted[f.name])
     ]
     found += mistyped
-    needed = list(wanted) if version == spec.version else list(spec.required)
+    # an older version may lack the columns added since, never the identity or an ok row's figures
+    needed = list(wanted) if version == spec.version else [*spec.required, *spec.ok_figures]
     missing = [n for n in needed if n not in names]
     if missing:
         found.append(f"missing column(s) {', '.join(missing)}")
@@ -250,8 +311,12 @@ def _partition_values(rel: str, spec: TableSpec) -> dict[str, str]:
     return {c: pieces[c] for c in spec.partitions if c in pieces}
 
 
-def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> str | None:
-    rows = table.select([*spec.required, *figures, *(["status"] if spec.statuses else [])]).to_pylist()
+def _row_problem(
+    table: pa.Table, spec: TableSpec, figures: tuple[str, ...], derived: tuple[str, ...] = ()
+) -> str | None:
+    rows = table.select(
+        [*spec.required, *figures, *derived, *(["status"] if spec.statuses else [])]
+    ).to_pylist()
     seen: set[str] = set()
     for n, row in enumerate(rows, 1):
         who = f"row {n}" + (f" (job_id {row['job_id']})" if row.get("job_id") is not None else "")
@@ -267,8 +332,12 @@ def _row_problem(table: pa.Table, spec: TableSpec, figures: tuple[str, ...]) -> 
             null = [c for c in figures if row[c] is None]
             if row["status"] == "ok" and null:
                 return f"{who}: status ok but {', '.join(null)} null"
-            bad = [f"{c} {row[c]!r}" for c in figures if row[c] is not None and not 0 < row[c] < math.inf]
-            if row["status"] == "ok" and bad:  # a latency is a positive, finite number of ms
+            bad = [
+                f"{c} {row[c]!r}"
+                for c in (*figures, *derived)
+                if row[c] is not None and not 0 < row[c] < math.inf
+            ]
+            if row["status"] == "ok" and bad:  # a latency (or their ratio) is a positive, finite number
                 return f"{who}: status ok but {', '.join(bad)}"
         if spec.unique:
             if row[spec.unique] in seen:
@@ -298,13 +367,19 @@ def read_verified(
         ledger = ledgers.load(out)
     except ledgers.NotALedgerError as exc:
         raise ledgers.NotALedgerError(f"{exc}. {fix()}") from None
-    check = check_table(out, spec, ledger, columns=columns)
+    check = check_table(out, spec, ledger, columns=columns, sweeps=_sweeps(out))
     warn_strays(out.join(spec.name), check.strays)
     note_ledger(out, ledger, bool(check.good or check.problems))
     if check.problems:
         raise DamagedOutputError(out, check.problems, fix())
     table = pa.concat_tables([v.table for v in check.good]) if check.good else spec.schema.empty_table()
     return table.select(columns) if columns else table
+
+
+def _sweeps(out: Location) -> set[str]:
+    from orchestrator.store.runlog import recorded_sweeps
+
+    return set(recorded_sweeps(out))
 
 
 def note_ledger(out: Location, ledger: ledgers.Ledger | None, has_parts: bool) -> None:
@@ -342,7 +417,7 @@ def find_damaged(
     `out`), the entries of the parts that pass, and the ledger; reads every part whole, changes
     nothing."""
     ledger = ledgers.load(out)
-    checks = [check_table(out, spec, ledger, in_flight_s) for spec in specs]
+    checks = [check_table(out, spec, ledger, in_flight_s, sweeps=_sweeps(out)) for spec in specs]
     strays = [f"{spec.name}/{s}" for spec, c in zip(specs, checks, strict=True) for s in c.strays]
     good = [v.entry for c in checks for v in c.good]
     return [p for c in checks for p in c.problems], strays, good, ledger

@@ -5,14 +5,16 @@ store (s3://, gs://) as one PUT. `<out>` is a local path or a URI (`orchestrator
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from importlib import metadata
-from typing import Any
+from typing import Any, TextIO
 
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store.storage import StorageError, Target, redact, resolve
@@ -77,6 +79,53 @@ def read_runs(out_dir: Target) -> list[dict[str, Any]]:
             "into quarantine/ and starts a new one"
         ) from None
     return runs
+
+
+class OtherSweepError(StorageError):
+    """An output that holds the rows or runs of another sweep than the one given."""
+
+
+def recorded_sweeps(out_dir: Target) -> dict[str, str | None]:
+    """The sweeps run.json records (name -> its file, where known); {} where it is missing or
+    damaged (it tells nothing then)."""
+    found: dict[str, str | None] = {}
+    with contextlib.suppress(RunLogError):
+        for run in read_runs(out_dir):
+            name, where = (run.get("spec") or {}).get("name"), run.get("spec_file")
+            if isinstance(name, str):
+                found.setdefault(name, where if isinstance(where, str) else None)
+    return found
+
+
+def check_same_sweep(out_dir: Target, spec: SweepSpec, row_sweeps: Iterable[str | None] = ()) -> None:
+    """`OtherSweepError` when `out_dir` records another sweep than `spec` (by name): in run.json
+    (a damaged one tells nothing here) or in `row_sweeps`, the `sweep` column of its rows. An
+    output holds one sweep: resuming another into it would mix their rows under one report."""
+    found = recorded_sweeps(out_dir)
+    for name in row_sweeps:
+        if name:
+            found.setdefault(name, None)
+    others = [n for n in found if n != spec.name]
+    if not others:
+        return
+    names = ", ".join(repr(n) for n in others)
+    files = ", ".join(f for n in others if (f := found[n]))
+    raise OtherSweepError(
+        f"{resolve(out_dir)} holds sweep {names}{f' ({files})' if files else ''}, and "
+        f"{spec.source or 'the sweep file'} is sweep {spec.name!r}: an output holds one sweep. Resume {names} "
+        f"with its own file, or give {spec.name!r} another --out; no job of {spec.name!r} ran"
+    )
+
+
+def set_aside_if_damaged(out_dir: Target, stream: TextIO, stamp: str) -> None:
+    """A damaged run.json (it only describes runs) is moved into quarantine, so a new one can start."""
+    from orchestrator.store.integrity import quarantine
+
+    try:
+        read_runs(out_dir)
+    except RunLogError as exc:
+        [(_, dest)] = quarantine(resolve(out_dir), [RUN_FILE], stamp)
+        print(f"warning: {exc}\n  moved it to {dest}; a new {RUN_FILE} starts now", file=stream)
 
 
 def _write(out_dir: Target, runs: list[dict[str, Any]]) -> None:

@@ -107,6 +107,10 @@ RESULT_COLUMNS: tuple[str, ...] = tuple(RESULTS_SCHEMA.names)
 OK_FIGURES = ("eager_ms", "compiled_ms")
 """Columns a results row with status `ok` always has (the job timed both sides; the strict reader
 refuses one without). `speedup` is derived from them and null where the compiled median is 0."""
+OK_DERIVED = ("speedup", "speedup_vs_baseline", "compile_s")
+"""Figures an `ok` row may leave null but never holds as NaN, an infinity, 0 or a negative number
+(latency ratios and a compile time): the strict reader refuses such a row whether or not a ledger
+covers its part (a NaN `speedup` shows as `nanx` in a report and sorts anywhere)."""
 
 
 class SchemaError(ValueError):
@@ -157,24 +161,34 @@ def results_path(out_dir: Target) -> Location:
 
 def table_spec(table: str):
     """What the strict reader (`orchestrator.store.reader`) checks the parts of `table` against."""
+    from orchestrator.store import invariants
     from orchestrator.store.reader import TableSpec
 
+    common = (table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)
     if table == RESULTS_DIR:
         return TableSpec(
-            table,
-            TABLES[table],
-            PARTITION_COLUMNS,
-            SCHEMA_VERSION,
-            SCHEMA_VERSION_KEY,
+            *common,
             # the job's identity in every version's files (hardware is the partition, model_id
             # came later): a report, the presets and an export key their cells on them (a null
             # one made a cell `cpu/None/bsNone/None`)
             required=("job_id", "run_id", "status", "model", "batch_size", "dtype", "config"),
             statuses=STATUSES,
             ok_figures=OK_FIGURES,
+            ok_derived=OK_DERIVED,
             unique="job_id",
+            invariant=invariants.results_problem,
+            invariant_columns=invariants.RESULTS_COLUMNS,
         )
-    return TableSpec(table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)
+    if table == "kernel_choices":
+        return TableSpec(
+            *common,
+            # the candidate's identity, in every version's files (op_index may be 0: its negative
+            # values are refused as counts are)
+            required=("job_id", "run_id", "op", "choice", "input_shapes"),
+            invariant=invariants.kernel_choices_problem,
+            invariant_columns=invariants.KERNEL_CHOICES_COLUMNS,
+        )
+    return TableSpec(*common)
 
 
 def read_table(out_dir: Target, table: str, columns: list[str] | None = None) -> pa.Table:

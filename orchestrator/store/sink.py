@@ -92,13 +92,19 @@ class ResultSink:
     def add(self, row: dict[str, Any], tables: dict[str, list[dict[str, Any]]] | None = None) -> None:
         """One job's result row, and its rows of the other tables."""
         self._buffer.append(row)
-        for table, rows in (tables or {}).items():
+        self.add_side(tables or {})
+        self.tick()
+
+    def add_side(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        """Rows of the other tables without a results row: what a cancelled job left (its job has
+        no row, so it runs again on `--resume`; these rows keep the first try's run_id). Written
+        with the next flush (`close` at the latest)."""
+        for table, rows in tables.items():
             if table not in SIDE_TABLES:
                 raise ValueError(f"unknown side table {table!r}; valid: {sorted(SIDE_TABLES)}")
             self._side[table].extend(rows)
         if self._oldest is None:
             self._oldest = time.monotonic()
-        self.tick()
 
     def tick(self) -> None:
         if self._buffer and (
@@ -109,7 +115,7 @@ class ResultSink:
     def flush(self) -> None:
         if self.refused is not None:  # rows of that flush may be on disk: never write them twice
             raise self.refused
-        if not self._buffer:
+        if not self._buffer and not any(self._side.values()):
             return
         committed: list[Entry] = []
         try:

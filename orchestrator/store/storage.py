@@ -361,7 +361,13 @@ def check_writable(loc: Location) -> None:
     name = f".write-probe-{uuid.uuid4().hex[:12]}"
     try:
         if loc.is_local:  # probe the nearest existing directory: create nothing
-            existing = next(p for p in [loc.local_path, *loc.local_path.parents] if p.exists())
+            existing = next(
+                p for p in [loc.local_path, *loc.local_path.parents] if p.exists() or p.is_symlink()
+            )
+            if not existing.exists():  # creating a folder under it fails: ELOOP, or ENOENT
+                raise StorageError(
+                    f"{loc}: {existing} is a symbolic link to a missing target, or a loop of them; pick another path"
+                )
             if not existing.is_dir():
                 what = "a regular file" if existing.is_file() else "a device, FIFO or socket"
                 raise StorageError(
@@ -419,10 +425,15 @@ TABLES = frozenset({"results", "kernel_choices", "triton_kernels"})
 """The table folders of an output (`orchestrator.store.schema.TABLES`)."""
 
 
-def check_own_output(loc: Location) -> None:
+TUNE_MARKERS = frozenset({"tune.json", "rung0", "rung1", "confirm"})
+"""Names at the top of a tune's output (its rounds are sweep outputs one level down)."""
+
+
+def check_own_output(loc: Location, kind: str = "sweep") -> None:
     """Refuse, before anything is written, an output directory that exists, holds something, and
     is no orchestrate output (`/`, a home directory, a source tree): a sweep would scatter
-    `results/`, `run.json` and a lock among someone else's files."""
+    `results/`, `run.json` and a lock among someone else's files. Nor is a tune's output a
+    sweep's, or (`kind="tune"`) a sweep's a tune's: their files would mix in one folder."""
     import pyarrow.fs as pafs
     from pyarrow.lib import ArrowException
 
@@ -430,10 +441,22 @@ def check_own_output(loc: Location) -> None:
         if not loc.is_dir():
             return
         names = {i.base_name for i in loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=False))}
-        if not names or names & OUTPUT_MARKERS or any(_partitioned(loc.join(n)) for n in names & TABLES):
-            return
+        tables = any(_partitioned(loc.join(n)) for n in names & TABLES)
     except (OSError, ValueError, ArrowException) as exc:
         raise StorageError(f"{loc}: cannot list it ({' '.join(str(exc).split())[:200]})") from None
+    other = (
+        names & TUNE_MARKERS
+        if kind == "sweep"
+        else ({"run.json"} & names) | ({"results"} if tables else set())
+    )
+    if other:
+        what = "tune's" if kind == "sweep" else "sweep's"
+        raise StorageError(
+            f"{loc}: holds a {what} output ({', '.join(sorted(other))}), which a {kind} must not write into: "
+            f"give the {kind} an --out of its own (nothing was written)"
+        )
+    if not names or names & OUTPUT_MARKERS or tables:
+        return
     some = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
     raise StorageError(
         f"{loc}: a directory that holds other files ({some}) and is no orchestrate output; write "

@@ -37,6 +37,7 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -45,10 +46,11 @@ from orchestrator.fleet.cache import check_address, shared_cache
 from orchestrator.fleet.driver import OutputExistsError, SweepOptions, ray_session, run_sweep
 from orchestrator.fleet.inventory import HardwareClass, cluster_classes
 from orchestrator.fleet.inventory import resolve as resolve_classes
-from orchestrator.spec.matrix import select
+from orchestrator.spec.matrix import select_matching
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store.lock import holding
 from orchestrator.store.rows import latest_rows
+from orchestrator.store.runlog import check_same_sweep
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked, refusal_stops
 from orchestrator.tune import eager
@@ -211,6 +213,51 @@ def _figures(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
     return figures
 
 
+def rung0_jobs(
+    spec: SweepSpec,
+    classes: dict[str, HardwareClass],
+    opts: TuneOptions,
+    pruned: dict[str, dict[str, str]],
+    stack: dict[str, str] | None = None,
+) -> dict[tuple[Cell, Candidate], Job]:
+    """Every candidate of every cell on `classes` that `opts.only` selects, as rung 0 measures it:
+    the tune's plan, made from the cluster's classes, or before Ray starts from this machine's
+    (`commands.common.check_plan_locally`). A class the sweep names that is missing raises
+    `MissingHardwareError`; an --only that selects nothing `NoJobMatches`."""
+    hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
+    space = {
+        cell: candidates(
+            spec.configs,
+            cell.model,
+            cell.device,
+            cell.dtype,
+            opts.precisions,
+            tuple(k for k in opts.knobs if k not in pruned.get(cell.hardware, {})),
+            _bases(opts.bases, cell.device),
+            known(cell.hardware),
+        )
+        for cell in plan_cells(spec, hardware)
+    }
+    measure0 = rung_measure(spec.measure, "rung0")
+    jobs0 = {
+        (cell, cand): make_job(spec, cell, cand, measure0, opts.timeout_cap_s, stack=stack)
+        for cell, cands in space.items()
+        for cand in cands
+    }
+    chosen = {
+        j.job_id for j in select_matching(jobs0.values(), opts.only, "the tune's {n} candidate jobs", "")
+    }
+    jobs0 = {k: j for k, j in jobs0.items() if j.job_id in chosen}
+    if not jobs0:
+        raise NothingToTune(f"no candidate job to run on {', '.join(hardware) or 'no hardware class'}")
+    return jobs0
+
+
+def plan_locally(spec: SweepSpec, opts: TuneOptions) -> Callable[[dict[str, HardwareClass]], list[Job]]:
+    """The tune's rung-0 plan from given classes, for the check before Ray starts."""
+    return lambda classes: list(rung0_jobs(spec, classes, opts, _pruned(opts.prune_from)).values())
+
+
 def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -> TuneSummary:
     """Run the search (see the module docstring) into `opts.out_dir`; return what it decided.
 
@@ -234,6 +281,8 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
                 f"{out} already holds a tune ({', '.join(found) or TUNE_FILE}). Pass --resume to finish it, "
                 "or --out to write somewhere else; nothing was changed."
             )
+    for name in ROUNDS:  # each rung's sweep checks its rows too, once its damage is repaired
+        check_same_sweep(out.join(name), spec)
     pruned = _pruned(opts.prune_from)  # a bad --prune-from is refused before Ray starts
     t0 = time.monotonic()
     jobs_run: dict[str, int] = {}
@@ -274,36 +323,9 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         ) as cache_address,
         ray_session(opts.address),
     ):
-        classes = cluster_classes(opts.cpus_per_job)
-        hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
         stack = software_stack()
-        space = {
-            cell: candidates(
-                spec.configs,
-                cell.model,
-                cell.device,
-                cell.dtype,
-                opts.precisions,
-                tuple(k for k in opts.knobs if k not in pruned.get(cell.hardware, {})),
-                _bases(opts.bases, cell.device),
-                known(cell.hardware),
-            )
-            for cell in plan_cells(spec, hardware)
-        }
-        measure0 = rung_measure(spec.measure, "rung0")
-        jobs0 = {
-            (cell, cand): make_job(spec, cell, cand, measure0, opts.timeout_cap_s, stack=stack)
-            for cell, cands in space.items()
-            for cand in cands
-        }
-        chosen = {j.job_id for j in select(jobs0.values(), opts.only)}
-        jobs0 = {k: j for k, j in jobs0.items() if j.job_id in chosen}
+        jobs0 = rung0_jobs(spec, cluster_classes(opts.cpus_per_job), opts, pruned, stack)
         cells = list(dict.fromkeys(cell for cell, _ in jobs0))
-        if not cells:
-            raise NothingToTune(
-                f"no candidate job matches --only {opts.only!r} on {', '.join(hardware) or 'no hardware class'}; "
-                "job names are hardware/model/bsN/dtype/config (see `orchestrate plan`)"
-            )
         rows0 = run_round(
             "rung0",
             list(jobs0.values()),

@@ -37,8 +37,8 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_sweep(sweep: Path, out: Path, scratch: Path, **popen_kwargs) -> subprocess.Popen:
-    """`orchestrate sweep SWEEP --out OUT --scratch SCRATCH` as a background process that takes
+def start_sweep(sweep: Path, out: Path, scratch: Path, *flags: str, **popen_kwargs) -> subprocess.Popen:
+    """`orchestrate sweep SWEEP --out OUT --scratch SCRATCH FLAGS` as a background process that takes
     Ctrl-C (SIGINT) the way a terminal's foreground command does, even when the tests themselves
     run in the background (`cmd &` in a script starts with SIGINT ignored, and Python then never
     raises KeyboardInterrupt)."""
@@ -53,6 +53,7 @@ def start_sweep(sweep: Path, out: Path, scratch: Path, **popen_kwargs) -> subpro
             str(out),
             "--scratch",
             str(scratch),
+            *flags,
         ],
         cwd=ROOT,
         preexec_fn=_default_sigint,

@@ -49,6 +49,11 @@ def test_tune_export_presets_and_a_nested_sweep_are_refused_while_a_sweep_holds_
             "presets": orchestrate("presets", str(out), check=False),
             "sweep inside": orchestrate("sweep", str(sweep), "--out", str(out / "inner"), check=False),
         }
+        # a tune never writes into a sweep's output, held or not: that is what it is told first
+        [line] = refused.pop("tune").stderr.strip().splitlines()
+        assert (
+            line.startswith(f"error: {out}: holds a sweep's output (") and "which a tune must not" in line
+        ), line
         for what, proc in refused.items():
             assert proc.returncode == 2, (what, proc.stdout, proc.stderr)
             [line] = proc.stderr.strip().splitlines()  # one line, no traceback

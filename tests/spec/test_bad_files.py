@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,6 +111,9 @@ CASES: dict[str, Callable[[], bytes | None]] = {
     "a python: package that kills its interpreter": lambda: _smoke_with(
         "python:workers.toy:mlp", "python:co_fuzz_segfault.sub:f"
     ),
+    "a python: package that prints bytes that are not UTF-8, then raises": lambda: _smoke_with(
+        "python:workers.toy:mlp", "python:co_fuzz_binary.sub:f"
+    ),
 }
 """Each gives exit 2 and one line per problem; the table in docs/bad-input.md shows the message."""
 
@@ -126,6 +130,12 @@ PACKAGES = {
     "co_fuzz_exits": "import sys\nsys.exit(0)\n",
     "co_fuzz_os_exit": "import os\nos._exit(0)\n",
     "co_fuzz_segfault": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n",
+    # decoding the check's output raised UnicodeDecodeError, a traceback
+    "co_fuzz_binary": "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe garbage')\nsys.stdout.flush()\nraise ValueError('no')\n",
+    # each held the check until its time limit (10 s), though the module was found
+    "co_fuzz_daemon": "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+    "open(os.environ['CO_FUZZ_PID'], 'w').write(str(pid))\n",
+    "co_fuzz_thread": "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n",
 }
 """Packages a python: model id may name, each misbehaving in its __init__ (the check that the
 module exists imports the package, in a child interpreter)."""
@@ -198,6 +208,28 @@ def test_bad_file_is_one_line_per_problem_and_exit_2(name, tmp_path, capsys):
     lines = err.strip().splitlines()
     if len(result.errors) == 1:
         assert len(lines) == 1 and lines[0].startswith(f"error: {path}"), err[:500]
+
+
+@pytest.mark.parametrize("package", ["co_fuzz_daemon", "co_fuzz_thread"])
+def test_a_python_package_that_leaves_a_process_or_thread_is_checked_at_once(package, tmp_path, monkeypatch):
+    """The module is found: its import returned. A process it forked (holding the check's output
+    pipe) or a thread it started kept the check waiting for its whole time limit; the forked
+    process is killed with the check's session."""
+    import psutil
+
+    monkeypatch.setattr("orchestrator.spec.imports.TIMEOUT_S", 20.0)  # what it waited: the whole of it
+    monkeypatch.setenv("CO_FUZZ_PID", str(tmp_path / "pid"))
+    path = tmp_path / "s.yaml"
+    path.write_bytes(_smoke_with("python:workers.toy:mlp", f"python:{package}.sub:f"))
+    started = time.monotonic()
+    assert isinstance(_validate_quickly(path), SweepSpec)
+    assert time.monotonic() - started < 10.0
+    if package == "co_fuzz_daemon":
+        pid = int((tmp_path / "pid").read_text())
+        deadline = time.monotonic() + 3
+        while psutil.pid_exists(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not psutil.pid_exists(pid), "the process the module forked outlived the check"
 
 
 @pytest.mark.parametrize("name", list(ACCEPTED))

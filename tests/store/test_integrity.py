@@ -108,13 +108,18 @@ def test_strays_are_ignored_with_a_warning_naming_each(out):
     (out / "results" / "copy").mkdir()
     (out / "results" / "copy" / "part-1.parquet").write_bytes(parts(out)[0].read_bytes())
     (out / "results" / "hardware=cpu" / ".part-inflight.parquet").write_bytes(b"half")
+    (out / "results" / "hardware=cpu" / "_SUCCESS").write_text("")  # another tool's marker: silent
+    # a part renamed out of sight, and a folder where a part belongs: their rows are gone, so named
+    (out / "results" / "hardware=cpu" / "_part-hidden.parquet").write_bytes(parts(out)[0].read_bytes())
+    (out / "results" / "hardware=cpu" / "part-folder.parquet").mkdir()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         table = read_results(out)
     assert table.num_rows == 4
     named = sorted(str(w.message).split(":")[0] for w in caught if w.category is StrayFileWarning)
+    strays = ("copy/part-1.parquet", "hardware=cpu/README", "notes.txt", "hardware=cpu/_part-hidden.parquet")
     assert named == sorted(
-        f"ignoring {out}/results/{rel}" for rel in ("copy/part-1.parquet", "hardware=cpu/README", "notes.txt")
+        f"ignoring {out}/results/{rel}" for rel in (*strays, "hardware=cpu/part-folder.parquet")
     )
 
 

@@ -21,10 +21,17 @@ from orchestrator.store.integrity import DamagedOutputError
 from orchestrator.store.ledger import LEDGER_DIR, load
 from orchestrator.store.lock import OutputLock
 from orchestrator.store.reader import LedgerWarning, LegacyOutputWarning, find_damaged, repair
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import RESULTS_SCHEMA, TABLES, read_results, table_spec
+from orchestrator.store.rows import make_row, side_rows
+from orchestrator.store.schema import (
+    RESULTS_SCHEMA,
+    SCHEMA_VERSION_KEY,
+    TABLES,
+    read_results,
+    read_table,
+    table_spec,
+)
 from orchestrator.store.sink import ResultSink
-from orchestrator.store.storage import resolve
+from orchestrator.store.storage import StorageError, resolve
 
 SPECS = [table_spec(t) for t in TABLES]
 NAMES = ("cpu/mlp/bs1/fp32/default", "cpu/mlp/bs1/fp32/ro", "cpu/mlp/bs4/fp32/default")
@@ -89,12 +96,45 @@ def test_parts_the_ledger_does_not_vouch_for_are_named(out, damage, kind):
     assert not find_damaged(resolve(out), SPECS)[0]
 
 
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda e: e | {"rows": 2}, "lists 2 rows, the file (sha256 as listed) holds 1"),
+        (lambda e: e | {"job_ids": ["0" * 20]}, "lists job_id(s) 000000000000, the file"),
+        (lambda e: e | {"job_ids": []}, "lists job_id(s) none, the file"),
+    ],
+    ids=["rows", "job_ids", "no job_ids"],
+)
+def test_a_ledger_line_that_disagrees_with_its_matching_part_is_damage(out, edit, says):
+    """The digest matches, so the part is as committed, but its line says other rows or job_ids:
+    the line was edited. Nothing reads job_ids from the ledger instead of the part (a resume
+    plans from the rows), but a reader must not vouch for a part through a line that lies."""
+    [segment] = (out / LEDGER_DIR).glob("*.jsonl")
+    lines = [json.loads(line) for line in segment.read_text().splitlines()]
+    lines[0] = edit(lines[0])
+    segment.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    [d] = refusal(out).damaged
+    assert (d.rel, d.kind) == (lines[0]["part"], "damaged")
+    assert says in d.reason and d.reason.endswith("its line was changed"), d.reason
+    repair(resolve(out), SPECS, "T")  # the part to quarantine, its job to run again
+    assert (out / "quarantine" / "T" / lines[0]["part"]).exists()
+    assert read_results(out).num_rows == 2
+
+
 def mistype_speedup(t):
     return t.set_column(t.schema.get_field_index("speedup"), "speedup", pa.array(["99.5"]))
 
 
 def int_job_id(t):
     return t.set_column(0, "job_id", pa.array([7]))
+
+
+def set_float(t, name, value):
+    return t.set_column(t.schema.get_field_index(name), name, pa.array([value], pa.float64()))
+
+
+def set_str(t, name, value):
+    return t.set_column(t.schema.get_field_index(name), name, pa.array([value]))
 
 
 def null_figures(t):
@@ -141,6 +181,33 @@ def null_figures(t):
             lambda t: t.set_column(t.schema.get_field_index("compiled_ms"), "compiled_ms", pa.array([-1.0])),
             "status ok but compiled_ms -1.0",
         ),
+        # a derived figure may be null, never NaN: `report` showed `nanx`, exit 0, without a ledger
+        (lambda t: set_float(t, "speedup", float("nan")), "status ok but speedup nan"),
+        (
+            lambda t: set_float(t, "speedup_vs_baseline", float("inf")),
+            "status ok but speedup_vs_baseline inf",
+        ),
+        (lambda t: set_float(t, "compile_s", -2.0), "status ok but compile_s -2.0"),
+        # valid Parquet, plausible values, but not what the writer wrote (found without a ledger too)
+        (lambda t: set_str(t, "model", "resnet"), "is not its cell 'cpu/resnet/bs"),
+        (lambda t: set_float(t, "speedup", 6.0), "speedup 6.0 is not eager_ms / compiled_ms = 2.0"),
+        (  # the ratio overflows: no job measured that
+            lambda t: set_float(set_float(t, "compiled_ms", 5e-324), "speedup", None),
+            "speedup None is not eager_ms / compiled_ms = inf",
+        ),
+        (lambda t: t.slice(0, 0), "no rows (the sink writes no part without rows)"),
+        (
+            lambda t: t.set_column(
+                t.schema.get_field_index("peak_mem_bytes"),
+                t.schema.field("peak_mem_bytes"),
+                pa.array([-5], pa.int64()),
+            ),
+            "peak_mem_bytes -5 is negative",
+        ),
+        (  # an older schema version may lack later columns, never an ok row's two figures
+            lambda t: t.drop_columns(["eager_ms"]).replace_schema_metadata({SCHEMA_VERSION_KEY: b"1"}),
+            "schema version 1: missing column(s) eager_ms",
+        ),
     ],
     ids=[
         "string speedup",
@@ -154,6 +221,15 @@ def null_figures(t):
         "control character in a model name",
         "batch size below 1",
         "negative latency",
+        "NaN speedup",
+        "infinite ratio",
+        "negative compile time",
+        "model renamed",
+        "speedup off its figures",
+        "a compiled time that overflows the speedup",
+        "a part emptied of its rows",
+        "negative count",
+        "old version without a figure",
     ],
 )
 @pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "pre-ledger"])
@@ -166,6 +242,47 @@ def test_schema_and_rows_are_exact_with_no_cast(out, change, reason, ledger):
     [d] = error.damaged
     assert d.rel == f"results/hardware=cpu/{bad.name}"
     assert (reason in d.reason) if not ledger else ("differ from the commit ledger" in d.reason)
+
+
+def test_a_part_moved_to_another_hardware_folder_is_named_without_a_ledger(out):
+    """Its rows would read as another class's: job_name, which starts with the class, says not."""
+    shutil.rmtree(out / LEDGER_DIR)
+    moved = out / "results" / "hardware=H100" / parts(out)[0].name
+    moved.parent.mkdir()
+    parts(out)[0].rename(moved)
+    [d] = refusal(out).damaged
+    assert d.rel == f"results/hardware=H100/{moved.name}" and "is not its cell 'H100/mlp/bs" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda rows: [dict(r, is_winner=True) for r in rows], "2 winner(s) among 2 candidates"),
+        (
+            lambda rows: [dict(r, time_ms=r["time_ms"] * (9 if r["is_winner"] else 1)) for r in rows],
+            "1 winner(s)",
+        ),
+        (lambda rows: [dict(r, time_ms=float("nan")) for r in rows], "time_ms nan is not a time"),
+        (lambda rows: [dict(r, op_index=-1) for r in rows], "op_index -1 is negative"),
+        (lambda rows: [dict(r, input_shapes=None) for r in rows], "input_shapes null"),
+    ],
+    ids=["two winners", "winner not the fastest", "NaN time", "negative op index", "no input shapes"],
+)
+def test_kernel_choices_that_the_recorder_never_writes_are_named(
+    tmp_path, table_jobs, make_result, change, reason
+):
+    from tests.integration.test_fleet import fake_kernel_choices
+
+    job = table_jobs[NAMES[0]]
+    sink = ResultSink(tmp_path, ledger=False)  # no ledger: only the row checks can tell
+    choices = side_rows(job, {"kernel_choices": change(fake_kernel_choices())}, run_id="r1")
+    sink.add(make_row(job, make_result(), run_id="r1"), choices)
+    sink.close()
+    with pytest.raises(DamagedOutputError) as info, warnings.catch_warnings():
+        warnings.simplefilter("ignore", LegacyOutputWarning)
+        read_table(tmp_path, "kernel_choices")
+    [d] = info.value.damaged
+    assert d.rel.startswith("kernel_choices/hardware=cpu/") and reason in d.reason, d.reason
 
 
 def test_a_job_with_two_rows_names_both_parts_without_a_ledger(out):
@@ -285,3 +402,48 @@ def test_a_100_mb_run_json_is_refused_before_it_is_read(tmp_path):
     with pytest.raises(runlog.RunLogError, match="104857600 bytes, more than any run log"):
         runlog.read_runs(tmp_path)
     assert time.monotonic() - started < 1.0
+
+
+def test_rows_of_another_sweep_than_run_json_records_are_foreign(out, capsys, no_ray):
+    """A part copied in from another sweep's output, its ledger line with it: an output holds one
+    sweep, and run.json says which (the rows' `sweep` column says theirs)."""
+    run = {"run_id": "r0", "spec_file": "sweeps/vision.yaml", "spec": {"name": "vision"}}
+    (out / "run.json").write_text(json.dumps({"runs": [run]}))
+    error = refusal(out)
+    assert {d.kind for d in error.damaged} == {"foreign"}
+    assert "rows of sweep 'tables', while run.json records 'vision'" in error.damaged[0].reason
+    repair(resolve(out), SPECS, "T")
+    assert read_results(out).num_rows == 0 and len(list((out / "quarantine" / "T").rglob("*.parquet"))) == 3
+
+
+@pytest.mark.parametrize("link", ["results", "results/hardware=cpu"])
+def test_a_table_folder_that_links_to_another_output_is_refused_and_left_alone(
+    out, tmp_path, link, capsys, no_ray
+):
+    """Through the link a report showed the other output's rows, and a resume moved its files into
+    this output's quarantine."""
+    other = tmp_path / "other"
+    (other / link).parent.mkdir(parents=True, exist_ok=True)
+    (other / link).symlink_to(out / link)
+    before = sorted(p.name for p in parts(out))
+    assert main(["report", str(other)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: {other / link} is a symbolic link to {out / link}") and "\n" not in line
+    with pytest.raises(StorageError, match="is a symbolic link"):
+        repair(resolve(other), SPECS, "T")
+    assert sorted(p.name for p in parts(out)) == before and not (other / "quarantine").exists()
+
+
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "pre-ledger"])
+def test_a_part_larger_than_any_the_sink_writes_is_named_unread(out, ledger):
+    """A sparse 3 GiB file named like a part: reading it took 36 s and 8 GiB of memory."""
+    if not ledger:
+        shutil.rmtree(out / LEDGER_DIR)
+    with open(parts(out)[0].with_name("part-huge.parquet"), "wb") as f:
+        f.truncate(3 * 2**30)
+    started = time.monotonic()
+    [d] = refusal(out).damaged
+    assert d.rel.endswith("part-huge.parquet") and time.monotonic() - started < 5
+    assert (
+        "not listed in the commit ledger" if ledger else "3221225472 bytes, larger than any part"
+    ) in d.reason
