@@ -533,6 +533,14 @@ def test_an_only_pattern_that_matches_no_job_is_one_line(command, tmp_path, caps
     assert not (tmp_path / "out" / "results").exists()
 
 
+def test_a_huge_only_pattern_is_not_echoed_in_full(capsys):
+    """A 50,000-character --only (a pasted file) is shortened in its error line, with its length."""
+    assert main(["plan", str(SMOKE), "--hardware", "cpu", "--only", "x" * 50_000]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "matches none" in line and "(50,000 characters)" in line
+    assert len(line) < 1_000
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
