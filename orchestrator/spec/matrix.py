@@ -78,7 +78,9 @@ def select_matching(
     chosen = select(jobs, pattern)
     if pattern is not None and jobs and not chosen:
         names = [j.name for j in jobs]
-        near = difflib.get_close_matches(pattern.split(",")[0].strip()[:200], names, n=3, cutoff=0) or names[:3]
+        near = (
+            difflib.get_close_matches(pattern.split(",")[0].strip()[:200], names, n=3, cutoff=0) or names[:3]
+        )
         shown = pattern if len(pattern) <= 200 else f"{pattern[:200]}... ({len(pattern):,} characters)"
         raise NoJobMatches(
             f"--only {shown!r} matches none of {what.format(n=len(jobs))}; job names are "
