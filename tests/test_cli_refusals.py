@@ -258,15 +258,42 @@ def test_cpus_per_job_above_every_node_is_one_line_not_a_sweep_of_nothing(comman
     assert line.startswith("error: no node of the cluster can run a job (classes present: none)"), line
 
 
-def test_address_auto_without_a_local_cluster_is_one_line(tmp_path, capsys, no_ray, monkeypatch):
-    from ray._private.services import find_bootstrap_address, find_gcs_addresses
+def _own_pid_namespace() -> list[str] | None:
+    """`unshare` arguments that run a command in a PID namespace of its own (root only), where no
+    other process of the machine, a Ray cluster included, can be seen; None where that fails."""
+    args = ["unshare", "--pid", "--fork", "--mount-proc"]
+    try:
+        ok = subprocess.run([*args, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return args if ok else None
 
+
+def test_address_auto_without_a_local_cluster_is_one_line(tmp_path, monkeypatch):
+    """Another test (or a user) may run a Ray on this machine, and `--address auto` would rightly
+    find it: the command runs where no other process is visible (its own PID namespace) and Ray's
+    temp dir, which names the last cluster started, is empty."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    if find_gcs_addresses() or find_bootstrap_address(None):
-        pytest.skip("a Ray cluster runs on this machine, so --address auto finds one")
-    assert main(["sweep", str(SMOKE), "--out", str(tmp_path / "out"), "--address", "auto"]) == 2
-    line = _one_line(capsys.readouterr().err)
-    assert line.startswith("error: --address auto: no Ray cluster runs on this machine (start one with")
+    command = [sys.executable, "-m", "orchestrator", "sweep", str(SMOKE), "--out", str(tmp_path / "out")]
+    isolated = _own_pid_namespace()
+    if isolated is None:
+        from ray._private.services import find_bootstrap_address, find_gcs_addresses
+
+        if find_gcs_addresses() or find_bootstrap_address(None):
+            pytest.skip("a Ray cluster runs on this machine, and no PID namespace of its own (unshare, root)")
+        isolated = []
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "ray-tmp")}
+    proc = subprocess.run(
+        [*isolated, *command, "--address", "auto"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = _one_line(proc.stderr)
+    assert line.startswith("error: --address auto: no Ray cluster runs on this machine (start one with"), line
 
 
 # --- pages, destinations, addresses and special files: one line, exit 2, no hang --------------------

@@ -164,9 +164,15 @@ class Scheduler:
         still running after `grace_s` (or at a second Ctrl-C) is killed with its worker; its job
         process dies with it. A cancelled job has no results row: `--resume` runs it again."""
         refs = list(self.running)
+        ready: list = []
         try:
+            # A task is cancelled only while it is still running: Ray 2.60 can abort the driver
+            # ("Check failed: ... Tried to complete task that was not pending") when a cancel
+            # meets the reply of a task that has just ended, so the ended ones are left alone.
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
             for ref in refs:
-                ray.cancel(ref, force=False)
+                if ref not in done:
+                    ray.cancel(ref, force=False)
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s) if refs else ([], [])
             for ref in ready:
                 try:
@@ -178,7 +184,8 @@ class Scheduler:
         except KeyboardInterrupt:  # a second Ctrl-C: stop waiting for them
             pass
         finally:
-            for ref in refs:  # a task that has ended is left alone
-                ray.cancel(ref, force=True)
+            for ref in refs:
+                if ref not in ready:  # still running after the grace (or a second Ctrl-C)
+                    ray.cancel(ref, force=True)
             self.running.clear()
         return len(refs)
