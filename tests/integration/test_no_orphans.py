@@ -36,6 +36,25 @@ def _marked(marker: str) -> list[psutil.Process]:
     return found
 
 
+def _cmdline(p: psutil.Process) -> str:
+    """What `p` runs; "" for one that has just ended (a g++ may end between a listing and a read)."""
+    with contextlib.suppress(psutil.Error):
+        return " ".join(p.cmdline())
+    return ""
+
+
+def _name(p: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return p.name()
+    return ""
+
+
+def _parent(p: psutil.Process) -> psutil.Process | None:
+    with contextlib.suppress(psutil.Error):
+        return p.parent()
+    return None
+
+
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     alive = []
     for p in procs:  # is_running() compares the start time too: a reused pid is not ours
@@ -61,12 +80,12 @@ def test_a_driver_killed_mid_compile_leaves_no_job_process(sweep_file, tmp_path)
         assert compiling, "no g++ of the job was seen in 300 s"
 
         procs = _marked(marker)
-        workers = {p.parent() for p in procs if "workers.bench" in " ".join(p.cmdline())} - {None}
-        procs += [w for w in workers if w.name().startswith("ray::")]
-        names = sorted(p.name() for p in procs)
+        workers = {_parent(p) for p in procs if "workers.bench" in _cmdline(p)} - {None}
+        procs += [w for w in workers if _name(w).startswith("ray::")]
+        names = sorted(_name(p) for p in procs)
         assert any(n.startswith("ray::") for n in names), names  # the Ray worker (execute_job)
         assert "co-job-guard" in names, names  # the job process's guard
-        cmdlines = [" ".join(p.cmdline()) for p in _alive(procs)]
+        cmdlines = [_cmdline(p) for p in _alive(procs)]
         assert any("co-test-grandchild" in c for c in cmdlines), cmdlines
         assert any("-m workers.bench" in c for c in cmdlines), cmdlines
 
