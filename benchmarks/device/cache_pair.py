@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,53 +40,24 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from compiler.env import die_with_parent  # noqa: E402
-from orchestrator.fleet.cache import RedisAddress, _client, find_redis_server, ping  # noqa: E402
+from orchestrator.fleet.cache import RedisAddress, _client, _start, find_redis_server  # noqa: E402
 
 GRACE_S = 60
 
 
 def start_redis(out: Path, port: int) -> subprocess.Popen:
+    """The project's own redis-server start (`orchestrator.fleet.cache`: loopback, no automatic
+    saves, dies with this script) on `port`, its files in OUT/redis: an explicit SAVE writes
+    OUT/redis/dump.rdb, which a server started there later loads."""
     binary, looked = find_redis_server()
     if binary is None:
         sys.exit(f"no redis-server binary ({looked})")
     data = out / "redis"
     data.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:  # a server left on the port would answer the ping below
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as redis-server does: TIME_WAIT is free
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            sys.exit(f"port {port} is taken (a redis-server left running?): give --port")
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dir",
-            str(data),
-            "--dbfilename",
-            "dump.rdb",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--logfile",
-            str(data / "redis.log"),
-        ],
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            ping(RedisAddress("127.0.0.1", port), timeout_s=0.5)
-            return proc
-        except Exception:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                sys.exit(f"redis-server did not start: {(data / 'redis.log').read_text()[-500:]}")
-            time.sleep(0.1)
+    proc = _start(binary, data, port)  # None: it did not start, or another server holds the port
+    if proc is None:
+        sys.exit(f"redis-server did not start on port {port} (taken? give --port): {data / 'redis.log'}")
+    return proc
 
 
 def redis_info(port: int) -> dict:
