@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,24 @@ def _kept_choices(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result[k] for k in ("kernel_choices", "autotuned_ops") if result.get(k)}
 
 
+_stop_check: Callable[[], bool] | None = None
+"""While a task runs a job under `stopping_when`: true once the driver stops the sweep."""
+
+
+@contextlib.contextmanager
+def stopping_when(check: Callable[[], bool] | None) -> Iterator[None]:
+    """For the block, a job process's wait also ends the job as a cancellation (`JobCancelled`,
+    with what its compile streamed) once `check()` is true: the driver's stop of a sweep, which
+    reaches the task without `ray.cancel` (whose race with a task's reply can abort the driver:
+    `workers.task`)."""
+    global _stop_check
+    before, _stop_check = _stop_check, check
+    try:
+        yield
+    finally:
+        _stop_check = before
+
+
 def _run_bench(
     flags: list[str],
     job_file: Path,
@@ -186,6 +205,8 @@ def _run_bench(
                 if time.monotonic() - started > timeout_s:
                     timed_out = True
                     break
+                if _stop_check is not None and _stop_check():
+                    raise KeyboardInterrupt  # the driver stops the sweep: handled as a cancellation
                 time.sleep(POLL_S)  # short waits so a cancellation (KeyboardInterrupt) lands here
         except KeyboardInterrupt:  # cancelled: the process tree goes, what its compile streamed stays
             kill_tree(proc)

@@ -12,16 +12,21 @@ instead (`_exit_with_raylet`), and its job process and that process's group foll
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from workers.job import Job
-from workers.runner import JobCancelled, run_job
+from workers.runner import JobCancelled, run_job, stopping_when
 
 RAYLET_POLL_S = 0.2
+STOP_POLL_S = 0.5
+"""How often a running job looks for its driver's stop (`stop_key`) in Ray's key-value store."""
+STOP_NAMESPACE = "compile-orchestrator"
 _watching: list[int] = []
 """The raylet's pid, once this worker process watches it."""
 
@@ -50,6 +55,36 @@ def _exit_with_raylet() -> None:
     threading.Thread(target=watch, name="exit-with-raylet", daemon=True).start()
 
 
+def stop_key(ray_job_id: str) -> bytes:
+    """The key (in `STOP_NAMESPACE` of Ray's internal key-value store) whose presence tells the tasks of
+    one driver, a Ray job, to stop their jobs. A stopping driver (Ctrl-C, SIGTERM, a full disk)
+    sets it instead of `ray.cancel`-ing running tasks: Ray 2.60 can abort the driver ("Check
+    failed: ... Tried to complete task that was not pending") when a cancel meets the reply of a
+    task that is just ending, and a cancelled task replies by design. The tasks end as they would
+    on a cancel, and Ray sees them return."""
+    return f"stop:{ray_job_id}".encode()
+
+
+def _stop_requested() -> Callable[[], bool]:
+    """A check, at most every `STOP_POLL_S`, of this task's driver's `stop_key` (false where it
+    cannot be read)."""
+    import ray
+    from ray.experimental import internal_kv
+
+    key = stop_key(ray.get_runtime_context().get_job_id())
+    state = {"at": 0.0, "stop": False}
+
+    def check() -> bool:
+        now = time.monotonic()
+        if not state["stop"] and now - state["at"] >= STOP_POLL_S:
+            state["at"] = now
+            with contextlib.suppress(Exception):  # the GCS is busy or gone: a forced cancel still comes
+                state["stop"] = bool(internal_kv._internal_kv_exists(key, namespace=STOP_NAMESPACE))
+        return state["stop"]
+
+    return check
+
+
 def execute_job(
     job_dict: dict[str, Any],
     threads: int,
@@ -59,23 +94,28 @@ def execute_job(
     shared_cache: str | None = None,
 ) -> dict[str, Any]:
     """Body of the per-job Ray task: run the job, return its result fields plus where it ran; or,
-    when the task is cancelled (`ray.cancel` without force: a KeyboardInterrupt), `{"cancelled":
-    True}` with what the job's cold compile had streamed (`kernel_choices`, `autotuned_ops`)."""
+    when its driver stops the sweep (`stop_key`) or the task is cancelled (`ray.cancel` without
+    force: a KeyboardInterrupt), `{"cancelled": True}` with what the job's cold compile had
+    streamed (`kernel_choices`, `autotuned_ops`)."""
     import ray
 
     _exit_with_raylet()
     started = time.time()
     job = Job.from_dict(job_dict)
+    stopped = _stop_requested()
+    if stopped():  # queued when its driver stopped: never started
+        return {"cancelled": True}
     try:
-        result = run_job(
-            job,
-            threads=threads,
-            scratch_root=scratch_root,
-            extra_path=extra_path,
-            lock_clocks=lock_clocks,
-            shared_cache=shared_cache,
-        )
-    except JobCancelled as stop:  # a task that returns after `ray.cancel` (not forced) is read
+        with stopping_when(stopped):
+            result = run_job(
+                job,
+                threads=threads,
+                scratch_root=scratch_root,
+                extra_path=extra_path,
+                lock_clocks=lock_clocks,
+                shared_cache=shared_cache,
+            )
+    except JobCancelled as stop:  # stopped by its driver (or `ray.cancel` without force): read
         return {"cancelled": True, **stop.kept}
     result["node_id"] = ray.get_runtime_context().get_node_id()
     result["hostname"] = socket.gethostname()

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -158,26 +159,27 @@ class Scheduler:
                 time.sleep(WAIT_S)  # the class's nodes are busy or gone; check again shortly
 
     def cancel_all(self, ray, grace_s: float = CANCEL_GRACE_S) -> int:
-        """Cancel every running task; return how many. Each first gets a KeyboardInterrupt: its
-        runner kills the job's processes and returns what the cold compile had streamed, which
-        `keep` gets (so a cancelled job keeps its kernel choices, as a timed-out one does). Any
-        still running after `grace_s` (or at a second Ctrl-C) is killed with its worker; its job
-        process dies with it. A cancelled job has no results row: `--resume` runs it again."""
+        """Stop every running task; return how many. They are told through Ray's key-value store
+        (`workers.task.stop_key`), not `ray.cancel`: each kills its job's processes and returns
+        what the cold compile had streamed, which `keep` gets (so a stopped job keeps its kernel
+        choices, as a timed-out one does). Any still running after `grace_s` (or at a second
+        Ctrl-C) is cancelled with force: its worker is killed, and its job process dies with it.
+        A stopped job has no results row: `--resume` runs it again."""
+        from ray.experimental import internal_kv
+
+        from workers.task import STOP_NAMESPACE, stop_key
+
         refs = list(self.running)
         ready: list = []
+        key = stop_key(ray.get_runtime_context().get_job_id())
         try:
-            # A task is cancelled only while it is still running: Ray 2.60 can abort the driver
-            # ("Check failed: ... Tried to complete task that was not pending") when a cancel
-            # meets the reply of a task that has just ended, so the ended ones are left alone.
-            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
-            for ref in refs:
-                if ref not in done:
-                    ray.cancel(ref, force=False)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s) if refs else ([], [])
+            if refs:
+                internal_kv._internal_kv_put(key, b"1", namespace=STOP_NAMESPACE)
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s)
             for ref in ready:
                 try:
                     result = ray.get(ref, timeout=grace_s)
-                except Exception:  # cancelled before it could answer: nothing to keep
+                except Exception:  # ended without an answer: nothing to keep
                     continue
                 if isinstance(result, dict) and result.get("cancelled") and self.keep is not None:
                     self.keep(side_rows(self.running[ref].job, result, run_id=self.run_id))
@@ -187,5 +189,8 @@ class Scheduler:
             for ref in refs:
                 if ref not in ready:  # still running after the grace (or a second Ctrl-C)
                     ray.cancel(ref, force=True)
+            if refs:  # the driver's later sweeps (a tune's next rung) must not see it
+                with contextlib.suppress(Exception):
+                    internal_kv._internal_kv_del(key, namespace=STOP_NAMESPACE)
             self.running.clear()
         return len(refs)
