@@ -22,6 +22,16 @@ jobs and keeps its rows, as on Ctrl-C); OUT/PHASE.json gets every wall time and 
       sweeps/tune-cache-pair.yaml --bases max-autotune --knobs cudagraphs
   python3 benchmarks/device/cache_pair.py warm --out runs/cache-pair --deadline 540 -- (same)
 
+`serial` runs the three tunes one after another on the whole machine instead (one GPU is
+enough): `shared-cold` (Redis empty), `shared-warm` (the same server, as `shared-cold` left it),
+then `nocache` (--no-shared-cache), each with the whole deadline, writing OUT/serial.json after
+each and OUT/serial.done at the end. A no-cache tune with max-autotune can outlast a 10-minute
+device call: start it in a session of its own (`setsid`, which the device machine lets run on
+between calls on a warm machine) and wait for OUT/serial.done in the next calls:
+
+  setsid python3 benchmarks/device/cache_pair.py serial --out runs/cache-serial --deadline 1500 -- \
+      sweeps/tune-cache-pair.yaml --bases max-autotune --knobs cudagraphs >runs/serial.log 2>&1 &
+
 `--cpu` rehearses it on a CPU machine (one core per tune, no GPUs).
 """
 
@@ -115,13 +125,74 @@ def launch(name: str, out: Path, gpus: str, cores: set[int], tune_args: list[str
     return proc, log
 
 
+def supervise(runs: dict, deadline: float) -> dict:
+    """Wait for every tune in `runs`; SIGINT each at `deadline` seconds (it cancels its jobs and
+    keeps its rows, as on Ctrl-C), SIGKILL its group GRACE_S later. Their wall times and exits."""
+    t0 = time.monotonic()
+    done: dict = {}
+    pending = dict(runs)
+    interrupted: set[str] = set()
+    while pending:
+        now = time.monotonic() - t0
+        for name, (proc, log) in list(pending.items()):
+            if proc.poll() is not None:
+                log.close()
+                done[name] = {
+                    "rc": proc.returncode,
+                    "wall_s": round(now, 1),
+                    "interrupted": name in interrupted,
+                }
+                print(f"[{name}] exit {proc.returncode} after {now:.1f} s", flush=True)
+                del pending[name]
+            elif now > deadline and name not in interrupted:
+                print(f"[{name}] deadline: SIGINT", flush=True)
+                proc.send_signal(signal.SIGINT)
+                interrupted.add(name)
+            elif now > deadline + GRACE_S:
+                os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(0.5)
+    return done
+
+
+def serial(out: Path, port: int, deadline: float, tune_args: list[str], cpu: bool) -> int:
+    """shared-cold, shared-warm, nocache one after another on the whole machine."""
+    (out / "serial.done").unlink(missing_ok=True)
+    (out / "redis" / "dump.rdb").unlink(missing_ok=True)
+    redis = start_redis(out, port)
+    cores = set(os.sched_getaffinity(0))
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if not cpu:
+        import torch
+
+        gpus = gpus or ",".join(map(str, range(torch.cuda.device_count())))
+    per_job = 1 if cpu else len(cores)
+    result: dict = {"phase": "serial", "tune_args": tune_args, "gpus": gpus, "cores": len(cores), "tunes": {}}
+    plan = [
+        ("shared-cold", ["--cache-redis", f"127.0.0.1:{port}"]),
+        ("shared-warm", ["--cache-redis", f"127.0.0.1:{port}"]),
+        ("nocache", ["--no-shared-cache"]),
+    ]
+    for name, extra in plan:
+        result["tunes"][name] = {"redis_at_start": redis_info(port)}
+        run = launch(name, out, gpus, cores, [*tune_args, *extra], per_job)
+        result["tunes"][name].update(supervise({name: run}, deadline)[name])
+        (out / "serial.json").write_text(json.dumps(result, indent=1) + "\n")
+    result["redis_at_end"] = redis_info(port)
+    redis.terminate()
+    redis.wait(30)
+    (out / "serial.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "serial.done").write_text("")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="%(prog)s {cold,warm} [--out DIR] [--deadline S] [--port P] [--cpu] -- SWEEP [TUNE FLAGS]",
+        usage="%(prog)s {cold,warm,serial} [--out DIR] [--deadline S] [--port P] [--cpu] -- SWEEP [TUNE FLAGS]",
     )
-    ap.add_argument("phase", choices=["cold", "warm"])
+    ap.add_argument("phase", choices=["cold", "warm", "serial"])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "cache-pair")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds before each tune gets SIGINT")
     ap.add_argument("--port", type=int, default=6391)
@@ -134,6 +205,8 @@ def main() -> int:
     tune_args = argv[cut + 1 :]
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.phase == "serial":
+        return serial(out, args.port, args.deadline, tune_args, args.cpu)
     if args.phase == "warm" and not (out / "redis" / "dump.rdb").is_file():
         sys.exit(f"{out}/redis/dump.rdb missing: run the cold phase first (and carry OUT/redis back)")
 
@@ -157,29 +230,8 @@ def main() -> int:
             len(cores_b),
         ),
     }
-    t0 = time.monotonic()
     result: dict = {"phase": args.phase, "tune_args": tune_args, "redis_at_start": before, "tunes": {}}
-    pending = dict(runs)
-    interrupted: set[str] = set()
-    while pending:
-        now = time.monotonic() - t0
-        for name, (proc, log) in list(pending.items()):
-            if proc.poll() is not None:
-                log.close()
-                result["tunes"][name] = {
-                    "rc": proc.returncode,
-                    "wall_s": round(now, 1),
-                    "interrupted": name in interrupted,
-                }
-                print(f"[{name}] exit {proc.returncode} after {now:.1f} s", flush=True)
-                del pending[name]
-            elif now > args.deadline and name not in interrupted:
-                print(f"[{name}] deadline: SIGINT", flush=True)
-                proc.send_signal(signal.SIGINT)
-                interrupted.add(name)
-            elif now > args.deadline + GRACE_S:
-                os.killpg(proc.pid, signal.SIGKILL)
-        time.sleep(0.5)
+    result["tunes"] = supervise(runs, args.deadline)
     result["redis_at_end"] = redis_info(args.port)
     client = _client(RedisAddress("127.0.0.1", args.port))
     client.save()  # OUT/redis/dump.rdb: the next phase's server starts from it
