@@ -11,8 +11,9 @@ the regression report's `latency_change`) or could not be told apart (too noisy)
 geometric-mean gain, and which models it helped and hurt, so a setting that helps
 one model family and hurts another says so.
 
-A setting measured in every cell of a class to gain nothing or to hurt is marked `drop`: `orchestrate tune --prune-from
-PREVIOUS` leaves it out of that class's next search, and the tune's `tune.json` says why.
+A setting measured in every cell of a class to gain nothing or to hurt is marked `drop`. Where
+it is a tuner knob, `orchestrate tune --prune-from PREVIOUS` leaves it out of that class's next
+search, and the tune's `tune.json` says why; a mode is never pruned.
 
 Not compiling is a setting too (`EAGER_SETTING`, added by `orchestrator.tune.eager.add_effects`):
 its gain is the compiled preset's time / eager's, in the cells where the preset's row timed both.
@@ -159,7 +160,11 @@ class SettingEffect:
         if unclear:
             text += f"; {unclear} cells too noisy to tell"
         if self.verdict == "drop":
-            text += "; no gain on any cell: dropped from this class's next search"
+            from orchestrator.tune.space import KNOB_NAMES
+
+            text += "; no gain on any cell"
+            if self.setting in KNOB_NAMES:  # what `dropped_knobs` leaves out; modes are never pruned
+                text += ": dropped from this class's next search"
         return text
 
 

@@ -15,6 +15,8 @@ from compiler.config import CompileConfig, config_problems
 from orchestrator.spec.sweep import SpecError, parse_spec
 from orchestrator.store.schema import rows_to_table
 from orchestrator.tune.effects import (
+    CellEffect,
+    SettingEffect,
     dropped_knobs,
     effects_document,
     preset_settings,
@@ -281,3 +283,17 @@ def test_a_mode_is_named_alike_where_it_is_measured_and_where_a_preset_uses_it()
     assert (
         won["setting"] == "mode reduce-overhead" and won["presets"] == 1 and won["helps_models"] == ["resnet"]
     )
+
+
+def test_only_a_knob_is_said_to_be_dropped_from_the_next_search():
+    """--prune-from leaves out knobs only: a mode (here the options of max-autotune-no-cudagraphs
+    over reduce-overhead, as an H100 tune of ViT measured them) that hurt everywhere is not said to
+    be dropped."""
+    hurt = CellEffect("A100/vit/bs1/fp32", "vit", "reduce-overhead", "max-autotune", 0.9, 0.87, 0.95, "hurts")
+    mode = SettingEffect("A100", "mode max-autotune-no-cudagraphs", [hurt])
+    knob = SettingEffect("A100", "freezing", [hurt])
+    assert mode.verdict == knob.verdict == "drop"
+    assert mode.why.endswith("slower on vit; no gain on any cell")
+    assert knob.why.endswith("no gain on any cell: dropped from this class's next search")
+    doc = effects_document({"A100": {mode.setting: mode, knob.setting: knob}})
+    assert dropped_knobs(doc) == {"A100": {"freezing": knob.why}}
