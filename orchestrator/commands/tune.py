@@ -141,9 +141,50 @@ def add_parsers(sub) -> None:
         "same candidates; compile_s is then partly cache-served, and each row says how (compile_cache, "
         "compile_from_cache, *_cache_hits/misses)",
     )
+    p.add_argument(
+        "--cache-from",
+        type=location_arg,
+        metavar="DIR",
+        help="an earlier tune's --out (or a sweep's, run with --shared-cache): the tune's private Redis starts with "
+        "the GEMM/conv timings and Triton configs it kept (DIR/shared-cache.parquet), so max-autotune candidates "
+        "of the same hardware class and software stack skip the benchmarking already done there (entries of "
+        "other classes or stacks never match). Not with --cache-redis (that server keeps its own) or "
+        "--no-shared-cache",
+    )
     _add_cache_redis(p)
     _add_only(p)
     p.set_defaults(func=cmd_tune)
+
+
+def _cache_from_conflict(args) -> str | None:
+    """Why --cache-from cannot go with the other cache flags given, or None."""
+    if args.cache_from is None:
+        return None
+    if args.no_shared_cache:
+        return "--cache-from seeds the shared compile cache, which --no-shared-cache turns off"
+    if args.cache_redis is not None:
+        return (
+            "--cache-from seeds the tune's private Redis; a server named with --cache-redis keeps its own "
+            "entries (drop one of the two)"
+        )
+    return None
+
+
+def _cache_from(args):
+    """The checked --cache-from location, or None; StorageError (one error line, exit 2) where it
+    holds no shared-cache snapshot."""
+    from orchestrator.fleet.cache import SNAPSHOT_FILE
+    from orchestrator.store.storage import StorageError, checked
+
+    if args.cache_from is None:
+        return None
+    where = checked(args.cache_from)
+    if not where.join(SNAPSHOT_FILE).exists():
+        raise StorageError(
+            f"--cache-from: {where.join(SNAPSHOT_FILE)} does not exist (give the --out of an earlier tune, or of a "
+            "sweep run with --shared-cache, that autotuned something)"
+        )
+    return where
 
 
 def cmd_tune(args) -> int:
@@ -167,6 +208,9 @@ def cmd_tune(args) -> int:
         else:
             precisions.append(canon)
     cache_redis = _cache_address(args, not args.no_shared_cache, "--no-shared-cache turns off")
+    conflict = _cache_from_conflict(args)
+    if conflict:
+        problems.append(conflict)
     knobs = KNOB_NAMES
     if args.knobs is not None:
         knobs = tuple(filter(None, (k.strip() for k in args.knobs.split(","))))
@@ -192,6 +236,7 @@ def cmd_tune(args) -> int:
         check_own_output(out, "tune")
         check_writable(out)
         prune_from = checked(args.prune_from) if args.prune_from else None
+        cache_from = _cache_from(args)
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -214,6 +259,7 @@ def cmd_tune(args) -> int:
         scratch_root=args.scratch,
         shared_cache=not args.no_shared_cache,
         cache_redis=cache_redis,
+        cache_from=cache_from,
         argv=sys.argv,
     )
     if not _check_plan_locally(spec, args, plan_locally(spec, opts)):

@@ -236,13 +236,16 @@ def shared_cache(
     scratch_root: str | None,
     stream: TextIO,
     keep: Location | None = None,
+    seed: Location | None = None,
 ) -> Iterator[str | None]:
     """The HOST:PORT jobs share their compile work through, or None: `address` as given (checked
     before Ray starts, see `check_address`), else an embedded server for the block. A server
     that cannot start costs the sweep its sharing, with one warning line, never the sweep.
 
     With `keep` (the output location), an embedded server starts with the autotune entries of
-    `keep/shared-cache.parquet` and the block snapshots them there as it goes (`snapshot`)."""
+    `keep/shared-cache.parquet` and the block snapshots them there as it goes (`snapshot`). With
+    `seed` (another run's snapshot file: `orchestrate tune --cache-from`), it starts with that
+    file's entries too, so a re-tune of a class and stack skips the benchmarking of the last one."""
     if not enabled:
         yield None
         return
@@ -257,9 +260,24 @@ def shared_cache(
                 f"warning: shared compile cache off: {exc}; jobs compile without it", file=stream, flush=True
             )
             started = None
+        if started and seed is not None:
+            _load(started, seed, stream, " (--cache-from)")
         if started and keep is not None:
             stack.enter_context(_kept(started, keep.join(SNAPSHOT_FILE), stream))
         yield str(started) if started else None
+
+
+def _load(address: RedisAddress, file: Location, stream: TextIO, why: str = "") -> None:
+    """`restore` with one line on `stream` either way: a file that cannot be read costs a
+    warning, never the sweep."""
+    try:
+        restored = restore(address, file)
+        print(f"shared compile cache: {restored} autotune entries from {file}{why}", file=stream, flush=True)
+    except Exception as exc:  # damaged file, unreadable location, a server that went away
+        print(
+            f"warning: {file}: not loaded ({type(exc).__name__}: {exc}); autotuning starts afresh",
+            file=stream,
+        )
 
 
 @contextlib.contextmanager
@@ -268,14 +286,11 @@ def _kept(address: RedisAddress, file: Location, stream: TextIO) -> Iterator[Non
     `SNAPSHOT_EVERY_S` and when the block ends. A snapshot that cannot be read or written costs a
     warning line, never the sweep."""
     try:
-        if file.exists():
-            restored = restore(address, file)
-            print(f"shared compile cache: {restored} autotune entries from {file}", file=stream, flush=True)
-    except Exception as exc:  # damaged file, unreadable location, a server that went away
-        print(
-            f"warning: {file}: not loaded ({type(exc).__name__}: {exc}); autotuning starts afresh",
-            file=stream,
-        )
+        present = file.exists()
+    except Exception:  # an unreadable location: _load says why
+        present = True
+    if present:
+        _load(address, file, stream)
     stop = threading.Event()
     last: list[bytes | None] = [None]
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from compiler.capabilities import known
-from orchestrator.fleet.cache import check_address, shared_cache
+from orchestrator.fleet.cache import SNAPSHOT_FILE, check_address, shared_cache
 from orchestrator.fleet.driver import OutputExistsError, SweepOptions, ray_session, run_sweep
 from orchestrator.fleet.inventory import HardwareClass, cluster_classes
 from orchestrator.fleet.inventory import resolve as resolve_classes
@@ -100,6 +100,9 @@ class TuneOptions:
     """Share compile and autotune work between the tune's jobs through Redis (see the module doc)."""
     cache_redis: str | None = None
     """HOST:PORT of an existing Redis server; None starts a private one for the tune."""
+    cache_from: Location | None = None
+    """An earlier run's output whose shared-cache snapshot (`orchestrator.fleet.cache.SNAPSHOT_FILE`)
+    the private server starts with: its GEMM/conv timings and Triton configs (`--cache-from`)."""
     argv: list[str] = field(default_factory=list)
 
 
@@ -319,7 +322,12 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         )
     with (
         shared_cache(
-            opts.shared_cache, opts.cache_redis, opts.scratch_root, stream, keep=out
+            opts.shared_cache,
+            opts.cache_redis,
+            opts.scratch_root,
+            stream,
+            keep=out,
+            seed=opts.cache_from.join(SNAPSHOT_FILE) if opts.cache_from else None,
         ) as cache_address,
         ray_session(opts.address),
     ):

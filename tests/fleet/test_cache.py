@@ -239,6 +239,63 @@ def test_a_kept_snapshot_carries_autotune_work_to_the_next_server_but_not_fx_gra
 
 
 @needs_redis
+def test_cache_from_seeds_the_next_tunes_server_with_an_earlier_tunes_autotune_work(tmp_path):
+    """`orchestrate tune --cache-from EARLIER`: a re-tune into another --out starts with the GEMM
+    timings and Triton configs of EARLIER's snapshot, and keeps them in its own snapshot."""
+    import redis
+
+    from orchestrator.store.storage import resolve
+
+    earlier, later = resolve(tmp_path / "earlier"), resolve(tmp_path / "later")
+    ns = namespace("H100", {"torch": "t"})
+    with cache.shared_cache(True, None, str(tmp_path), io.StringIO(), keep=earlier) as address:
+        c = redis.Redis.from_url(f"redis://{address}")
+        c.hset(f"{ns}gemm-autotune", mapping={"mm|in1": b"0.5"})
+        c.set(f"{ns}pt2:autotune-best-config-v2::k1:c1", b"\x00{blocks}")
+        c.close()
+    seed = earlier.join(cache.SNAPSHOT_FILE)
+
+    stream = io.StringIO()
+    with cache.shared_cache(True, None, str(tmp_path), stream, keep=later, seed=seed) as address:
+        assert stream.getvalue() == f"shared compile cache: 2 autotune entries from {seed} (--cache-from)\n"
+        c = redis.Redis.from_url(f"redis://{address}")
+        assert c.hgetall(f"{ns}gemm-autotune") == {b"mm|in1": b"0.5"}
+        c.hset(f"{ns}gemm-autotune", "conv|in2", b"0.25")  # what the re-tune adds
+        c.close()
+    with cache.shared_cache(True, None, str(tmp_path), io.StringIO(), keep=later) as address:
+        c = redis.Redis.from_url(f"redis://{address}")  # the re-tune's own snapshot holds both
+        assert c.hgetall(f"{ns}gemm-autotune") == {b"mm|in1": b"0.5", b"conv|in2": b"0.25"}
+        c.close()
+
+    (tmp_path / "damaged.parquet").write_bytes(b"PAR1 not parquet")
+    stream = io.StringIO()
+    damaged = resolve(tmp_path / "damaged.parquet")
+    with cache.shared_cache(True, None, str(tmp_path), stream, seed=damaged) as address:
+        assert address  # a seed that cannot be read costs a warning, not the tune
+    assert stream.getvalue().startswith(f"warning: {damaged}: not loaded (")
+
+
+def test_cache_from_is_refused_before_ray_where_it_cannot_seed(tmp_path, capsys, no_ray):
+    out, earlier = tmp_path / "out", tmp_path / "earlier"
+    earlier.mkdir()
+    for flags, expected in (
+        (["--cache-from", str(earlier)], f"--cache-from: {earlier / cache.SNAPSHOT_FILE} does not exist ("),
+        (["--no-shared-cache", "--cache-from", str(earlier)], "which --no-shared-cache turns off"),
+    ):
+        assert main(["tune", str(SMOKE), "--out", str(out), *flags]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert line.startswith("error: --cache-from") and expected in line, line
+    assert not out.exists()
+    if cache.find_redis_server()[0] is not None:
+        with cache.embedded_redis(str(tmp_path)) as named:
+            flags = ["--cache-redis", str(named), "--cache-from", str(earlier)]
+            assert main(["tune", str(SMOKE), "--out", str(out), *flags]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert "a server named with --cache-redis keeps its own entries" in line, line
+        assert not out.exists()
+
+
+@needs_redis
 def test_no_snapshot_for_a_named_server_or_without_keep(tmp_path):
     from orchestrator.store.storage import resolve
 

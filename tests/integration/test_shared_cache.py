@@ -172,3 +172,37 @@ def test_a_resumed_sweep_on_a_new_server_keeps_the_autotune_work(sweep_file, tmp
     second = next(r for r in _rows(out) if r["config"] == "mat-cd")
     assert second["status"] == "ok", second["error"]
     assert (second["gemm_cache_hits"], second["gemm_cache_misses"]) == (3, 0)
+
+
+ONE_AUTOTUNED = f"""\
+name: it-cache-from
+models:
+  - {{id: python:workers.toy:mlp, name: mlp}}
+batch_sizes: [2]
+configs:
+  mat: {{options: {{max_autotune: true}}, freezing: true}}
+{MEASURE}
+timeout_s: 300
+"""
+
+
+def test_a_retune_seeded_with_cache_from_benchmarks_no_gemm_again(sweep_file, tmp_path):
+    """`orchestrate tune --cache-from EARLIER`: a re-tune into a new output starts its own Redis
+    with the GEMM timings the earlier tune kept, so its max-autotune job benchmarks none of them."""
+    spec = sweep_file(ONE_AUTOTUNED)
+    earlier, later = tmp_path / "earlier", tmp_path / "later"
+    flags = ["--bases", "", "--knobs", "freezing", "--cpus-per-job", "1"]
+    orchestrate("tune", str(spec), "--out", str(earlier), *flags)
+    [cold] = _rows(earlier / "rung0")
+    assert cold["status"] == "ok", cold["error"]
+    assert (cold["gemm_cache_hits"], cold["gemm_cache_misses"]) == (0, 3)
+    assert (earlier / cache.SNAPSHOT_FILE).is_file()
+
+    proc = orchestrate("tune", str(spec), "--out", str(later), "--cache-from", str(earlier), *flags)
+    assert (
+        f"autotune entries from {earlier / cache.SNAPSHOT_FILE} (--cache-from)" in proc.stdout + proc.stderr
+    )
+    [seeded] = _rows(later / "rung0")
+    assert seeded["status"] == "ok", seeded["error"]
+    assert (seeded["gemm_cache_hits"], seeded["gemm_cache_misses"]) == (3, 0)
+    assert seeded["compile_from_cache"] is True
