@@ -73,22 +73,28 @@ def _knob_label(diff: dict[str, Any]) -> str | None:
 def setting_label(base: dict[str, Any], other: dict[str, Any], other_mode: str | None) -> str | None:
     """What `other` turns on relative to `base` when it is one setting: a knob's name, `mode X`
     (the options of torch's mode X on top of the base's, and nothing else), or `key=value`;
-    None when they differ in more than that, or `other` turns something off."""
+    None when they differ in more than that, or `other` turns something off that is not a knob's
+    own setting (a knob such as `no_epilogue_fusion` turns an Inductor default off)."""
     keys = set(base) | set(other)
     if any(k in base and k not in other for k in keys):
         return None  # other drops a setting of the base: not "the base plus one setting"
     diff = {k: other[k] for k in keys if base.get(k) != other.get(k)}
-    if not diff or any(other.get(k) is False for k in diff):
-        return None  # turning a flag off is the base's setting measured the other way round
-    if all(k.startswith("options.") for k in diff):
+    if not diff:
+        return None
+    turns_off = any(other.get(k) is False for k in diff)
+    if not turns_off and all(k.startswith("options.") for k in diff):
         # exactly one of torch's modes: named as the mode (as `preset_settings` names it), even
         # where a knob sets the same options (reduce-overhead is the `cudagraphs` knob's option)
         for name, mode_opts in sorted(inductor_modes().items()):
             if mode_opts and {f"options.{k}": v for k, v in mode_opts.items()} == diff:
                 return f"mode {name}"
     knob = _knob_label(diff)
-    if knob:
+    if knob and not (turns_off and any(k in base for k in diff)):
+        # a knob may turn an Inductor default off (no_epilogue_fusion, no_shape_padding): its
+        # settings added to a base that did not set them are its effect
         return knob
+    if turns_off:
+        return None  # turning a flag off is the base's setting measured the other way round
     if other_mode not in (None, "default") and all(k.startswith("options.") for k in diff):
         mode_opts = {f"options.{k}": v for k, v in inductor_modes().get(other_mode, {}).items()}
         if all(mode_opts.get(k) == v for k, v in diff.items()):

@@ -21,6 +21,7 @@ from orchestrator.tune.effects import (
     effects_document,
     preset_settings,
     setting_effects,
+    setting_label,
     what_won,
 )
 from orchestrator.tune.presets import Budgets, derive_presets
@@ -297,3 +298,16 @@ def test_only_a_knob_is_said_to_be_dropped_from_the_next_search():
     assert knob.why.endswith("no gain on any cell: dropped from this class's next search")
     doc = effects_document({"A100": {mode.setting: mode, knob.setting: knob}})
     assert dropped_knobs(doc) == {"A100": {"freezing": knob.why}}
+
+
+def test_knobs_that_turn_an_inductor_default_off_have_an_effect_of_their_own():
+    """no_epilogue_fusion and no_shape_padding set an option to False: their pairs are labelled
+    (so "what won" shows them and --prune-from can drop them), and only in the knob's direction."""
+    assert setting_label({}, {"options.epilogue_fusion": False}, None) == "no_epilogue_fusion"
+    assert setting_label({}, {"options.shape_padding": False}, None) == "no_shape_padding"
+    on = {"options.epilogue_fusion": True}
+    assert setting_label(on, {"options.epilogue_fusion": False}, None) is None  # the base set it
+    assert setting_label({"options.epilogue_fusion": False}, {}, None) is None  # the other way round
+    assert setting_label({"freezing": True}, {"freezing": False}, None) is None
+    assert setting_label({}, {"options.triton.cudagraphs": True}, "reduce-overhead") == "mode reduce-overhead"
+    assert preset_settings({"compile": {"options": {"epilogue_fusion": False}}}) == ["no_epilogue_fusion"]
