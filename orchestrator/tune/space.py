@@ -55,6 +55,14 @@ KNOBS: tuple[Knob, ...] = (
         "cudagraphs", "CUDA graphs around the compiled graph", {"triton.cudagraphs": True}, devices=("cuda",)
     ),
     Knob(
+        "cudagraphs_no_trees",
+        "CUDA graphs without cudagraph trees (one graph and memory pool per compiled graph, torch's older "
+        "path): for models where reduce-overhead's trees fail (BEiT with torch 2.11: 'storage data ptrs are "
+        "not allocated in pool')",
+        {"triton.cudagraphs": True, "triton.cudagraph_trees": False},
+        devices=("cuda",),
+    ),
+    Knob(
         "cudnn_benchmark",
         "cuDNN times its convolution algorithms per shape and keeps the fastest (a runtime setting)",
         {},

@@ -305,6 +305,8 @@ def test_knobs_that_turn_an_inductor_default_off_have_an_effect_of_their_own():
     (so "what won" shows them and --prune-from can drop them), and only in the knob's direction."""
     assert setting_label({}, {"options.epilogue_fusion": False}, None) == "no_epilogue_fusion"
     assert setting_label({}, {"options.shape_padding": False}, None) == "no_shape_padding"
+    no_trees = {"options.triton.cudagraphs": True, "options.triton.cudagraph_trees": False}
+    assert setting_label({}, no_trees, None) == "cudagraphs_no_trees"
     on = {"options.epilogue_fusion": True}
     assert setting_label(on, {"options.epilogue_fusion": False}, None) is None  # the base set it
     assert setting_label({"options.epilogue_fusion": False}, {}, None) is None  # the other way round

@@ -55,9 +55,16 @@ def test_gpu_space_expands_modes_into_options_and_skips_knobs_the_mode_sets():
     assert "ro+cudagraphs" not in cands and "default+cudagraphs" not in cands
     assert cands["default+channels_last"].config.channels_last
     assert "default+gemm_triton" not in cands  # only for max-autotune bases
+    # CUDA graphs without trees: once per set of settings (ro+cudagraphs_no_trees is the same config)
+    assert cands["default+cudagraphs_no_trees"].config.options == {
+        "triton.cudagraphs": True,
+        "triton.cudagraph_trees": False,
+    }
+    assert "ro+cudagraphs_no_trees" not in cands
     ma = (CompileConfig("ma", mode="max-autotune-no-cudagraphs"),)
     ma_cands = {c.config.name for c in candidates(ma, RESNET, "cuda", "fp32")}
     assert "ma+gemm_triton" in ma_cands and "ma+coordinate_descent" not in ma_cands
+    assert "ma+cudagraphs_no_trees" in ma_cands
     assert expanded_options(ma[0]) == {"max_autotune": True, "coordinate_descent_tuning": True}
 
 
