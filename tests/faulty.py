@@ -76,6 +76,20 @@ def hang_with_child(batch_size, input_size=None, overrides=None):
         time.sleep(1)
 
 
+def held(batch_size, input_size=None, overrides=None):
+    """workers.toy's MLP, built once the file named by $CO_TEST_HOLD is gone: a job that stays
+    running until the test lets it go (a sweep surely still running when the test kills it)."""
+    import os
+    from pathlib import Path
+
+    from workers.toy import mlp
+
+    hold = os.environ.get("CO_TEST_HOLD")
+    while hold and Path(hold).exists():
+        time.sleep(0.2)
+    return mlp(batch_size, input_size, overrides)
+
+
 def oom(batch_size, input_size=None, overrides=None):
     """The forward asks the allocator for 1 PiB: a real allocation failure."""
 

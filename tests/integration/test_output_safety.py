@@ -28,17 +28,21 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::orchestrator.store.integrity.StrayFileWarning"),
 ]
 
+# The held model's jobs (planned after the MLP's, and run after them) build only once the test
+# removes its hold file: the sweep is surely still running when the test kills it, however fast
+# the MLP's jobs and however slow the second driver's refusal on a loaded machine.
 SWEEP = """\
 name: it-resume
 models:
   - {id: python:workers.toy:mlp, name: mlp}
+  - {id: python:tests.faulty:held, name: held}
 batch_sizes: [1, 2]
 configs:
   inductor: {}
   aot: {backend: aot_eager}
 measure: {warmup: 1, iterations: 3, flops: false}
 """
-PLANNED = 4
+PLANNED = 8
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,16 @@ def killed_and_resumed(tmp_path_factory):
     scratch.mkdir()
     assert planned_count(sweep) == PLANNED
 
-    driver = start_sweep(sweep, out, scratch, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hold = root / "hold"
+    hold.touch()
+    driver = start_sweep(
+        sweep,
+        out,
+        scratch,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, CO_TEST_HOLD=str(hold)),
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and driver.poll() is None:
         if read_results(out, columns=["job_id"]).num_rows >= 2:
@@ -71,6 +84,7 @@ def killed_and_resumed(tmp_path_factory):
     while bench_processes(str(scratch)) and time.monotonic() < deadline:
         time.sleep(0.5)
     orphans = bench_processes(str(scratch))
+    hold.unlink()  # the resume's held jobs build at once (its driver has no CO_TEST_HOLD anyway)
     # before resuming: the rows the killed driver left, and two more kinds of damage that must
     # cost nothing: run.json gone, a stray file among the parts
     left = rows_by_job(out)
@@ -161,8 +175,13 @@ def test_damaged_parts_and_run_json_are_named_then_quarantined_and_only_their_jo
 ):
     before = rows_by_job(copy)
     assert len(before) == PLANNED
-    # the parts of the two aot_eager jobs (cheap to rerun: no Inductor compile)
-    truncated, flipped = [p for p in parts(copy) if pq.read_table(p).column("config")[0].as_py() == "aot"]
+    # the parts of the MLP's two aot_eager jobs (cheap to rerun: no Inductor compile)
+    truncated, flipped = [
+        p
+        for p in parts(copy)
+        if pq.read_table(p).select(["model", "config"]).slice(0, 1).to_pylist()
+        == [{"model": "mlp", "config": "aot"}]
+    ]
     lost = {
         *pq.read_table(truncated).column("job_id").to_pylist(),
         *pq.read_table(flipped).column("job_id").to_pylist(),
