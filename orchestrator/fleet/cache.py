@@ -267,10 +267,14 @@ def shared_cache(
         yield str(started) if started else None
 
 
-def _load(address: RedisAddress, file: Location, stream: TextIO, why: str = "") -> None:
-    """`restore` with one line on `stream` either way: a file that cannot be read costs a
-    warning, never the sweep."""
+def _load(
+    address: RedisAddress, file: Location, stream: TextIO, why: str = "", optional: bool = False
+) -> None:
+    """`restore` with one line on `stream` either way (none for a missing `optional` file): a file
+    that cannot be read costs a warning, never the sweep."""
     try:
+        if optional and not file.exists():
+            return
         restored = restore(address, file)
         print(f"shared compile cache: {restored} autotune entries from {file}{why}", file=stream, flush=True)
     except Exception as exc:  # damaged file, unreadable location, a server that went away
@@ -285,12 +289,7 @@ def _kept(address: RedisAddress, file: Location, stream: TextIO) -> Iterator[Non
     """Load `file` into the server at `address`, then snapshot the server into it every
     `SNAPSHOT_EVERY_S` and when the block ends. A snapshot that cannot be read or written costs a
     warning line, never the sweep."""
-    try:
-        present = file.exists()
-    except Exception:  # an unreadable location: _load says why
-        present = True
-    if present:
-        _load(address, file, stream)
+    _load(address, file, stream, optional=True)
     stop = threading.Event()
     last: list[bytes | None] = [None]
 
