@@ -57,8 +57,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "cudagraphs_no_trees",
         "CUDA graphs without cudagraph trees (one graph and memory pool per compiled graph, torch's older "
-        "path): for models where reduce-overhead's trees fail (BEiT with torch 2.11: 'storage data ptrs are "
-        "not allocated in pool')",
+        "path): for models where reduce-overhead's trees fail ('storage data ptrs are not allocated in "
+        "pool'); it did not help BEiT with torch 2.11, which fails to capture this way too (a CPU tensor "
+        "copied in the graph)",
         {"triton.cudagraphs": True, "triton.cudagraph_trees": False},
         devices=("cuda",),
     ),
