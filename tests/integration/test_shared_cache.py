@@ -156,45 +156,41 @@ def test_sweep_runs_without_the_cache_when_redis_cannot_start(sweep_file, tmp_pa
     assert row["status"] == "ok" and row["compile_cache"] == "off", json.dumps(row, default=str)[:2000]
 
 
-def test_a_resumed_sweep_on_a_new_server_keeps_the_autotune_work(sweep_file, tmp_path):
+def test_a_resumed_sweep_and_a_retune_on_new_servers_keep_the_autotune_work(sweep_file, tmp_path):
     """The driver's own Redis dies with the sweep; OUT/shared-cache.parquet carries its GEMM
     timings to the server of the `--resume` (as a tune cut at a device deadline and resumed on a
-    fresh machine), so the other candidate of the cell benchmarks none of them again."""
+    fresh machine), so the other candidate of the cell benchmarks none of them again. And
+    `orchestrate tune --cache-from OUT`: a re-tune into a new output starts its own Redis with
+    the timings OUT kept, so its max-autotune job benchmarks none of them either."""
     sweep = sweep_file(AUTOTUNE)
     out = tmp_path / "out"
-    orchestrate("sweep", str(sweep), "--out", str(out), "--shared-cache", "--only", "*/mat")
+    # one thread a job, as the tune below: the CPU GEMM templates (and so the keys of their
+    # cached timings) depend on the thread count
+    one = ["--shared-cache", "--cpus-per-job", "1"]
+    orchestrate("sweep", str(sweep), "--out", str(out), *one, "--only", "*/mat")
     [first] = _rows(out)
     assert first["status"] == "ok", first["error"]
     assert first["gemm_cache_misses"] == 3 and first["gemm_cache_shared"] >= 3
     assert (out / cache.SNAPSHOT_FILE).is_file()
-    proc = orchestrate("sweep", str(sweep), "--out", str(out), "--shared-cache", "--resume")
+    proc = orchestrate("sweep", str(sweep), "--out", str(out), *one, "--resume")
     assert "autotune entries from" in proc.stdout + proc.stderr
     second = next(r for r in _rows(out) if r["config"] == "mat-cd")
     assert second["status"] == "ok", second["error"]
     assert (second["gemm_cache_hits"], second["gemm_cache_misses"]) == (3, 0)
 
-
-# One max-autotune config: a tune whose rung 0 benchmarks the MLP's three GEMMs.
-ONE_AUTOTUNED = "\n".join(line for line in AUTOTUNE.splitlines() if "mat-cd:" not in line) + "\n"
-
-
-def test_a_retune_seeded_with_cache_from_benchmarks_no_gemm_again(sweep_file, tmp_path):
-    """`orchestrate tune --cache-from EARLIER`: a re-tune into a new output starts its own Redis
-    with the GEMM timings the earlier tune kept, so its max-autotune job benchmarks none of them."""
-    spec = sweep_file(ONE_AUTOTUNED)
-    earlier, later = tmp_path / "earlier", tmp_path / "later"
+    # the re-tune of the one max-autotune config (the sweep's `mat`: the same GEMM shapes and
+    # stack), seeded from the sweep's output; rung 0 is that config's job alone
+    later = tmp_path / "later"
     flags = ["--bases", "", "--knobs", "freezing", "--cpus-per-job", "1"]
-    orchestrate("tune", str(spec), "--out", str(earlier), *flags)
-    [cold] = _rows(earlier / "rung0")
-    assert cold["status"] == "ok", cold["error"]
-    assert (cold["gemm_cache_hits"], cold["gemm_cache_misses"]) == (0, 3)
-    assert (earlier / cache.SNAPSHOT_FILE).is_file()
-
-    proc = orchestrate("tune", str(spec), "--out", str(later), "--cache-from", str(earlier), *flags)
-    assert (
-        f"autotune entries from {earlier / cache.SNAPSHOT_FILE} (--cache-from)" in proc.stdout + proc.stderr
+    proc = orchestrate(
+        "tune", str(sweep_file(ONE_AUTOTUNED)), "--out", str(later), "--cache-from", str(out), *flags
     )
+    assert f"autotune entries from {out / cache.SNAPSHOT_FILE} (--cache-from)" in proc.stdout + proc.stderr
     [seeded] = _rows(later / "rung0")
     assert seeded["status"] == "ok", seeded["error"]
     assert (seeded["gemm_cache_hits"], seeded["gemm_cache_misses"]) == (3, 0)
     assert seeded["compile_from_cache"] is True
+
+
+# One max-autotune config: a tune whose rung 0 benchmarks the MLP's three GEMMs.
+ONE_AUTOTUNED = "\n".join(line for line in AUTOTUNE.splitlines() if "mat-cd:" not in line) + "\n"
