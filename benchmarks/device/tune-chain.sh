@@ -9,8 +9,8 @@
 #
 # CELL is MODEL/bsN (the tune's --only becomes '*/CELL/*'); each slice gets DEADLINE_S seconds and
 # writes runs/PREFIX-MODEL-bsN/ and, in runs/pack/, its log, its wall time and its packed output
-# (tune-slice.sh). runs/pack/chain.done marks the end. Start the device command with
-# `. .devcarry/setup.sh; ` before it (../shared/device/README.md).
+# (tune-slice.sh). runs/pack/chain.done marks the end. Each slice sources `.devcarry/setup.sh`
+# where Ray is not importable yet (../shared/device/README.md).
 set -u
 prefix=$1; deadline=$2; cells=$3; shift 3
 export OUT=$PWD/runs/pack

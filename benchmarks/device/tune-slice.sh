@@ -9,9 +9,13 @@
 # that the next slice's fresh Redis starts with them: docs/shared-cache.md). Then packs runs/OUT_NAME into $OUT/OUT_NAME.tgz (hive folder names survive inside the
 # archive) with the tune's log and its wall time in seconds (OUT_NAME.wall).
 #
-# Start the device command with `. .devcarry/setup.sh && ` (../shared/device/README.md).
+# On the device machine it sources `.devcarry/setup.sh` itself where Ray is not importable yet
+# (../shared/device/README.md): a command that forgot it failed at once, 30 s of device time.
 set -u
 deadline=$1; name=$2; shift 2
+if [ -f .devcarry/setup.sh ] && ! python3 -c 'import ray' 2>/dev/null; then
+    . .devcarry/setup.sh
+fi
 out=${OUT:-/tmp/out}
 mkdir -p runs "$out"
 unset PYTHONDONTWRITEBYTECODE
