@@ -190,7 +190,8 @@ def test_a_resumed_sweep_and_a_retune_on_new_servers_keep_the_autotune_work(swee
     assert seeded["status"] == "ok", seeded["error"]
     assert (seeded["gemm_cache_hits"], seeded["gemm_cache_misses"]) == (3, 0)
     assert seeded["compile_from_cache"] is True
+    assert (later / cache.SNAPSHOT_FILE).is_file()  # the tune keeps its own for the next one
 
 
-# One max-autotune config: a tune whose rung 0 benchmarks the MLP's three GEMMs.
+# One max-autotune config: the re-tune's rung 0 is its job alone.
 ONE_AUTOTUNED = "\n".join(line for line in AUTOTUNE.splitlines() if "mat-cd:" not in line) + "\n"
