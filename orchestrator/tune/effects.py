@@ -107,6 +107,9 @@ def setting_label(base: dict[str, Any], other: dict[str, Any], other_mode: str |
 
 @dataclass
 class CellEffect:
+    """One comparison: two configs of `cell` that differ in just the setting. A cell holds as many
+    as it has such pairs (a tune's cell: the setting turned on each base, and in rung 1 again)."""
+
     cell: str
     model: str
     base_config: str
@@ -131,6 +134,13 @@ class SettingEffect:
     @property
     def geomean(self) -> float:
         return math.exp(sum(math.log(c.gain) for c in self.cells) / len(self.cells))
+
+    @property
+    def measured_in(self) -> str:
+        """How much measures it: "3 comparisons in 1 cell" (`cells` holds comparisons)."""
+        return (
+            plural(len(self.cells), "comparison") + " in " + plural(len({c.cell for c in self.cells}), "cell")
+        )
 
     def models(self, verdict: str) -> list[str]:
         return sorted({c.model for c in self.cells if c.verdict == verdict})
@@ -157,14 +167,14 @@ class SettingEffect:
     @property
     def why(self) -> str:
         helped, hurt = self.models("helps"), self.models("hurts")
-        text = f"{len(self.cells)} cells, geomean gain {self.geomean:.3f}x"
+        text = f"{self.measured_in}, geomean gain {self.geomean:.3f}x"
         if helped:
             text += f"; faster on {', '.join(helped)}"
         if hurt:
             text += f"; slower on {', '.join(hurt)}"
         unclear = sum(c.verdict == "unclear" for c in self.cells)
         if unclear:
-            text += f"; {unclear} cells too noisy to tell"
+            text += f"; {plural(unclear, 'comparison')} too noisy to tell"
         if self.verdict == "drop":
             from orchestrator.tune.space import KNOB_NAMES
 
@@ -172,6 +182,10 @@ class SettingEffect:
             if self.setting in KNOB_NAMES:  # what `dropped_knobs` leaves out; modes are never pruned
                 text += ": dropped from this class's next search"
         return text
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _samples(row: dict[str, Any]) -> list[list[float]]:
@@ -267,7 +281,9 @@ def what_won(
                     "setting": s,
                     "presets": used.get((hw, s), 0),
                     "of_presets": cells.get(hw, 0),
-                    "cells_measured": len(e.cells) if e else 0,
+                    "comparisons": len(e.cells) if e else 0,
+                    "cells_measured": len({c.cell for c in e.cells}) if e else 0,
+                    "measured_in": e.measured_in if e else None,
                     "geomean_gain": e.geomean if e else None,
                     "helped": sum(c.verdict == "helps" for c in e.cells) if e else 0,
                     "hurt": sum(c.verdict == "hurts" for c in e.cells) if e else 0,
@@ -316,14 +332,12 @@ def preset_settings(preset: dict[str, Any]) -> list[str]:
 def what_won_markdown(table: list[dict[str, Any]]) -> str:
     """The per-class "what won" table as Markdown."""
     lines = [
-        "| class | setting | presets using it | gain where measured (geomean) | cells faster / slower | faster on | slower on |",
+        "| class | setting | presets using it | gain where measured (geomean) | comparisons faster / slower | faster on | slower on |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in table:
         gain = (
-            f"{r['geomean_gain']:.3f}x over {r['cells_measured']} cells"
-            if r["geomean_gain"]
-            else "not measured alone"
+            f"{r['geomean_gain']:.3f}x over {r['measured_in']}" if r["geomean_gain"] else "not measured alone"
         )
         lines.append(
             f"| {r['hardware']} | {r['setting']} | {r['presets']} of {r['of_presets']} | {gain} | "

@@ -23,6 +23,7 @@ from orchestrator.tune.effects import (
     setting_effects,
     setting_label,
     what_won,
+    what_won_markdown,
 )
 from orchestrator.tune.presets import Budgets, derive_presets
 from orchestrator.tune.search import Cell, combine_helping_knobs, decide, make_job
@@ -313,3 +314,29 @@ def test_knobs_that_turn_an_inductor_default_off_have_an_effect_of_their_own():
     assert setting_label({"freezing": True}, {"freezing": False}, None) is None
     assert setting_label({}, {"options.triton.cudagraphs": True}, "reduce-overhead") == "mode reduce-overhead"
     assert preset_settings({"compile": {"options": {"epilogue_fusion": False}}}) == ["no_epilogue_fusion"]
+
+
+def test_what_won_counts_comparisons_and_the_cells_they_are_in_apart():
+    """A tune's cell compares a knob on each base (and again in rung 1): two comparisons of
+    freezing in one cell are "2 comparisons in 1 cell", not "2 cells"."""
+    cell = Cell("A100", "cuda", RESNET, 1, "fp32")
+    cands = {c.config.name: c for c in candidates(STOCK, RESNET, "cuda", "fp32")}
+    figures = {"default": 9.0, "default+freezing": 8.0, "ro": 6.0, "ro+freezing": 5.0}
+    rows = [
+        row(
+            make_job(_spec(), cell, cands[name], MeasureSpec(), None, stack={"torch": "x"}),
+            ms=ms,
+            compiled_samples_ms=samples(ms, seed=i),
+            samples_per_repeat=[90],
+        )
+        for i, (name, ms) in enumerate(figures.items())
+    ]
+    effects = setting_effects(rows)
+    freezing = effects["A100"]["freezing"]
+    assert len(freezing.cells) == 2 and freezing.measured_in == "2 comparisons in 1 cell"
+    assert freezing.why.startswith("2 comparisons in 1 cell, geomean gain 1.1")
+    won = {r["setting"]: r for r in what_won([], effects)}
+    assert (won["freezing"]["comparisons"], won["freezing"]["cells_measured"]) == (2, 1)
+    table = what_won_markdown(list(won.values()))
+    assert "| comparisons faster / slower |" in table
+    assert "x over 2 comparisons in 1 cell | 2 / 0 | resnet |" in table
