@@ -119,7 +119,8 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """A count with its noun for a message: '1 op', '3 ops'."""
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
@@ -137,8 +138,8 @@ def keep_streamed_choices(result: dict[str, Any], stream: Path) -> str | None:
     result["kernel_choices"] = rows
     result["autotuned_ops"] = ops
     return (
-        f"after autotuning {_plural(ops, 'op')} "
-        f"({_plural(len(rows), 'candidate')} kept in kernel_choices, marked partial)"
+        f"after autotuning {plural(ops, 'op')} "
+        f"({plural(len(rows), 'candidate')} kept in kernel_choices, marked partial)"
     )
 
 

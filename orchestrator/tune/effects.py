@@ -30,6 +30,7 @@ from typing import Any
 from compiler import runtime
 from compiler import statistics as cstats
 from compiler.config import CompileConfig, inductor_modes, is_eager_preset, preset_runtime
+from workers.runner import plural
 
 EAGER_SETTING = "eager (do not compile)"
 """The setting of an eager preset (`orchestrator.tune.eager`) in the "what won" table."""
@@ -182,10 +183,6 @@ class SettingEffect:
             if self.setting in KNOB_NAMES:  # what `dropped_knobs` leaves out; modes are never pruned
                 text += ": dropped from this class's next search"
         return text
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _samples(row: dict[str, Any]) -> list[list[float]]:
