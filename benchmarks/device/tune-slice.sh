@@ -7,7 +7,7 @@
 # DEADLINE_S seconds so that it cancels its jobs cleanly as on Ctrl-C and keeps every finished
 # row (and snapshots the shared cache's autotune entries into runs/OUT_NAME/shared-cache.parquet, so
 # that the next slice's fresh Redis starts with them: docs/shared-cache.md). Then packs runs/OUT_NAME into $OUT/OUT_NAME.tgz (hive folder names survive inside the
-# archive) with the tune's log and its wall time in seconds (OUT_NAME.wall).
+# archive) with the tune's log and its wall time in seconds (OUT_NAME.wall, written last).
 #
 # On the device machine it sources `.devcarry/setup.sh` itself where Ray is not importable yet
 # (../shared/device/README.md): a command that forgot it failed at once, 30 s of device time.
@@ -24,7 +24,9 @@ t0=$(date +%s.%N)
 timeout -s INT -k 30 "$deadline" python3 -m orchestrator tune "$@" --out "runs/$name" 2>&1 | tee "$out/$name.log"
 rc=${PIPESTATUS[0]}
 t1=$(date +%s.%N)
-python3 -c "print(round($t1 - $t0, 1))" >"$out/$name.wall"
-echo "tune rc=$rc wall=$(cat "$out/$name.wall") s"
+wall=$(python3 -c "print(round($t1 - $t0, 1))")
+echo "tune rc=$rc wall=$wall s"
 tar -C runs -czf "$out/$name.tgz" "$name"
+# last, so that a caller waiting for it (a slice run in the background) finds the archive whole
+echo "$wall" >"$out/$name.wall"
 exit 0
