@@ -137,11 +137,14 @@ class SettingEffect:
         return math.exp(sum(math.log(c.gain) for c in self.cells) / len(self.cells))
 
     @property
+    def cell_count(self) -> int:
+        """The cells its comparisons (`cells`) are in."""
+        return len({c.cell for c in self.cells})
+
+    @property
     def measured_in(self) -> str:
-        """How much measures it: "3 comparisons in 1 cell" (`cells` holds comparisons)."""
-        return (
-            plural(len(self.cells), "comparison") + " in " + plural(len({c.cell for c in self.cells}), "cell")
-        )
+        """What it was measured over, e.g. "3 comparisons in 1 cell"."""
+        return f"{plural(len(self.cells), 'comparison')} in {plural(self.cell_count, 'cell')}"
 
     def models(self, verdict: str) -> list[str]:
         return sorted({c.model for c in self.cells if c.verdict == verdict})
@@ -279,7 +282,7 @@ def what_won(
                     "presets": used.get((hw, s), 0),
                     "of_presets": cells.get(hw, 0),
                     "comparisons": len(e.cells) if e else 0,
-                    "cells_measured": len({c.cell for c in e.cells}) if e else 0,
+                    "cells_measured": e.cell_count if e else 0,
                     "measured_in": e.measured_in if e else None,
                     "geomean_gain": e.geomean if e else None,
                     "helped": sum(c.verdict == "helps" for c in e.cells) if e else 0,
