@@ -268,18 +268,23 @@ def test_a_knob_too_noisy_to_judge_is_kept_and_the_verdicts_use_the_one_threshol
     assert "too noisy to tell" in freezing.why
 
 
-def test_a_mode_is_named_alike_where_it_is_measured_and_where_a_preset_uses_it():
+def resnet_rows(figures: dict[str, float]) -> list[dict]:
+    """One A100 resnet cell's rows: candidate name -> its compiled median (ms), with samples."""
     cell = Cell("A100", "cuda", RESNET, 1, "fp32")
     cands = {c.config.name: c for c in candidates(STOCK, RESNET, "cuda", "fp32")}
-    rows = [
+    return [
         row(
             make_job(_spec(), cell, cands[name], MeasureSpec(), None, stack={"torch": "x"}),
             ms=ms,
             compiled_samples_ms=samples(ms, seed=i),
             samples_per_repeat=[90],
         )
-        for i, (name, ms) in enumerate((("default", 9.0), ("ro", 6.0)))
+        for i, (name, ms) in enumerate(figures.items())
     ]
+
+
+def test_a_mode_is_named_alike_where_it_is_measured_and_where_a_preset_uses_it():
+    rows = resnet_rows({"default": 9.0, "ro": 6.0})
     data = derive_presets(rows_to_table(rows), Budgets())
     (won,) = data["what_won"]  # reduce-overhead's option is also the cudagraphs knob's: one line
     assert (
@@ -319,18 +324,7 @@ def test_knobs_that_turn_an_inductor_default_off_have_an_effect_of_their_own():
 def test_what_won_counts_comparisons_and_the_cells_they_are_in_apart():
     """A tune's cell compares a knob on each base (and again in rung 1): two comparisons of
     freezing in one cell are "2 comparisons in 1 cell", not "2 cells"."""
-    cell = Cell("A100", "cuda", RESNET, 1, "fp32")
-    cands = {c.config.name: c for c in candidates(STOCK, RESNET, "cuda", "fp32")}
-    figures = {"default": 9.0, "default+freezing": 8.0, "ro": 6.0, "ro+freezing": 5.0}
-    rows = [
-        row(
-            make_job(_spec(), cell, cands[name], MeasureSpec(), None, stack={"torch": "x"}),
-            ms=ms,
-            compiled_samples_ms=samples(ms, seed=i),
-            samples_per_repeat=[90],
-        )
-        for i, (name, ms) in enumerate(figures.items())
-    ]
+    rows = resnet_rows({"default": 9.0, "default+freezing": 8.0, "ro": 6.0, "ro+freezing": 5.0})
     effects = setting_effects(rows)
     freezing = effects["A100"]["freezing"]
     assert len(freezing.cells) == 2 and freezing.measured_in == "2 comparisons in 1 cell"
