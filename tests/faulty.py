@@ -64,6 +64,27 @@ def wrong_when_compiled(batch_size, input_size=None, overrides=None):
     return _EagerOnlyNoise(), _inputs(batch_size)
 
 
+class _LossyEager(torch.nn.Module):
+    """Eager rounds its output through fp32 at 1e5 (steps of 2**-7), the compiled graph does not:
+    compiled and eager differ by up to 4e-3 for outputs of magnitude about 1, but the compiled
+    output is the closer of the two to the fp64 reference (which rounds at fp64). A correct
+    compile that fails a max-relative-error check against eager and passes the fp64 rule."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if not torch.compiler.is_compiling():
+            y = (y + 1e5) - 1e5
+        return y
+
+
+def closer_to_fp64_when_compiled(batch_size, input_size=None, overrides=None):
+    return _LossyEager(), _inputs(batch_size)
+
+
 def hang_with_child(batch_size, input_size=None, overrides=None):
     """Starts a grandchild process, then hangs: the timeout must kill both."""
     import os

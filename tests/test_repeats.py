@@ -100,3 +100,13 @@ def test_separate_warm_compile_process_with_one_repeat():
     assert row["repeats"] == 1 and row["repeat_compile_s"] == [20.0]
     failed = merge(process(1, E1, C1), [], {"status": "timeout", "error": "slow", "subprocess_s": 1.0})
     assert failed["status"] == "ok" and "warm compile timeout: slow" in failed["notes"]
+
+
+def test_accuracy_columns_are_the_worst_process_s():
+    """Every process checks its compiled output by the fp64 rule; the row shows the worst one."""
+    first = process(1, E1, C1, max_abs_err=1e-6, rmse_eager=2e-7, rmse_compiled=1e-7)
+    second = process(2, E2, C2, max_abs_err=4e-6, max_rel_err=3e-6, rmse_eager=2e-7, rmse_compiled=3e-7)
+    row = merge(first, [second, process(3, E3, C3)])
+    assert row["max_abs_err"] == 4e-6 and row["max_rel_err"] == 3e-6 and row["rmse_compiled"] == 3e-7
+    assert row["rmse_eager"] == 2e-7
+    assert merge(first, [])["max_abs_err"] == 1e-6

@@ -1,8 +1,9 @@
 """A job's latency columns from its processes' samples, and one row from several processes.
 
 With `measure.repeats: N` a job runs its timing in N fresh processes (see `workers.runner`):
-the first compiles cold and checks accuracy, the later ones compile against the cache the first
-filled and time again. Every process's samples are kept: `eager_samples_ms` and
+the first compiles cold, the later ones compile against the cache the first filled and time
+again, and each checks its compiled output by the fp64 rule; the row's accuracy columns are the
+worst process's. Every process's samples are kept: `eager_samples_ms` and
 `compiled_samples_ms` hold them all, in process order, and `samples_per_repeat` says how many
 each process contributed (`compiler.statistics.split_groups` cuts them apart again). Medians,
 percentiles and intervals are computed over all processes, the intervals by the hierarchical
@@ -41,6 +42,9 @@ DEVICE_KEYS = (
     ),
 )
 """The columns `device_fields` fills."""
+
+ACCURACY_KEYS = ("max_abs_err", "max_rel_err", "rmse_compiled")
+"""Accuracy columns every process measures; a row keeps the worst (largest) of them."""
 
 
 def latency_fields(
@@ -150,6 +154,10 @@ def merge(
     for phase in PHASES:
         row[f"phase_{phase}_s"] = _phase_sum(processes, phase)
     row["repeat_compile_s"] = [p.get("compile_s") for p in [first, *later] if p.get("compile_s") is not None]
+    for key in ACCURACY_KEYS:
+        measured = [p[key] for p in [first, *later] if p.get(key) is not None]
+        if measured:
+            row[key] = max(measured)
 
     timed = [
         p
