@@ -7,6 +7,7 @@ import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, _add_budgets, _budgets, _print_what_won
 from orchestrator.store.location import arg as location_arg
+from workers.runner import plural
 
 
 def add_parsers(sub) -> None:
@@ -61,7 +62,7 @@ def cmd_presets(args) -> int:
         for dtype, d in by_dtype.items():
             print(
                 f"{hardware}/*/{dtype} (class default, for models never swept): {d['config']} "
-                f"(ok on {d['cells']} cells, geomean {d['geomean_speedup_vs_eager']:.2f}x vs eager)"
+                f"(ok on {plural(d['cells'], 'cell')}, geomean {d['geomean_speedup_vs_eager']:.2f}x vs eager)"
             )
     _print_what_won(data.get("what_won"))
     print(f"wrote {path}")

@@ -23,6 +23,7 @@ from orchestrator.commands.common import (
     _whole,
 )
 from orchestrator.store.location import arg as location_arg
+from workers.runner import plural
 
 
 def _knob_names() -> list[str]:
@@ -274,7 +275,7 @@ def cmd_tune(args) -> int:
     _print_what_won(summary.what_won)
     jobs = ", ".join(f"{n} {r}" for r, n in summary.jobs.items())
     print(
-        f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {summary.cells} cells, {summary.tuned} tuned, "
+        f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {plural(summary.cells, 'cell')}, {summary.tuned} tuned, "
         f"{summary.stock} kept the stock config, {summary.eager} eager (do not compile), "
         f"{summary.no_preset} without a preset.\n"
         f"presets: {out.join('presets.json')}  (next: orchestrate export {shlex.quote(str(out))} --hardware CLASS "

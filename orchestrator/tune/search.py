@@ -59,6 +59,7 @@ from orchestrator.tune.effects import dropped_knobs, effects_document, setting_e
 from orchestrator.tune.presets import Budgets, durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates
 from workers.job import Baseline, Job, MeasureSpec, software_stack
+from workers.runner import plural
 
 TUNE_FILE = "tune.json"
 ROUNDS = ("rung0", "rung1", "confirm")
@@ -216,6 +217,25 @@ def _figures(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
     return figures
 
 
+def _confirm_plan(jobs2: dict[Cell, tuple[Job, Job | None]], apart: int, repeats: int) -> str:
+    """What the confirmation round runs: per cell, the two configs in the same processes, or each
+    in processes of its own where they differ in a runtime setting."""
+    paired = len(jobs2) - apart
+    ways = []
+    if paired:
+        ways.append(
+            f"timed in the same {repeats} processes" + (f" ({plural(paired, 'cell')})" if apart else "")
+        )
+    if apart:
+        ways.append(
+            f"in {repeats} processes each, apart, as they differ in a runtime setting"
+            + (f" ({plural(apart, 'cell')})" if paired else "")
+        )
+    return f"{plural(len(jobs2), 'cell')}: the best candidate against the best stock config, " + "; ".join(
+        ways
+    )
+
+
 def rung0_jobs(
     spec: SweepSpec,
     classes: dict[str, HardwareClass],
@@ -337,7 +357,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         rows0 = run_round(
             "rung0",
             list(jobs0.values()),
-            f"{len(jobs0)} candidates over {len(cells)} cells, measured cheaply",
+            f"{plural(len(jobs0), 'candidate')} over {plural(len(cells), 'cell')}, measured cheaply",
         )
 
         survivors: dict[Cell, list[Candidate]] = {}
@@ -369,8 +389,9 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         rows1 = run_round(
             "rung1",
             list(jobs1.values()),
-            f"{len(jobs1)} candidates promoted, measured with the sweep's settings "
-            f"({len(cells) - len(ranked)} cells with only a stock config and one other skip to the confirmation)",
+            f"{plural(len(jobs1), 'candidate')} promoted, measured with the sweep's settings "
+            f"({plural(len(cells) - len(ranked), 'cell')} with only a stock config and one other: "
+            "straight to the confirmation)",
         )
 
         rung1 = {
@@ -404,13 +425,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         rows2 = run_round(
             "confirm",
             [j for pair in jobs2.values() for j in pair if j is not None],
-            f"{len(jobs2)} cells: the best candidate against the best stock config, "
-            f"both timed in the same {measure2.repeats} processes"
-            + (
-                f" ({apart} cells that differ in a runtime setting: {measure2.repeats} processes each)"
-                if apart
-                else ""
-            ),
+            _confirm_plan(jobs2, apart, measure2.repeats),
         )
 
     entries, missing, decisions = [], [], {}
