@@ -14,6 +14,7 @@ from orchestrator.tune import eager
 from orchestrator.tune.presets import Budgets, eligible, preset_entry
 from orchestrator.tune.space import KNOB_NAMES, Candidate, knobs_of, with_knobs
 from workers.job import ModelSpec
+from workers.runner import plural
 
 
 @dataclass(frozen=True)
@@ -182,4 +183,24 @@ def combine_helping_knobs(
         return None
     return Candidate(
         dataclasses.replace(cfg, name=f"{base.config.name}+{'+'.join(helping)}"), base.dtype, False
+    )
+
+
+def confirm_plan(paired: int, apart: int, repeats: int) -> str:
+    """What the confirmation round runs, for a progress line: `paired` cells whose two configs
+    share their processes, `apart` cells whose configs differ in a runtime setting and so run in
+    processes of their own (DESIGN.md)."""
+    ways = []
+    if paired:
+        ways.append(
+            f"timed in the same {repeats} processes" + (f" ({plural(paired, 'cell')})" if apart else "")
+        )
+    if apart:
+        ways.append(
+            f"in {repeats} processes each, apart, as they differ in a runtime setting"
+            + (f" ({plural(apart, 'cell')})" if paired else "")
+        )
+    return (
+        f"{plural(paired + apart, 'cell')}: the best candidate against the best stock config, "
+        + "; ".join(ways)
     )

@@ -54,7 +54,7 @@ from orchestrator.store.runlog import check_same_sweep
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked, refusal_stops
 from orchestrator.tune import eager
-from orchestrator.tune.cells import Cell, best_pair, combine_helping_knobs, decide, promote
+from orchestrator.tune.cells import Cell, best_pair, combine_helping_knobs, confirm_plan, decide, promote
 from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
 from orchestrator.tune.presets import Budgets, durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates
@@ -215,25 +215,6 @@ def _figures(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
     elif excess:
         figures["over_budget"] = excess
     return figures
-
-
-def _confirm_plan(jobs2: dict[Cell, tuple[Job, Job | None]], apart: int, repeats: int) -> str:
-    """What the confirmation round runs: per cell, the two configs in the same processes, or each
-    in processes of its own where they differ in a runtime setting."""
-    paired = len(jobs2) - apart
-    ways = []
-    if paired:
-        ways.append(
-            f"timed in the same {repeats} processes" + (f" ({plural(paired, 'cell')})" if apart else "")
-        )
-    if apart:
-        ways.append(
-            f"in {repeats} processes each, apart, as they differ in a runtime setting"
-            + (f" ({plural(apart, 'cell')})" if paired else "")
-        )
-    return f"{plural(len(jobs2), 'cell')}: the best candidate against the best stock config, " + "; ".join(
-        ways
-    )
 
 
 def rung0_jobs(
@@ -425,7 +406,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         rows2 = run_round(
             "confirm",
             [j for pair in jobs2.values() for j in pair if j is not None],
-            _confirm_plan(jobs2, apart, measure2.repeats),
+            confirm_plan(len(jobs2) - apart, apart, measure2.repeats),
         )
 
     entries, missing, decisions = [], [], {}

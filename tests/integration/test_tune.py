@@ -111,7 +111,7 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     ]
     assert main([*args, "--eta", "2", "--confirm-repeats", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "1 cells" in printed and "without a preset" in printed
+    assert "1 cell, " in printed and "without a preset" in printed
 
     rung0 = {r["config"]: r for r in read_results(out / "rung0").to_pylist()}
     # (not freezing: on CPU it packs weights as oneDNN tensors, which Inductor's cache cannot

@@ -242,16 +242,13 @@ def test_derive_presets_with_budgets_and_the_presets_table(tmp_path, table_jobs)
 
 
 def test_confirmation_plan_says_how_each_cell_is_timed():
-    from orchestrator.tune.search import _confirm_plan
+    from orchestrator.tune.cells import confirm_plan
 
-    # the values only say whether a cell's sides run apart (a second job) or together
-    apart_only = _confirm_plan({"a": ("job", "job")}, 1, 2)
+    apart_only = confirm_plan(0, 1, 2)
     assert apart_only.startswith("1 cell: ") and "in 2 processes each, apart" in apart_only
     assert "same" not in apart_only  # one cell, apart: not "timed in the same processes"
-    mixed = _confirm_plan({"a": ("job", None), "b": ("job", None), "c": ("job", "job")}, 1, 3)
+    mixed = confirm_plan(2, 1, 3)
     assert mixed.startswith("3 cells: ")
-    assert (
-        "timed in the same 3 processes (2 cells)" in mixed
-        and "apart, as they differ in a runtime setting (1 cell)" in mixed
-    )
-    assert _confirm_plan({"a": ("job", None)}, 0, 3).endswith("timed in the same 3 processes")
+    assert "timed in the same 3 processes (2 cells)" in mixed
+    assert "apart, as they differ in a runtime setting (1 cell)" in mixed
+    assert confirm_plan(1, 0, 3).endswith("timed in the same 3 processes")
