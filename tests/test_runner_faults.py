@@ -68,8 +68,7 @@ def test_every_process_is_judged_by_the_fp64_rule():
     assert result["repeats"] == 2 and result["job_processes"] == 2
     assert result["max_rel_err"] > 1e-3  # the old check against eager would have failed it
     assert result["rmse_compiled"] < result["rmse_eager"] / 100
-    # both processes ran the fp64 check
-    assert result["phase_accuracy_s"] > 0
+    assert result["phase_accuracy_s"] > 0  # summed over both processes' accuracy phases
 
 
 def test_ok_job_measures_everything():
