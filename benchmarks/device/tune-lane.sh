@@ -30,6 +30,6 @@ while read -ra words; do
         continue
     fi
     echo "$(date +%T) start ${words[0]} with ${left} s (GPUs ${CUDA_VISIBLE_DEVICES:-all})" >>"$OUT/$lane.lane"
-    bash benchmarks/device/tune-slice.sh "$left" "${words[@]:0:1}" "${words[@]:1}" </dev/null >"$OUT/${words[0]}.out" 2>&1
+    bash benchmarks/device/tune-slice.sh "$left" "${words[@]}" </dev/null >"$OUT/${words[0]}.out" 2>&1
 done <"$plan"
 touch "$OUT/$lane.done"
