@@ -111,6 +111,29 @@ def held(batch_size, input_size=None, overrides=None):
     return mlp(batch_size, input_size, overrides)
 
 
+def forgets_earlier_rows(batch_size, input_size=None, overrides=None):
+    """workers.toy's MLP. The first job built while the folder named by $CO_TEST_FORGET (a round's
+    output, such as a tune's rung0) holds a row removes that folder's rows and commit ledger, as a
+    copy put back over the folder from before those rows would: rows the driver wrote are gone.
+    Once only: the job that renames the file $CO_TEST_FORGET_ONCE does it."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from workers.toy import mlp
+
+    where, token = os.environ.get("CO_TEST_FORGET"), os.environ.get("CO_TEST_FORGET_ONCE")
+    if where and token and any(Path(where, "results").rglob("*.parquet")):
+        try:
+            os.rename(token, token + ".used")
+        except FileNotFoundError:  # another job did it
+            pass
+        else:
+            for sub in ("results", "_ledger"):
+                shutil.rmtree(Path(where, sub), ignore_errors=True)
+    return mlp(batch_size, input_size, overrides)
+
+
 def oom(batch_size, input_size=None, overrides=None):
     """The forward asks the allocator for 1 PiB: a real allocation failure."""
 

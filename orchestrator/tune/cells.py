@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler import statistics as cstats
+from orchestrator.store.location import StorageError
 from orchestrator.tune import eager
 from orchestrator.tune.presets import Budgets, eligible, preset_entry
 from orchestrator.tune.space import KNOB_NAMES, Candidate, knobs_of, with_knobs
-from workers.job import ModelSpec
+from workers.job import Job, ModelSpec
 from workers.runner import plural
 
 
@@ -31,6 +32,44 @@ class Cell:
 
     def __hash__(self) -> int:  # the model's overrides are a dict; its name is unique in a sweep
         return hash(self.name)
+
+
+class RowsLost(StorageError):
+    """A round's sweep ended but some of its jobs have no row in the round's folder: something
+    outside the tune removed it or put an older copy in its place while the tune ran. Deciding
+    without those rows would turn a lost stock row into a preset no confirmation measured (a stock
+    config missing from rung 1 is not one that failed), so the tune stops before deciding."""
+
+
+def check_rows_kept(
+    round_name: str, where: object, jobs: list[Job], rows: dict[str, Any], resume: str
+) -> None:
+    """Raise `RowsLost` where a job of the round that just ran has no row in `rows` (read back from
+    `where`, the round's folder, after its sweep)."""
+    lost = [j for j in jobs if j.job_id not in rows]
+    if not lost:
+        return
+    names = ", ".join(j.name for j in lost[:3]) + (", ..." if len(lost) > 3 else "")
+    raise RowsLost(
+        f"tune {round_name}: {where} holds no row for {plural(len(lost), 'job')} of the "
+        f"{len(jobs)} that ran ({names}): the folder was removed or replaced while the tune ran "
+        f"(a copy put back over it?). Nothing was decided; `{resume}` measures them again."
+    )
+
+
+def figures_of(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
+    """What tune.json keeps of a candidate's row: its figures, its error, or what budget it broke
+    (a job without a row reads `missing`)."""
+    if row is None:
+        return {"status": "missing"}
+    keep = ("status", "compiled_ms", "eager_ms", "compile_s", "peak_mem_bytes", "speedup_vs_baseline")
+    figures = {k: row.get(k) for k in keep if row.get(k) is not None}
+    excess = budgets.excess(row) if row["status"] == "ok" else None
+    if row["status"] != "ok":
+        figures["error"] = (row.get("error") or "")[:300]
+    elif excess:
+        figures["over_budget"] = excess
+    return figures
 
 
 def promote(

@@ -54,7 +54,16 @@ from orchestrator.store.runlog import check_same_sweep
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked, refusal_stops
 from orchestrator.tune import eager
-from orchestrator.tune.cells import Cell, best_pair, combine_helping_knobs, confirm_plan, decide, promote
+from orchestrator.tune.cells import (
+    Cell,
+    best_pair,
+    check_rows_kept,
+    combine_helping_knobs,
+    confirm_plan,
+    decide,
+    figures_of,
+    promote,
+)
 from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
 from orchestrator.tune.presets import Budgets, durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates
@@ -204,19 +213,6 @@ def _latest(out: Location) -> dict[str, dict[str, Any]]:
     return latest_rows(read_results(out).to_pylist(), lambda r: r["job_id"])
 
 
-def _figures(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
-    if row is None:
-        return {"status": "missing"}
-    keep = ("status", "compiled_ms", "eager_ms", "compile_s", "peak_mem_bytes", "speedup_vs_baseline")
-    figures = {k: row.get(k) for k in keep if row.get(k) is not None}
-    excess = budgets.excess(row) if row["status"] == "ok" else None
-    if row["status"] != "ok":
-        figures["error"] = (row.get("error") or "")[:300]
-    elif excess:
-        figures["over_budget"] = excess
-    return figures
-
-
 def rung0_jobs(
     spec: SweepSpec,
     classes: dict[str, HardwareClass],
@@ -310,7 +306,9 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
             )
             run_sweep(spec, sweep_opts, stream, plan=lambda classes: jobs)
         jobs_run[name] = len(jobs)
-        return _latest(where)
+        rows = _latest(where)
+        check_rows_kept(name, where, jobs, rows, resume)
+        return rows
 
     if opts.shared_cache and opts.cache_redis:
         check_address(opts.cache_redis)
@@ -349,7 +347,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
             if combined is not None:
                 survivors[cell].append(combined)
             log[cell.name] = {
-                "candidates": {f"{c.config.name}@{c.dtype}": _figures(r, opts.budgets) for c, r in results},
+                "candidates": {f"{c.config.name}@{c.dtype}": figures_of(r, opts.budgets) for c, r in results},
                 "promoted": [f"{c.config.name}@{c.dtype}" for c in survivors[cell]],
             }
         # A cell whose survivors are one stock config and one other goes straight to the
@@ -384,7 +382,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         pairs: dict[Cell, tuple[Candidate, Candidate]] = {}
         for cell, results in rung1.items():
             log[cell.name]["rung1"] = {
-                f"{c.config.name}@{c.dtype}": _figures(r, opts.budgets) for c, r in results
+                f"{c.config.name}@{c.dtype}": figures_of(r, opts.budgets) for c, r in results
             }
             stock, tuned, _ = best_pair(results, opts.budgets)
             if stock and tuned:  # rung 1's one-process figures rank; only a paired interval decides
@@ -416,9 +414,9 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
             job, apart_job = jobs2[cell]
             apart_row = rows2.get(apart_job.job_id) if apart_job is not None else None
             confirmation = (*pairs[cell], rows2.get(job.job_id), apart_row)
-            log[cell.name]["confirm"] = _figures(confirmation[2], opts.budgets)
+            log[cell.name]["confirm"] = figures_of(confirmation[2], opts.budgets)
             if apart_job is not None:
-                log[cell.name]["confirm_stock_apart"] = _figures(apart_row, opts.budgets)
+                log[cell.name]["confirm_stock_apart"] = figures_of(apart_row, opts.budgets)
         entry, why = decide(cell, rung1[cell], confirmation, opts.budgets, log[cell.name], opts.eager_presets)
         decisions[cell.name] = why
         log[cell.name]["decision"] = why

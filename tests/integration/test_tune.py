@@ -195,3 +195,35 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     # No timing assertion: on a loaded machine (another sweep, other tests) a 1.5 s compile can
     # outlast a 2 s bundle load. The counters above prove what each path skipped; the speed is
     # benchmarks/bundle.py's table.
+
+
+def test_rows_lost_while_the_tune_ran_stop_it_before_deciding(tmp_path, monkeypatch, capsys):
+    """A round's folder put back to an older copy while the tune ran (session 22 on the H100: a
+    device call's `carry` replaced a run folder a background tune was writing) loses a stock row.
+    The tune once decided without it ("no stock config was eligible") and wrote a preset no
+    confirmation had measured; now it stops, names the lost job, and --resume measures it again."""
+    sweep, out = tmp_path / "tune.yaml", tmp_path / "out"
+    sweep.write_text(TUNE_SWEEP.replace("python:workers.toy:mlp", "python:tests.faulty:forgets_earlier_rows"))
+    token = tmp_path / "forget-once"
+    token.touch()
+    monkeypatch.setenv("CO_TEST_FORGET", str(out / "rung0"))
+    monkeypatch.setenv("CO_TEST_FORGET_ONCE", str(token))
+    # one job at a time (all of the machine's CPUs a job): the second rung-0 job is built after the
+    # first one's row is written, and removes it
+    args = ["tune", str(sweep), "--out", str(out), "--cpus-per-job", str(os.cpu_count()), "--no-eager"]
+    args += ["--knobs", "no_shape_padding", "--confirm-repeats", "2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert not token.exists(), "no job removed the rows: the test did not do what it says"
+    assert "tune rung0: " in err and "holds no row for 1 job of the 2 that ran (cpu/mlp/bs4/fp32/" in err, err
+    assert "Nothing was decided" in err and "--resume` measures them again" in err, err
+    assert not (out / TUNE_FILE).exists() and read_results(out / "confirm").num_rows == 0
+    assert read_results(out / "rung0").num_rows == 1
+
+    monkeypatch.delenv("CO_TEST_FORGET")
+    assert main([*args, "--resume"]) == 0
+    printed = capsys.readouterr()
+    assert "1 already done, 1 to run" in printed.err, printed.err
+    assert read_results(out / "rung0").num_rows == 2 and read_results(out / "confirm").num_rows == 1
+    decision = json.loads((out / TUNE_FILE).read_text())["cells"]["cpu/mlp/bs4/fp32"]["decision"]
+    assert "no stock config was eligible" not in decision, decision
