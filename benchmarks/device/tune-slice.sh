@@ -3,7 +3,7 @@
 #   bash benchmarks/device/tune-slice.sh DEADLINE_S OUT_NAME TUNE_ARGS...
 #
 # Runs `orchestrate tune TUNE_ARGS... --out runs/OUT_NAME` (add --resume to carry on from an
-# earlier call's runs/OUT_NAME, brought back with `carry`), interrupting it with SIGINT at
+# earlier call's folder: copy it here to runs/seed/OUT_NAME and name that in `carry`), interrupting it with SIGINT at
 # DEADLINE_S seconds so that it cancels its jobs cleanly as on Ctrl-C and keeps every finished
 # row (and snapshots the shared cache's autotune entries into runs/OUT_NAME/shared-cache.parquet, so
 # that the next slice's fresh Redis starts with them: docs/shared-cache.md). Then packs runs/OUT_NAME into $OUT/OUT_NAME.tgz (hive folder names survive inside the
@@ -18,6 +18,12 @@ if [ -f .devcarry/setup.sh ] && ! python3 -c 'import ray' 2>/dev/null; then
 fi
 out=${OUT:-/tmp/out}
 mkdir -p runs "$out"
+# An earlier call's folder comes as runs/seed/NAME, never as runs/NAME: `carry` puts the paths it
+# names back on every call, and a copy put back over a folder a background tune writes to loses
+# its rows (session 22: two H100 cells). Copied once, when runs/NAME does not exist yet.
+if [ -d "runs/seed/$name" ] && [ ! -e "runs/$name" ]; then
+    cp -a "runs/seed/$name" "runs/$name"
+fi
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=/tmp/pyc RAY_AUTH_MODE=disabled
 t0=$(date +%s.%N)
