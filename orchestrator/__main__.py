@@ -1,7 +1,5 @@
 """`python -m orchestrator` is the same as the `orchestrate` command."""
 
-import sys
+from orchestrator.cli import run
 
-from orchestrator.cli import main
-
-sys.exit(main())
+run()
