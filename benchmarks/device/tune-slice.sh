@@ -3,11 +3,13 @@
 #   bash benchmarks/device/tune-slice.sh DEADLINE_S OUT_NAME TUNE_ARGS...
 #
 # Runs `orchestrate tune TUNE_ARGS... --out runs/OUT_NAME` (add --resume to carry on from an
-# earlier call's folder: copy it here to runs/seed/OUT_NAME and name that in `carry`), interrupting it with SIGINT at
-# DEADLINE_S seconds so that it cancels its jobs cleanly as on Ctrl-C and keeps every finished
-# row (and snapshots the shared cache's autotune entries into runs/OUT_NAME/shared-cache.parquet, so
-# that the next slice's fresh Redis starts with them: docs/shared-cache.md). Then packs runs/OUT_NAME into $OUT/OUT_NAME.tgz (hive folder names survive inside the
-# archive) with the tune's log and its wall time in seconds (OUT_NAME.wall, written last).
+# earlier call's folder: copy it here to runs/seed/OUT_NAME and name that in `carry`),
+# interrupting it with SIGINT at DEADLINE_S seconds so that it cancels its jobs cleanly as on
+# Ctrl-C and keeps every finished row (and snapshots the shared cache's autotune entries into
+# runs/OUT_NAME/shared-cache.parquet, so that the next slice's fresh Redis starts with them:
+# docs/shared-cache.md). Then packs runs/OUT_NAME into $OUT/OUT_NAME.tgz (hive folder names
+# survive inside the archive) with the tune's log and its wall time in seconds (OUT_NAME.wall,
+# written last).
 #
 # On the device machine it sources `.devcarry/setup.sh` itself where Ray is not importable yet
 # (../shared/device/README.md): a command that forgot it failed at once, 30 s of device time.

@@ -11,6 +11,7 @@ from typing import Any
 
 from compiler import statistics as cstats
 from orchestrator.store.location import StorageError
+from orchestrator.store.storage import Location
 from orchestrator.tune import eager
 from orchestrator.tune.presets import Budgets, eligible, preset_entry
 from orchestrator.tune.space import KNOB_NAMES, Candidate, knobs_of, with_knobs
@@ -42,7 +43,7 @@ class RowsLost(StorageError):
 
 
 def check_rows_kept(
-    round_name: str, where: object, jobs: list[Job], rows: dict[str, Any], resume: str
+    round_name: str, where: Location, jobs: list[Job], rows: dict[str, Any], resume: str
 ) -> None:
     """Raise `RowsLost` where a job of the round that just ran has no row in `rows` (read back from
     `where`, the round's folder, after its sweep)."""
