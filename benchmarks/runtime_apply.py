@@ -13,7 +13,11 @@ processes build the model (random weights, as the sweep did) with torch's defaul
 
 The two never share a process: a process keeps its first cuDNN plan per convolution. Prints one
 line per preset: each side's median latency and stock / tuned with its unpaired interval over the
-processes (`compiler.statistics.ratio_interval`; above 1: the applied preset is faster).
+processes (`compiler.statistics.ratio_interval`; above 1: the applied preset is faster), and what
+each side's processes held at their peak (the CUDA allocator's peak since the process started,
+the first call's cuDNN search included; on CPU the peak RSS) and took for their first call, beside
+the `peak_mem_bytes` the sweep's row recorded for the preset (its compiled phase only, after the
+eager phase had run the same convolutions).
 
     python benchmarks/runtime_apply.py DIR [--repeats 3] [--iterations 200] [--save FILE.json]
 """
@@ -27,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +81,10 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
         compiled = torch.compile(model, **stock.compile_kwargs())
     call = run._rotating(compiled, input_sets, mark_step=True)
     with torch.no_grad():
+        start = time.perf_counter()
+        call(0)  # the first call: compile (or the bundle's load) and, where set, cuDNN's search
+        measure.synchronize(device)
+        first_call_s = time.perf_counter() - start
         measure.warmup_until_stable(call, device, min_calls=10)
         (samples,) = measure.interleaved([call], device, iterations, rounds=10)
     print(
@@ -86,9 +95,17 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
                 "cell": f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}",
                 "runtime": runtime.current(),
                 "samples_ms": samples,
+                "first_call_s": first_call_s,
+                # never reset in this process: everything it did, the first call's search included
+                "peak_bytes": measure.peak_memory_bytes(device),
+                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()) if device == "cuda" else None,
             }
         )
     )
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.2f}"
 
 
 def main() -> int:
@@ -110,11 +127,14 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH"))}
     saved = []
     print(
-        "| preset | runtime | tuned ms (compile_tuned) | stock ms (torch defaults) | stock / tuned [95% CI] |"
+        "| preset | runtime | tuned ms (compile_tuned) | stock ms (torch defaults) | stock / tuned [95% CI] "
+        "| peak GiB tuned / stock (row: compiled phase) | first call s tuned / stock |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for index, entry in enumerate(entries):
         groups: dict[str, list[list[float]]] = {"tuned": [], "stock": []}
+        peaks: dict[str, list[int]] = {"tuned": [], "stock": []}
+        first: dict[str, list[float]] = {"tuned": [], "stock": []}
         for _ in range(args.repeats):
             for side in ("stock", "tuned"):  # alternated, so drift hits both sides alike
                 with tempfile.TemporaryDirectory() as cache:
@@ -145,12 +165,16 @@ def main() -> int:
                 result = json.loads(line[len("RESULT ") :])
                 saved.append(result)
                 groups[side].append(result["samples_ms"])
+                peaks[side].append(result["peak_bytes"])
+                first[side].append(result["first_call_s"])
         iv = ratio_interval(groups["stock"], groups["tuned"], paired=False)
         med = {s: summarize([x for g in groups[s] for x in g]).median_ms for s in groups}
         cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
         print(
             f"| {cell} | {json.dumps(entry['compile']['runtime'])} | {med['tuned']:.3f} | {med['stock']:.3f} | "
-            f"{iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} processes each |",
+            f"{iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} processes each "
+            f"| {_gib(max(peaks['tuned']))} / {_gib(max(peaks['stock']))} ({_gib(entry.get('peak_mem_bytes'))}) "
+            f"| {max(first['tuned']):.1f} / {max(first['stock']):.1f} |",
             flush=True,
         )
     if args.save:
