@@ -82,7 +82,8 @@ def _add_budgets(p: argparse.ArgumentParser) -> None:
         type=_positive,
         metavar="MIB",
         help="budget: a config whose compiled peak memory (CUDA allocator, or process RSS on CPU) was higher "
-        "is never a preset",
+        "is never a preset. The compiled phase's peak: the first-call search of cudnn_benchmark ran before it, "
+        "in the eager phase, and takes the memory that is free; a preset's serving_peak_mem_bytes counts it",
     )
 
 

@@ -474,6 +474,13 @@ PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("eager_gain_processes", pa.int32(), "processes the eager_gain interval is over"),
     ("compile_s", pa.float64(), "its cold compile time, s (null for an eager preset)"),
     ("peak_mem_bytes", pa.int64(), "peak memory of its compiled phase (an eager preset: of the eager phase)"),
+    (
+        "serving_peak_mem_bytes",
+        pa.int64(),
+        "peak memory of its job's process: the larger of its eager phase's (where a runtime setting's first-call "
+        "search runs, cuDNN's taking the memory that is free) and its compiled phase's; what compile_tuned's "
+        "process, which runs the example once against eager, holds at its peak",
+    ),
     ("candidates", pa.int32(), "configs that were eligible on the cell"),
     ("over_budget", pa.int32(), "configs that were ok but over a budget, and excluded"),
     ("job_id", pa.string(), "the job whose row the figures come from"),

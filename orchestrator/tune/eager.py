@@ -153,6 +153,7 @@ def reconsider(
         "speedup_vs_eager": None,
         "compile_s": None,
         "peak_mem_bytes": row.get("eager_peak_mem_bytes"),
+        "serving_peak_mem_bytes": row.get("eager_peak_mem_bytes"),  # a process that compiles nothing
         "job_id": row.get("job_id"),
         "eager_over_config": entry["config"],
         "eager_over_compile": entry["compile"],

@@ -145,6 +145,16 @@ def _compile_dict(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def serving_peak(*peaks: int | None) -> int | None:
+    """The peak of a process that runs these phases (None when none was measured). The compiled
+    phase's own peak leaves out what ran before it in the job: with `cudnn_benchmark`, cuDNN's
+    algorithm search runs in the eager phase, on the first call, and takes the memory that is free
+    (maskformer bs16 on an H100: 36.0 GiB against 3.1 GiB for the compiled phase;
+    docs/results/h100-tune-runtime.md section 15)."""
+    measured = [p for p in peaks if p is not None]
+    return max(measured) if measured else None
+
+
 def preset_entry(best: dict[str, Any], cell_dtype: str, **fields: Any) -> dict[str, Any]:
     """A preset (a row of the `presets` table, `compile` as a dict) from the result row of the
     config chosen for a cell whose precision is `cell_dtype`; `fields` add or override."""
@@ -162,6 +172,7 @@ def preset_entry(best: dict[str, Any], cell_dtype: str, **fields: Any) -> dict[s
         "speedup_vs_eager": best["eager_ms"] / best["compiled_ms"] if (best["eager_ms"] or 0) > 0 else None,
         "compile_s": best["compile_s"],
         "peak_mem_bytes": best.get("peak_mem_bytes"),
+        "serving_peak_mem_bytes": serving_peak(best.get("eager_peak_mem_bytes"), best.get("peak_mem_bytes")),
         "job_id": best["job_id"],
         "device_name": best["device_name"],
         "torch_version": best["torch_version"],

@@ -252,3 +252,20 @@ def test_confirmation_plan_says_how_each_cell_is_timed():
     assert "timed in the same 3 processes (2 cells)" in mixed
     assert "apart, as they differ in a runtime setting (1 cell)" in mixed
     assert confirm_plan(1, 0, 3).endswith("timed in the same 3 processes")
+
+
+def test_a_presets_serving_peak_counts_the_search_its_eager_phase_ran(tmp_path, table_jobs):
+    # With cudnn_benchmark, cuDNN's algorithm search runs on the first call, in the job's eager
+    # phase, and the compiled phase's peak leaves it out (maskformer bs16 on an H100: 38.6 GB
+    # eager, 3.2 GB compiled; a fresh compile_tuned process held 36.0 GiB).
+    searched = row(table_jobs["cpu/resnet/bs1/fp32/ro"], ms=7.0, eager_peak_mem_bytes=36 * 2**30)
+    plain = row(table_jobs["cpu/mlp/bs1/fp32/tuned"], ms=1.0, eager_peak_mem_bytes=2**30)
+    data = derive_presets(rows_to_table([searched, plain]))
+    got = {p["model"]: p for p in data["presets"]}
+    assert got["resnet"]["peak_mem_bytes"] == 5 * 2**30
+    assert got["resnet"]["serving_peak_mem_bytes"] == 36 * 2**30
+    assert got["mlp"]["serving_peak_mem_bytes"] == 5 * 2**30  # the compiled phase's, the larger
+    write_preset_files(tmp_path, data)
+    back = {r["model"]: r for r in read_presets_table(tmp_path).to_pylist()}
+    assert back["resnet"]["serving_peak_mem_bytes"] == 36 * 2**30
+    assert json.loads((tmp_path / "presets.json").read_text())["presets"][0]["serving_peak_mem_bytes"]
