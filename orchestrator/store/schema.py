@@ -41,7 +41,7 @@ from orchestrator.store.storage import Location, Target, resolve
 RESULTS_DIR = "results"
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -61,6 +61,8 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   during timing: `host_cpu_mhz`, `host_load_1m`, `timing_gc_collections`.
 - 7: `presets` gains eager presets' columns: `runtime`, `eager_over_config`, `eager_over_compile`,
   `eager_over_ms`, `eager_gain` with its interval and processes, and `speedup_vs_stock_from`.
+- 8: `presets` gains `serving_peak_mem_bytes` (the larger of the eager and compiled phases' peaks:
+  a `cudnn_benchmark` search runs in the eager phase, which the compiled phase's peak leaves out).
 """
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 
