@@ -643,13 +643,15 @@ def test_ctrl_c_outside_a_sweeps_job_loop_is_one_line(tmp_path):
 
 
 INTERRUPTED_IN_EXEC = """
-import dataclasses, sys
+import dataclasses, sys, time
 from orchestrator import cli
 
 def busy(argv):  # where `import transformers` was when a loaded machine's Ctrl-C came: exec()'d code
     print("ready", flush=True)
-    while True:
+    deadline = time.monotonic() + 60  # never a process that spins on after its test is gone
+    while time.monotonic() < deadline:
         dataclasses.make_dataclass("A", ["a", "b", "c"], frozen=True)
+    return 3
 
 cli._main = busy
 cli.run()
@@ -674,7 +676,12 @@ def test_ctrl_c_inside_code_that_exec_ran_still_exits_130(tmp_path):
             stderr=subprocess.PIPE,
             text=True,
         )
-        assert proc.stdout.readline() == "ready\n"
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            assert proc.stdout.readline() == "ready\n"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
         assert proc.returncode == 130 and _one_line(err) == "interrupted", (proc.returncode, err[-2000:])
