@@ -675,6 +675,9 @@ def test_ctrl_c_inside_code_that_exec_ran_still_exits_130(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # a terminal's foreground command takes Ctrl-C; tests run in the background (`cmd &` in
+            # a script) start with SIGINT ignored, which the child would inherit
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             assert proc.stdout.readline() == "ready\n"

@@ -349,6 +349,9 @@ def test_a_ctrl_c_to_the_whole_process_group_still_snapshots(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # a process group of its own, as a terminal's foreground job
+        # and its Ctrl-C: tests run in the background (`cmd &` in a script) start with SIGINT
+        # ignored, which a child inherits, and Python then never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert child.stdout.readline().strip() == "ready"
