@@ -7,6 +7,7 @@ import contextlib
 import errno
 import logging
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -35,6 +36,14 @@ configs:
 """
 
 TABLE_STACK = {"python": "3.11", "torch": "2.13.0", "triton": "absent", "transformers": "4.50.0"}
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for a child a test sends Ctrl-C (SIGINT): it takes it the way a terminal's
+    foreground command does, even when the tests themselves run in the background (`cmd &` in a
+    script starts with SIGINT ignored, a child inherits that, and Python then never raises
+    KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

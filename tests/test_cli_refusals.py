@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from tests.conftest import default_sigint
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "sweeps" / "smoke.yaml"
@@ -634,7 +635,7 @@ def test_ctrl_c_outside_a_sweeps_job_loop_is_one_line(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_sigint,
     )
     time.sleep(2)
     proc.send_signal(signal.SIGINT)
@@ -675,9 +676,7 @@ def test_ctrl_c_inside_code_that_exec_ran_still_exits_130(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            # a terminal's foreground command takes Ctrl-C; tests run in the background (`cmd &` in
-            # a script) start with SIGINT ignored, which the child would inherit
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=default_sigint,
         )
         try:
             assert proc.stdout.readline() == "ready\n"

@@ -15,6 +15,7 @@ import pytest
 from compiler.shared_cache import SHARED_CACHE_ENV, GemmBridge, cache_environment, namespace
 from orchestrator.cli import main
 from orchestrator.fleet import cache
+from tests.conftest import default_sigint
 from tests.test_cli_refusals import SMOKE, _one_line, closed_port
 
 needs_redis = pytest.mark.skipif(
@@ -349,9 +350,7 @@ def test_a_ctrl_c_to_the_whole_process_group_still_snapshots(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # a process group of its own, as a terminal's foreground job
-        # and its Ctrl-C: tests run in the background (`cmd &` in a script) start with SIGINT
-        # ignored, which a child inherits, and Python then never raises KeyboardInterrupt
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_sigint,  # and its Ctrl-C
     )
     try:
         assert child.stdout.readline().strip() == "ready"

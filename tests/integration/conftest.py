@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.conftest import default_sigint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,15 +34,9 @@ def orchestrate(*args: str, timeout: float = 600, check: bool = True) -> subproc
     return proc
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start_sweep(sweep: Path, out: Path, scratch: Path, *flags: str, **popen_kwargs) -> subprocess.Popen:
     """`orchestrate sweep SWEEP --out OUT --scratch SCRATCH FLAGS` as a background process that takes
-    Ctrl-C (SIGINT) the way a terminal's foreground command does, even when the tests themselves
-    run in the background (`cmd &` in a script starts with SIGINT ignored, and Python then never
-    raises KeyboardInterrupt)."""
+    Ctrl-C (SIGINT) the way a terminal's foreground command does (`default_sigint`)."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -56,7 +51,7 @@ def start_sweep(sweep: Path, out: Path, scratch: Path, *flags: str, **popen_kwar
             *flags,
         ],
         cwd=ROOT,
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,
         **popen_kwargs,
     )
 
