@@ -74,7 +74,8 @@ __all__ = [
     "sha256_file",
 ]
 
-DTYPE_POLICIES = {"float32": ("fp32", "tf32"), "bfloat16": ("bf16",), "float16": ("fp16",)}
+DTYPE_POLICIES = {"float32": ("fp32", "tf32", "fp32-strict"), "bfloat16": ("bf16",), "float16": ("fp16",)}
+"""The cell precisions a model's parameter dtype looks for, in order (`compiler.precision`)."""
 
 
 class PresetFallbackWarning(UserWarning):

@@ -40,7 +40,11 @@ from compiler.runtime import setting_problems
 
 MANIFEST = "manifest.json"
 PRESETS = "presets.json"
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2
+"""2: `fp32` is the stock policy (torch's float32 defaults, `compiler.precision`); presets may carry
+`budget` (the accuracy budget they were chosen under) and their figures against a stock PyTorch
+user. A format-1 export is read on, its `fp32` as what it meant then, `fp32-strict`."""
+READS_FORMATS = (1, 2)
 CACHE_ENV = "COMPILE_ORCHESTRATOR_CACHE"
 """Environment variable: the cache directory (`cache_root`)."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -119,8 +123,10 @@ def check_manifest(data: Any, where: str) -> dict[str, Any]:
     redo = "re-export, or copy the export again"
     if not isinstance(data, dict):
         raise ExportError(f"{where}: a manifest is a JSON object, this is {_kind(data)}; {redo}")
-    if data.get("format") != EXPORT_FORMAT:
-        raise ExportError(f"{where}: format {data.get('format')!r}, this code reads {EXPORT_FORMAT}")
+    if data.get("format") not in READS_FORMATS:
+        raise ExportError(
+            f"{where}: format {data.get('format')!r}, this code reads {' and '.join(map(str, READS_FORMATS))}"
+        )
     files = data.get("files")
     if not isinstance(files, dict) or not all(
         isinstance(v, str) and _SHA256.fullmatch(v) for v in files.values()
@@ -154,11 +160,26 @@ def check_presets(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
+def upgrade_format_1(presets: dict[str, Any]) -> None:
+    """A format-1 export's presets as this code names them: its `fp32` turned TF32 off for
+    convolutions, which is `fp32-strict` now (in place)."""
+    from compiler.precision import STRICT
+
+    entries = [*presets.get("presets", []), *(presets.get("defaults") or {}).values()]
+    for entry in entries:
+        for key in ("dtype", "precision"):
+            if entry.get(key) == "fp32":
+                entry[key] = STRICT
+    defaults = presets.get("defaults") or {}
+    if "fp32" in defaults:
+        defaults[STRICT] = defaults.pop("fp32")
+
+
 def preset_config(entry: dict[str, Any], where: str) -> CompileConfig:
     """The CompileConfig of a preset entry (checked by `check_presets`), its fields' types and its
     runtime settings and precision checked; else ExportError. For an eager preset, a config named
     `eager` that holds only its runtime settings: what to set, never something to compile."""
-    from compiler.precision import PARAM_DTYPE
+    from compiler.precision import PRECISIONS
 
     if is_eager_preset(entry):
         fields = {"name": EAGER, "runtime": entry["runtime"]}
@@ -176,8 +197,8 @@ def preset_config(entry: dict[str, Any], where: str) -> CompileConfig:
     if problems:
         raise ExportError(f"{what}: {problems[0][1]}")
     policy = entry.get("precision") or entry.get("dtype")
-    if policy not in PARAM_DTYPE:
-        raise ExportError(f"{what}: unknown precision {policy!r} (known: {', '.join(PARAM_DTYPE)})")
+    if policy not in PRECISIONS:
+        raise ExportError(f"{what}: unknown precision {policy!r} (known: {', '.join(PRECISIONS)})")
     return CompileConfig.from_dict(fields)
 
 
@@ -224,6 +245,8 @@ class ExportFiles:
     def _open(self, manifest: bytes) -> ExportFiles:
         self.manifest = check_manifest(_json(manifest, self.where(MANIFEST)), self.where(MANIFEST))
         self.presets = check_presets(_json(self.verified(PRESETS), self.where(PRESETS)), self.where(PRESETS))
+        if self.manifest["format"] == 1:
+            upgrade_format_1(self.presets)
         return self
 
 

@@ -241,10 +241,22 @@ def paired_speedup(
 # --- comparing two runs ---------------------------------------------------------------------------
 
 THRESHOLDS_FILE = Path(__file__).with_name("thresholds.json")
-THRESHOLDS_VERSION = 2
+THRESHOLDS_VERSION = 3
 _MAX_THRESHOLDS_BYTES = 65536
 _ADDED_IN_V2 = {"host_bound_share": 0.25, "min_processes": 2, "noise_processes": 3}
 """Keys version 2 added, with the values a version-1 file is read with."""
+_ADDED_IN_V3 = {
+    "accuracy_tf32": 1e-2,
+    "accuracy_fp16": 1e-2,
+    "accuracy_bf16": 5e-2,
+    "accuracy_stock_factor": 2.0,
+    "accuracy_floor": 1e-5,
+    "accuracy_min_spread": 1e-2,
+    "accuracy_min_sensitivity": 1e-2,
+    "accuracy_max_sensitivity": 100.0,
+}
+"""Keys version 3 added (the accuracy budgets of `compiler.accuracy`), with the values an older
+file is read with."""
 
 
 @dataclass(frozen=True)
@@ -279,6 +291,29 @@ class Thresholds:
     noise_processes: int = 3
     """History mode: a side with too few processes is decided anyway when the other side pools at
     least this many (runs of the window), whose spread estimates the process noise it lacks."""
+    accuracy_tf32: float = 1e-2
+    """The `tf32` accuracy budget: max relative error against fp64 (`compiler.accuracy`)."""
+    accuracy_fp16: float = 1e-2
+    """The `fp16` budget."""
+    accuracy_bf16: float = 5e-2
+    """The `bf16` budget."""
+    accuracy_stock_factor: float = 2.0
+    """The `stock` budget: at most this many times the stock policy's own eager error against fp64
+    on the cell..."""
+    accuracy_floor: float = 1e-5
+    """...and never less than this (an error below it is float32 rounding, not a precision's)."""
+    accuracy_min_spread: float = 1e-2
+    """Random weights: an output whose (max - min) / max |x| is below this, or below the budget's
+    tolerance, is too constant to judge a precision (an error the budget allows could erase all
+    of its variation, and normalized by its magnitude looks small): undetermined."""
+    accuracy_min_sensitivity: float = 1e-2
+    """Random weights: outputs that move less than this fraction of a tiny relative input change
+    barely depend on the inputs (biases carry them), so no precision's error reaches them:
+    undetermined."""
+    accuracy_max_sensitivity: float = 100.0
+    """Random weights: outputs that amplify a relative input change of the budget's rounding more
+    than this many times are ill-conditioned (a saturated or discontinuous head); their error says
+    more of the random weights than of the arithmetic: undetermined."""
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:
@@ -300,7 +335,9 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of thresholds, got {type(data).__name__}")
     if data.get("version") == 1:
-        data = {**_ADDED_IN_V2, **data, "version": THRESHOLDS_VERSION}
+        data = {**_ADDED_IN_V2, **data, "version": 2}
+    if data.get("version") == 2:
+        data = {**_ADDED_IN_V3, **data, "version": THRESHOLDS_VERSION}
     names = [f.name for f in dataclasses.fields(Thresholds)]
     missing = [n for n in names if n not in data]
     unknown = sorted(set(data) - set(names))
@@ -315,7 +352,7 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
     for name in ("window_runs", "consecutive", "min_processes", "noise_processes"):
         if not isinstance(data[name], int) or isinstance(data[name], bool) or data[name] < 1:
             raise ValueError(f"{path}: {name} must be a positive integer, got {data[name]!r}")
-    for name in ("level", "host_bound_share"):
+    for name in ("level", "host_bound_share", "accuracy_tf32", "accuracy_fp16", "accuracy_bf16"):
         if not 0 < data[name] < 1:
             raise ValueError(f"{path}: {name} must be between 0 and 1, got {data[name]!r}")
     return Thresholds(**data)

@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from compiler.precision import PRECISIONS
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, resolve
-from workers.job import PRECISIONS
 
 # Our model name (the `model` column, in the order of sweeps/vision.yaml) -> the reference's.
 REFERENCE_NAMES: dict[str, str] = {

@@ -52,7 +52,7 @@ def test_sweep_file_with_a_missing_library_fails_validation_at_its_line(tmp_path
 
 
 def test_default_names_keep_the_library_apart():
-    from orchestrator.spec.sweep import _default_name
+    from orchestrator.spec.models import default_name as _default_name
 
     assert _default_name("timm:resnet50") == "timm-resnet50"
     assert _default_name("torchvision:resnet50") == "torchvision-resnet50"

@@ -511,9 +511,10 @@ def restore_precision():
     ("policy", "dtype", "matmul", "cudnn_tf32"),
     [
         ("tf32", torch.float32, "high", True),
-        ("fp32", torch.float32, "highest", False),
-        ("bf16", torch.bfloat16, "highest", False),
-        ("fp16", torch.float16, "highest", False),
+        ("fp32", torch.float32, "highest", True),  # the stock policy: torch's defaults
+        ("fp32-strict", torch.float32, "highest", False),
+        ("bf16", torch.bfloat16, "highest", True),
+        ("fp16", torch.float16, "highest", True),
     ],
 )
 def test_apply_precision(restore_precision, policy, dtype, matmul, cudnn_tf32):

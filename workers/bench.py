@@ -405,6 +405,7 @@ class JobRun:
         the job's), and an fp32 copy on the host for the fp64 reference if asked."""
         import torch
 
+        from compiler import precision as policies
         from compiler import runtime
         from compiler.precision import apply_precision
         from workers import external, zoo
@@ -416,6 +417,8 @@ class JobRun:
         # before the model exists: eager and compiled run under the same settings, from the first call
         job.config.apply_runtime()
         self.result["runtime"] = json.dumps(runtime.current(), sort_keys=True)
+        if precision is None or precision == job.dtype:  # what the job's own side ran under
+            self.result.update(policies.current(), weights=job.model.weights)
         torch.manual_seed(0)
         if job.model.id.startswith("python:"):
             factory = zoo.load_python_factory(job.model.id)
@@ -433,7 +436,10 @@ class JobRun:
             task = job.model.task or built.task
         else:
             entry = zoo.get_entry(job.model.id)
-            model = entry.build(dict(job.model.overrides))
+            if job.model.weights == "random":
+                model = entry.build(dict(job.model.overrides))
+            else:  # the checkpoint's own weights (in float32), from a local directory only
+                model = zoo.load_pretrained(job.model.id, zoo.weights_dir(job.model.id, job.model.weights))
             size = job.model.input_size or entry.image_size
             input_sets = [
                 entry.make_inputs(model, job.batch_size, size, torch.Generator().manual_seed(seed))
@@ -732,13 +738,11 @@ class JobRun:
         try:
             device = "cuda" if job.device == "cuda" else "cpu"
             fp64_model = fp32_copy.to(device=device, dtype=torch.float64)
+            inputs64 = _cast_inputs(inputs, device, torch.float64)
             with torch.no_grad():
-                fp64 = [
-                    t.double()
-                    for t in zoo.output_tensors(
-                        _call(fp64_model, _cast_inputs(inputs, device, torch.float64))
-                    )
-                ]
+                fp64 = [t.double() for t in zoo.output_tensors(_call(fp64_model, inputs64))]
+                if "repeat" not in self.result:  # the model's own conditioning: the first process's
+                    self.conditioning(fp64_model, inputs64, fp64)
             del fp64_model
         except Exception as exc:  # no fp64 reference (memory, an op without fp64): fall back to eager
             why = "out of memory" if _is_oom(exc) else _error_text(exc)[:200]
@@ -749,11 +753,35 @@ class JobRun:
                 self.fail("accuracy_fail", cmp.detail)
             return
         check = measure.check_against_fp64(reference, compiled_out, fp64, job.dtype)
-        self.result.update(rmse_eager=check.rmse_eager, rmse_compiled=check.rmse_compiled)
+        self.result.update(
+            rmse_eager=check.rmse_eager,
+            rmse_compiled=check.rmse_compiled,
+            fp64_max_rel_err=measure.rel_err_against(fp64, compiled_out),
+            eager_fp64_max_rel_err=measure.rel_err_against(fp64, reference),
+        )
         if check.ok:
             self.result["status"] = "ok"
         else:
             self.fail("accuracy_fail", check.detail)
+
+    def conditioning(self, fp64_model, inputs64, fp64) -> None:
+        """What the fp64 outputs can show of a precision's error (`compiler.accuracy` judges it):
+        their spread, and their sensitivity to a relative change of the float inputs, from one
+        more fp64 call (none where the model takes no float input)."""
+        import torch
+
+        from compiler import measure
+        from workers import zoo
+
+        self.result["output_spread"] = measure.output_spread(fp64)
+        found = []
+        for step in measure.SENSITIVITY_STEPS:
+            moved, changed = measure.perturbed(inputs64, torch.Generator().manual_seed(1), step)
+            if not changed:
+                return
+            again = [t.double() for t in zoo.output_tensors(_call(fp64_model, moved))]
+            found.append(measure.sensitivity(fp64, again, step))
+        self.result["output_sensitivity"] = found
 
 
 def _sides():

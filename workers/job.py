@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any, Literal
 
 from compiler.config import CompileConfig
+from compiler.precision import identity as precision_identity
 
 PHASES = (
     "start",
@@ -38,24 +39,11 @@ Task = Literal[
 ]
 """What a model does (the zoo's entries and a sweep's `task:` override)."""
 
-Precision = Literal["fp32", "tf32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
-PRECISION_ALIASES = {
-    "float32": "fp32",
-    "float": "fp32",
-    "tfloat32": "tf32",
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-}
+Precision = Literal["fp32", "fp32-strict", "tf32", "bf16", "fp16"]
+"""Precision policies (`compiler.precision`: what each does to the weights and to torch's float32
+switches; `fp32` is the stock policy, torch's defaults as they are)."""
 
 DeviceKind = Literal["cpu", "cuda"]
-
-
-def canonical_precision(name: str) -> str | None:
-    """The canonical precision name for `name` (aliases such as float32 accepted), None if unknown."""
-    name = PRECISION_ALIASES.get(name, name)
-    return name if name in PRECISIONS else None
 
 
 @dataclass(frozen=True)
@@ -75,6 +63,12 @@ class ModelSpec:
     """Architecture overrides applied to the model config (e.g. `num_hidden_layers: 2`)."""
     timeout_s: float | None = None
     """Per-job time limit for this model; wins over the config's and the sweep's."""
+    weights: str = "random"
+    """`random` (the architecture with seeded random weights, nothing downloaded), `pretrained`
+    (the checkpoint of the model's id from the local Hugging Face cache, offline), or a local
+    directory holding a checkpoint (`save_pretrained`'s files). Accuracy against fp64 judges
+    precision only on real weights; with random ones some outputs cannot judge it
+    (`compiler.accuracy`)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +164,8 @@ def _identity(job: Job) -> dict[str, Any]:
     model = asdict(job.model)
     model.pop("name")
     model.pop("timeout_s")
+    if model["weights"] == "random":  # as before the field existed: old outputs resume
+        del model["weights"]
     config = _config_identity(job.config)
     measure = asdict(job.measure)
     if measure["repeats"] == 1:  # as before repeats existed: outputs written then still resume
@@ -179,13 +175,16 @@ def _identity(job: Job) -> dict[str, Any]:
         "device": job.device,
         "model": model,
         "batch_size": job.batch_size,
-        "dtype": job.dtype,
+        "dtype": precision_identity(job.dtype),
         "config": config,
         "measure": measure,
         "stack": job.stack,
     }
     if job.baseline is not None:
-        identity["baseline"] = {"config": _config_identity(job.baseline.config), "dtype": job.baseline.dtype}
+        identity["baseline"] = {
+            "config": _config_identity(job.baseline.config),
+            "dtype": precision_identity(job.baseline.dtype),
+        }
     return identity
 
 

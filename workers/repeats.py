@@ -43,7 +43,13 @@ DEVICE_KEYS = (
 )
 """The columns `device_fields` fills."""
 
-ACCURACY_KEYS = ("max_abs_err", "max_rel_err", "rmse_compiled")
+ACCURACY_KEYS = (
+    "max_abs_err",
+    "max_rel_err",
+    "rmse_compiled",
+    "fp64_max_rel_err",
+    "eager_fp64_max_rel_err",
+)
 """Accuracy columns every process measures; a row keeps the worst (largest) of them."""
 
 

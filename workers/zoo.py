@@ -345,6 +345,35 @@ def load_pretrained(model_id_or_dir: str, local_dir: str) -> torch.nn.Module:
     return model.eval()
 
 
+def weights_dir(model_id: str, weights: str) -> str:
+    """The local directory a model entry's `weights` load from: the Hugging Face cache's snapshot of
+    the model's repository for `pretrained` (offline: `local_files_only`), else the directory given.
+    ValueError, saying where to get them, when there is none."""
+    import os
+
+    if weights != "pretrained":
+        path = os.path.expanduser(weights)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(
+                f"weights {weights!r}: no config.json there; give a directory that transformers' "
+                "save_pretrained wrote (config.json and the weights)"
+            )
+        return path
+    repo = model_id.removeprefix("hf:")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(repo, local_files_only=True)
+    except (LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise ValueError(
+            f"weights pretrained: {repo} is not in the local Hugging Face cache "
+            f"({os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'}); "
+            f"download it where the network is (`hf download {repo}`), or give weights: DIR "
+            f"({type(exc).__name__})"
+        ) from None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Outputs
 

@@ -12,7 +12,7 @@ from orchestrator.commands.common import EXIT_BAD_INPUT, _add_only, _load, _whol
 def _classes(text: str) -> str:
     """An argparse type: comma-separated hardware class names, each as a sweep file's `hardware:`
     allows (they become folder and job names: a control character planned jobs named with it)."""
-    from orchestrator.spec.sweep import NAME_RE
+    from orchestrator.spec.checks import NAME_RE
 
     names = [h.strip() for h in text.split(",") if h.strip()]
     bad = [n for n in names if not NAME_RE.match(n)]
@@ -90,8 +90,27 @@ def cmd_plan(args) -> int:
         mark = "  unsupported" if job.job_id in why else ""
         print(f"{i:>4}  {job.name:<{width}}  {job.job_id:<20}  {job.timeout_s:g}s{mark}")
     _print_support(checked)
+    print_policies(spec, sorted({j.hardware for j in jobs}))
     print(f"{len(jobs)} jobs" + (f": {len(checked.runnable)} to run, {len(why)} unsupported" if why else ""))
     return 0
+
+
+def print_policies(spec, classes: list[str], restrict=None, stream=None) -> None:
+    """Per hardware class and accuracy budget: the precision policies it searches and why the others
+    are out (nothing for a sweep without budgets)."""
+    from orchestrator.spec.matrix import class_policies
+
+    if not spec.accuracy:
+        return
+    print(
+        f"precision policies per class (accuracy: {', '.join(b.name for b in spec.accuracy)}):", file=stream
+    )
+    for hw in classes:
+        for budget, choices in class_policies(spec, hw, restrict).items():
+            used = ", ".join(c.policy for c in choices if c.searched)
+            print(f"  {hw}, {budget} budget: searches {used}", file=stream)
+            for c in choices:
+                print(f"    {'+' if c.searched else '-'} {c.policy}: {c.why}", file=stream)
 
 
 def _print_support(checked) -> None:

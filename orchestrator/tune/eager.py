@@ -127,15 +127,16 @@ def reconsider(
     cell_dtype: str,
     stock: Stock | None = None,
     log: dict[str, Any] | None = None,
-    allowed: bool = True,
+    veto: str | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The compiled preset `entry` (chosen for `why`), or the eager preset that replaces it where
-    its row shows eager faster (`check`, recorded in `log["eager_check"]`) and eager presets are
-    `allowed`; and the decision in words. `stock`: the comparison an eager preset states against
+    its row shows eager faster (`check`, recorded in `log["eager_check"]`) and nothing vetoes it
+    (`veto`: why eager may not be the preset, e.g. --no-eager, or an error over the accuracy
+    budget); and the decision in words. `stock`: the comparison an eager preset states against
     the best stock config."""
     record = check(entry, row, side, cell_dtype)
-    if record["verdict"] == "eager" and not allowed:
-        record.update(verdict="kept", why=f"{record['why']}; eager presets are off (--no-eager)")
+    if record["verdict"] == "eager" and veto:
+        record.update(verdict="kept", why=f"{record['why']}; {veto}")
     if log is not None:
         log["eager_check"] = record
     if record["verdict"] != "eager":

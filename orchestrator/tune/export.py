@@ -40,7 +40,7 @@ from compiler.aoti import LOADER_CRASHED
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig, is_eager_preset, preset_runtime
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
-from orchestrator.spec.sweep import _default_name
+from orchestrator.spec.models import default_name as _default_name
 from orchestrator.store.lock import LOCK_FILE, holding
 from orchestrator.store.runlog import read_runs
 from orchestrator.store.schema import read_results

@@ -24,14 +24,18 @@ from orchestrator.tune.effects import setting_effects, what_won
 
 PRESETS_FILE = "presets.json"
 PRESETS_TABLE_FILE = "presets.parquet"
-PRESET_FORMAT = 4
+PRESET_FORMAT = 5
 """2: adds `defaults` (per hardware class and dtype, for models never swept) and `stacks`.
 3: adds `classes` (hardware class -> software stack -> its presets and defaults), the budgets,
 and per entry its precision, source and decision.
 4: an entry may be an eager preset (`config: eager`, `compile: null`, its runtime settings in
 `runtime`, the compiled config it beat in `eager_over_*` and `eager_gain*`: `orchestrator.tune.eager`);
 entries of the tuner say where `speedup_vs_stock` comes from (`speedup_vs_stock_from`). Readers
-of format 3 read on: its entries all compile."""
+of format 3 read on: its entries all compile.
+5: `fp32` is the stock policy (torch's float32 defaults; `fp32-strict` what 4 called fp32); entries
+of the tuner carry their accuracy `budget` and its judgement (`accuracy_*`, `weights`,
+`max_rel_err`) and their speedup over a stock PyTorch user (`stock_*`, `vs_stock_*`), a cell having
+one entry per budget."""
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,30 @@
-"""`orchestrate tune SWEEP`: search beyond the stock modes, per (hardware class, model, batch
-size, precision) cell, and keep a tuned config only where it beats the best stock mode by a
-margin the statistics support.
+"""`orchestrate tune SWEEP`: per (hardware class, model, batch size) cell and accuracy budget, the
+fastest configuration within the budget that beats a stock PyTorch user by a margin the
+statistics support.
 
-Successive halving, in three rounds of jobs dispatched across the cluster like any sweep:
+Successive halving, in four rounds of jobs dispatched across the cluster like any sweep
+(`orchestrator.tune.stages` says what each round hands the next):
 
-1. `rung0`: every candidate of every cell (`orchestrator.tune.space`), measured cheaply (one
-   process, a quarter of the sweep's timed calls). Each job compiles cold and checks its output
-   against the fp64 reference; a candidate that fails it, or breaks a budget, is out.
-2. `rung1`: per cell the best 1/eta of the candidates, and always the best stock config and
-   the best other one, measured again with the sweep's `measure` settings (a cell left with
-   just those two skips it: the confirmation measures them better).
-3. `confirm`: per cell, the fastest non-stock candidate of rung 1 and the best stock config:
-   one job compiles both in the same processes (`Job.baseline`) and times eager, the stock
-   config and the candidate interleaved, in `--confirm-repeats` fresh processes (rung 1's
-   one-process figures only rank; a candidate a little behind there may still be faster). The
-   candidate wins only if the paired interval of stock / candidate lies above 1
-   (`compiler.statistics.beats`); otherwise the stock config stays the preset. Either becomes
-   eager (do not compile) where the same processes timed eager faster (`orchestrator.tune.eager`).
+1. `rung0`: the bases of every cell (the sweep's stock configs, and torch's max-autotune modes on
+   GPU classes) under every precision policy an accuracy budget lets the class search
+   (`compiler.accuracy`), measured cheaply (one process, a quarter of the sweep's timed calls).
+   Each job compiles cold and checks its output against an fp64 reference; a candidate that fails
+   it, breaks a compile or memory limit, or is over a budget's error, is out for that budget.
+   The cell's own-precision rows also say whether its outputs can judge precision at all
+   (random weights: `undetermined` keeps the cell's precision).
+2. `knobs`: each knob (`orchestrator.tune.space`) turned on the fastest base of the cell's own
+   precision and on each budget's fastest base: precision first, it moves latency most, then the
+   knobs on the winner.
+3. `rung1`: per budget the best 1/eta, the best stock config, the best other candidate with its
+   precision's best stock mode, and the knobs that each helped turned together, measured again
+   with the sweep's `measure` settings (a cell left with one stock config and one other skips it).
+4. `confirm`: in `--confirm-repeats` fresh processes each, the stock user (the fastest stock
+   config with the other stock mode and eager beside it, torch's defaults), and per precision
+   chosen the fastest candidate against its stock mode, in the same processes where their runtime
+   settings are equal (`Job.baseline`), else apart. `orchestrator.tune.deployed` decides: a
+   candidate wins only where the interval of stock / candidate lies above 1
+   (`compiler.statistics.beats`), eager where it beats the choice, and a lower precision only where
+   it beats the stock user too.
 
 Candidates recompile across rungs, and the candidates of one cell share GEMM/conv shapes, so
 their jobs share compile and autotune work through a Redis server by default
@@ -24,10 +32,12 @@ their jobs share compile and autotune work through a Redis server by default
 address handed to every rung. Rows say what their compile got from it (`compile_cache`,
 `compile_from_cache` and the hit/miss columns).
 
-Each round is a sweep output of its own under OUT (`OUT/rung0`, `OUT/rung1`, `OUT/confirm`:
-`orchestrate report` works on each), so an interrupted tune resumes with `--resume` from the
-jobs already recorded. OUT also gets `tune.json` (every cell's candidates, figures and
-decision) and the presets (`presets.parquet`, `presets.json`; `orchestrate export` reads them).
+Each round is a sweep output of its own under OUT (`OUT/rung0`, `OUT/knobs`, `OUT/rung1`,
+`OUT/confirm`: `orchestrate report` works on each), so an interrupted tune resumes with `--resume`
+from the jobs already recorded. OUT also gets `tune.json` (every cell's candidates, figures,
+judgements and decisions), the presets (`presets.parquet`, `presets.json`; `orchestrate export`
+reads them) and `deployed.json` (per cell and budget, the speedup over stock eager and stock
+`torch.compile`, and the error against fp64).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from compiler.accuracy import STOCK_BUDGET, Budget, searched
 from compiler.capabilities import known
 from orchestrator.fleet.cache import SNAPSHOT_FILE, check_address, shared_cache
 from orchestrator.fleet.driver import OutputExistsError, SweepOptions, ray_session, run_sweep
@@ -53,25 +64,17 @@ from orchestrator.store.rows import latest_rows
 from orchestrator.store.runlog import check_same_sweep
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Location, Target, checked, refusal_stops
-from orchestrator.tune import eager
-from orchestrator.tune.cells import (
-    Cell,
-    best_pair,
-    check_rows_kept,
-    combine_helping_knobs,
-    confirm_plan,
-    decide,
-    figures_of,
-    promote,
-)
+from orchestrator.tune import deployed, eager, stages
+from orchestrator.tune.cells import Cell, check_rows_kept
 from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
 from orchestrator.tune.presets import Budgets, durable_write, preset_document, write_preset_files
-from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates
+from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates, is_base
 from workers.job import Baseline, Job, MeasureSpec, software_stack
 from workers.runner import plural
 
 TUNE_FILE = "tune.json"
-ROUNDS = ("rung0", "rung1", "confirm")
+DEPLOYED_FILE = "deployed.json"
+ROUNDS = ("rung0", "knobs", "rung1", "confirm")
 DEFAULT_ETA = 3
 DEFAULT_CONFIRM_REPEATS = 3
 
@@ -86,8 +89,12 @@ class TuneOptions:
     address: str | None = None
     resume: bool = False
     only: str | None = None
-    precisions: tuple[str, ...] = ()
-    """Precision policies a candidate may use besides the cell's own (e.g. tf32, bf16)."""
+    accuracy: tuple[Budget, ...] = ()
+    """Accuracy budgets (`compiler.accuracy`; --accuracy): each cell gets a preset per budget, the
+    fastest config within it. Empty: the sweep's `accuracy:`, else `stock`."""
+    precisions: tuple[str, ...] | None = None
+    """The precision policies the search may use (--precisions; the cell's own always): None, every
+    one the budgets let a class search."""
     knobs: tuple[str, ...] = KNOB_NAMES
     bases: tuple[str, ...] | None = None
     """Torch modes added as bases (candidates with knobs of their own) where the sweep lacks them;
@@ -131,6 +138,8 @@ class TuneSummary:
     decisions: dict[str, str]
     what_won: list[dict[str, Any]] = field(default_factory=list)
     pruned: dict[str, dict[str, str]] = field(default_factory=dict)
+    deployed: dict[str, Any] = field(default_factory=dict)
+    """`deployed.json`: per cell and budget what was deployed and its speedup over a stock user."""
 
 
 def rung_measure(
@@ -213,49 +222,80 @@ def _latest(out: Location) -> dict[str, dict[str, Any]]:
     return latest_rows(read_results(out).to_pylist(), lambda r: r["job_id"])
 
 
-def rung0_jobs(
-    spec: SweepSpec,
-    classes: dict[str, HardwareClass],
-    opts: TuneOptions,
-    pruned: dict[str, dict[str, str]],
-    stack: dict[str, str] | None = None,
-) -> dict[tuple[Cell, Candidate], Job]:
-    """Every candidate of every cell on `classes` that `opts.only` selects, as rung 0 measures it:
-    the tune's plan, made from the cluster's classes, or before Ray starts from this machine's
-    (`commands.common.check_plan_locally`). A class the sweep names that is missing raises
-    `MissingHardwareError`; an --only that selects nothing `NoJobMatches`."""
+def plan_space(
+    spec: SweepSpec, classes: dict[str, HardwareClass], opts: TuneOptions, pruned: dict[str, dict[str, str]]
+) -> dict[Cell, list[Candidate]]:
+    """Every candidate of every cell on `classes` (`orchestrator.tune.space.candidates`): the
+    precisions the accuracy budgets let each class search (`compiler.accuracy.searched`), the
+    knobs asked for that an earlier tune did not prune. A class the sweep names that is missing
+    raises `MissingHardwareError`."""
     hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
-    space = {
+    budgets = tune_budgets(spec, opts)
+    return {
         cell: candidates(
             spec.configs,
             cell.model,
             cell.device,
             cell.dtype,
-            opts.precisions,
+            tuple(searched(budgets, known(cell.hardware), cell.dtype, opts.precisions)),
             tuple(k for k in opts.knobs if k not in pruned.get(cell.hardware, {})),
             _bases(opts.bases, cell.device),
             known(cell.hardware),
         )
         for cell in plan_cells(spec, hardware)
     }
+
+
+def rung0_jobs(
+    spec: SweepSpec,
+    space: dict[Cell, list[Candidate]],
+    opts: TuneOptions,
+    stack: dict[str, str] | None = None,
+) -> tuple[dict[tuple[Cell, Candidate], Job], dict[Cell, list[Candidate]]]:
+    """The bases of every cell (`space.is_base`: no knob turned), as rung 0 measures them, and the
+    space left to search: the candidates `opts.only` selects by job name, with the bases their
+    knobs are turned on. The tune's plan, made from the cluster's classes, or before Ray starts
+    from this machine's (`commands.common.check_plan_locally`). An --only that selects nothing
+    raises `NoJobMatches`."""
     measure0 = rung_measure(spec.measure, "rung0")
-    jobs0 = {
+    every = {
         (cell, cand): make_job(spec, cell, cand, measure0, opts.timeout_cap_s, stack=stack)
         for cell, cands in space.items()
         for cand in cands
     }
     chosen = {
-        j.job_id for j in select_matching(jobs0.values(), opts.only, "the tune's {n} candidate jobs", "")
+        j.job_id for j in select_matching(every.values(), opts.only, "the tune's {n} candidate jobs", "")
     }
-    jobs0 = {k: j for k, j in jobs0.items() if j.job_id in chosen}
+    kept: dict[Cell, list[Candidate]] = {}
+    for (cell, cand), j in every.items():
+        if j.job_id in chosen:
+            kept.setdefault(cell, []).append(cand)
+    for cell, cands in kept.items():  # a knob chosen alone still needs its base measured
+        names = {(c.config.name, c.dtype) for c in cands}
+        cands += [
+            c
+            for c in space[cell]
+            if is_base(c)
+            and (c.config.name, c.dtype) not in names
+            and any(k.base_name == c.config.name and k.dtype == c.dtype for k in cands)
+        ]
+    jobs0 = {(cell, c): every[cell, c] for cell, cands in kept.items() for c in cands if is_base(c)}
     if not jobs0:
+        hardware = sorted({cell.hardware for cell in space})
         raise NothingToTune(f"no candidate job to run on {', '.join(hardware) or 'no hardware class'}")
-    return jobs0
+    return jobs0, kept
+
+
+def tune_budgets(spec: SweepSpec, opts: TuneOptions) -> tuple[Budget, ...]:
+    """The accuracy budgets a tune decides under: --accuracy, else the sweep's, else `stock`."""
+    return opts.accuracy or spec.accuracy or (Budget(STOCK_BUDGET),)
 
 
 def plan_locally(spec: SweepSpec, opts: TuneOptions) -> Callable[[dict[str, HardwareClass]], list[Job]]:
     """The tune's rung-0 plan from given classes, for the check before Ray starts."""
-    return lambda classes: list(rung0_jobs(spec, classes, opts, _pruned(opts.prune_from)).values())
+    return lambda classes: list(
+        rung0_jobs(spec, plan_space(spec, classes, opts, _pruned(opts.prune_from)), opts)[0].values()
+    )
 
 
 def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -> TuneSummary:
@@ -319,6 +359,8 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
             "where the budget must judge cold compiles",
             file=stream,
         )
+    budgets = tune_budgets(spec, opts)
+    stock_names = {c.name for c in spec.configs}
     with (
         shared_cache(
             opts.shared_cache,
@@ -331,40 +373,43 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         ray_session(opts.address),
     ):
         stack = software_stack()
-        jobs0 = rung0_jobs(spec, cluster_classes(opts.cpus_per_job), opts, pruned, stack)
-        cells = list(dict.fromkeys(cell for cell, _ in jobs0))
+        space = plan_space(spec, cluster_classes(opts.cpus_per_job), opts, pruned)
+        jobs0, space = rung0_jobs(spec, space, opts, stack)
+        runs = {cell: stages.CellRun(cell, space[cell]) for cell, _ in jobs0}
+        for run in runs.values():
+            log[run.cell.name] = run.log
+
+        def job(cell: Cell, cand: Candidate, rung: str, baseline: Candidate | None = None) -> Job:
+            measure = rung_measure(spec.measure, rung, opts.confirm_repeats)
+            return make_job(spec, cell, cand, measure, opts.timeout_cap_s, baseline, stack)
+
+        def results(
+            rows: dict[str, Any], jobs: dict[tuple[Cell, Candidate], Job], cell: Cell
+        ) -> stages.tb.Results:
+            return [(c, rows.get(j.job_id)) for (ce, c), j in jobs.items() if ce == cell]
+
+        cells = list(runs)
         rows0 = run_round(
             "rung0",
             list(jobs0.values()),
-            f"{plural(len(jobs0), 'candidate')} over {plural(len(cells), 'cell')}, measured cheaply",
+            f"{plural(len(jobs0), 'base')} over {plural(len(cells), 'cell')} in "
+            f"{plural(len({c.dtype for _, c in jobs0}), 'precision')}, measured cheaply",
         )
-
-        survivors: dict[Cell, list[Candidate]] = {}
-        for cell in cells:
-            results = [(c, rows0.get(j.job_id)) for (ce, c), j in jobs0.items() if ce == cell]
-            survivors[cell] = promote(results, opts.eta, opts.budgets)
-            combined = combine_helping_knobs(results, opts.budgets)
-            if combined is not None:
-                survivors[cell].append(combined)
-            log[cell.name] = {
-                "candidates": {f"{c.config.name}@{c.dtype}": figures_of(r, opts.budgets) for c, r in results},
-                "promoted": [f"{c.config.name}@{c.dtype}" for c in survivors[cell]],
-            }
-        # A cell whose survivors are one stock config and one other goes straight to the
-        # confirmation, which measures exactly those two, better: rung 1 would only repeat it.
-        ranked = {
-            cell
-            for cell, keep in survivors.items()
-            if len(keep) > 2
-            or len({c.stock for c in keep}) < 2
-            or any((cell, c) not in jobs0 for c in keep)  # a combination rung 0 never measured
+        jobs_k = {
+            (cell, cand): job(cell, cand, "rung0")
+            for cell, run in runs.items()
+            for cand in stages.judge(run, results(rows0, jobs0, cell), budgets, opts.budgets)
         }
-        measure1 = rung_measure(spec.measure, "rung1")
-        jobs1 = {
-            (cell, c): make_job(spec, cell, c, measure1, opts.timeout_cap_s, stack=stack)
-            for cell in ranked
-            for c in survivors[cell]
-        }
+        rows_k = run_round(
+            "knobs",
+            list(jobs_k.values()),
+            f"{plural(len(jobs_k), 'knob')} turned on each cell's fastest bases (its own precision's, and each "
+            "budget's), measured cheaply",
+        )
+        for cell, run in runs.items():
+            stages.promote(run, results(rows_k, jobs_k, cell), opts.budgets, opts.eta, stock_names)
+        ranked = [cell for cell, run in runs.items() if stages.needs_rung1(run)]
+        jobs1 = {(cell, c): job(cell, c, "rung1") for cell in ranked for c in runs[cell].survivors}
         rows1 = run_round(
             "rung1",
             list(jobs1.values()),
@@ -372,111 +417,51 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
             f"({plural(len(cells) - len(ranked), 'cell')} with only a stock config and one other: "
             "straight to the confirmation)",
         )
-
-        rung1 = {
-            cell: [(c, rows1.get(j.job_id)) for (ce, c), j in jobs1.items() if ce == cell]
-            if cell in ranked
-            else [(c, rows0.get(jobs0[cell, c].job_id)) for c in survivors[cell]]
-            for cell in cells
-        }
-        pairs: dict[Cell, tuple[Candidate, Candidate]] = {}
-        for cell, results in rung1.items():
-            log[cell.name]["rung1"] = {
-                f"{c.config.name}@{c.dtype}": figures_of(r, opts.budgets) for c, r in results
-            }
-            stock, tuned, _ = best_pair(results, opts.budgets)
-            if stock and tuned:  # rung 1's one-process figures rank; only a paired interval decides
-                pairs[cell] = (tuned[0], stock[0])
-        measure2 = rung_measure(spec.measure, "confirm", opts.confirm_repeats)
-        jobs2: dict[Cell, tuple[Job, Job | None]] = {}
-        for cell, (cand, base) in pairs.items():
-            if cand.config.runtime == base.config.runtime:
-                jobs2[cell] = (
-                    make_job(spec, cell, cand, measure2, opts.timeout_cap_s, baseline=base, stack=stack),
-                    None,
-                )
-            else:  # a process keeps its first cuDNN plans: each side in processes of its own
-                jobs2[cell] = (
-                    make_job(spec, cell, cand, measure2, opts.timeout_cap_s, stack=stack),
-                    make_job(spec, cell, base, measure2, opts.timeout_cap_s, stack=stack),
-                )
-        apart = sum(1 for _, b in jobs2.values() if b is not None)
-        rows2 = run_round(
-            "confirm",
-            [j for pair in jobs2.values() for j in pair if j is not None],
-            confirm_plan(len(jobs2) - apart, apart, measure2.repeats),
-        )
+        jobs2: list[Job] = []
+        for cell, run in runs.items():
+            measured = {c.key: (c, r) for c, r in run.measured}
+            results1 = (
+                results(rows1, jobs1, cell) if cell in ranked else [measured[c.key] for c in run.survivors]
+            )
+            made = stages.confirm(
+                run, results1, opts.budgets, stock_names, lambda c, b, cell=cell: job(cell, c, "confirm", b)
+            )
+            jobs2 += [j for j in made if j.job_id not in {k.job_id for k in jobs2}]
+        rows2 = run_round("confirm", jobs2, stages.confirm_summary(runs.values(), opts.confirm_repeats))
 
     entries, missing, decisions = [], [], {}
-    for cell in cells:
-        confirmation = None
-        if cell in pairs:
-            job, apart_job = jobs2[cell]
-            apart_row = rows2.get(apart_job.job_id) if apart_job is not None else None
-            confirmation = (*pairs[cell], rows2.get(job.job_id), apart_row)
-            log[cell.name]["confirm"] = figures_of(confirmation[2], opts.budgets)
-            if apart_job is not None:
-                log[cell.name]["confirm_stock_apart"] = figures_of(apart_row, opts.budgets)
-        entry, why = decide(cell, rung1[cell], confirmation, opts.budgets, log[cell.name], opts.eager_presets)
-        decisions[cell.name] = why
-        log[cell.name]["decision"] = why
-        if entry is None:
-            missing.append(
-                {
-                    "hardware": cell.hardware,
-                    "model": cell.model.name,
-                    "batch_size": cell.batch_size,
-                    "dtype": cell.dtype,
-                    "statuses": {
-                        k: v.get("over_budget") or v["status"]
-                        for k, v in log[cell.name]["candidates"].items()
-                    },
-                }
+    for run in runs.values():
+        decided = stages.decide(run, budgets, rows2, opts.budgets, opts.eager_presets, stock_names)
+        decisions.update(decided.decisions)
+        if decided.missing is not None:
+            missing.append(decided.missing)
+        for entry in decided.entries:
+            entry["model_spec"] = dataclasses.asdict(run.cell.model)
+            entry["over_budget"] = sum(
+                1 for v in run.log.get("candidates", {}).values() if v.get("over_budget")
             )
-            continue
-        entry["model_spec"] = dataclasses.asdict(cell.model)
-        entry["over_budget"] = sum(1 for v in log[cell.name]["candidates"].values() if v.get("over_budget"))
-        log[cell.name]["preset"] = {
-            "config": entry["config"],
-            "precision": entry["precision"],
-            "source": entry["source"],
-        }
-        entries.append(entry)
+            entries.append(entry)
+        if decided.entries:
+            first = decided.entries[0]
+            run.log["preset"] = {k: first[k] for k in ("config", "precision", "source")}
 
     checks = [c["eager_check"] for c in log.values() if "eager_check" in c]
+    checks += [
+        b["eager_check"] for c in log.values() for b in c.get("budgets", {}).values() if "eager_check" in b
+    ]
     effects = eager.add_effects(setting_effects(list(rows0.values())), checks)
     won = what_won(entries, effects)
     data = preset_document(entries, missing, list(rows0.values()), opts.budgets)
     data["what_won"] = won
     with refusal_stops(out, f"every job's row is saved, but not the presets nor {TUNE_FILE}", resume):
         write_preset_files(out, data)
-        durable_write(
-            out.join(TUNE_FILE),
-            json.dumps(
-                {
-                    "format": 1,
-                    "sweep": spec.source,
-                    "argv": opts.argv,
-                    "budgets": opts.budgets.to_dict(),
-                    "eta": opts.eta,
-                    "confirm_repeats": opts.confirm_repeats,
-                    "eager_presets": opts.eager_presets,
-                    "precisions": list(opts.precisions),
-                    "knobs": list(opts.knobs),
-                    "bases": list(opts.bases)
-                    if opts.bases is not None
-                    else "max-autotune modes on GPU classes",
-                    "pruned": pruned,
-                    "setting_effects": effects_document(effects),
-                    "what_won": won,
-                    "jobs": jobs_run,
-                    "cells": log,
-                },
-                indent=1,
-                default=str,
-            ),
+        durable_write(out.join(DEPLOYED_FILE), json.dumps(deployed.summary(entries), indent=1, default=str))
+        document = stages.tune_document(
+            spec, opts, budgets, pruned, effects_document(effects), won, jobs_run, log
         )
+        durable_write(out.join(TUNE_FILE), json.dumps(document, indent=1, default=str))
     sources = [e["source"] for e in entries]
+    summary = deployed.summary(entries)
     return TuneSummary(
         out_dir=out,
         cells=len(cells),
@@ -489,4 +474,5 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         decisions=decisions,
         what_won=won,
         pruned=pruned,
+        deployed=summary,
     )

@@ -1,5 +1,7 @@
-"""What `orchestrate tune` searches: the sweep's stock configs, each with one knob turned, and
-the stock configs under the extra precision policies the user allows.
+"""What `orchestrate tune` searches: the sweep's stock configs and torch's deep-autotuning modes
+(the bases) under every precision policy the accuracy budgets let the class search, each base with
+one knob turned. The search measures the bases first and turns the knobs on the best of them
+(`orchestrator.tune.search`); `candidates` is the whole space it draws from.
 
 A stock config with a `mode` is written out as the Inductor options the mode stands for
 (`torch._inductor.list_mode_options()`), so a knob can be added to it (`torch.compile` refuses
@@ -108,6 +110,10 @@ class Candidate:
     """Its precision policy."""
     stock: bool
     """One of the sweep's own configs at the cell's precision (what a tuned winner must beat)."""
+    turned: tuple[str, ...] = ()
+    """The knobs turned on its base (`KNOBS` names, in order); empty for a base."""
+    base_name: str | None = None
+    """The config name of its base, for a candidate with knobs turned."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -158,12 +164,6 @@ def with_knobs(base: CompileConfig, names: list[str]) -> CompileConfig | None:
     return cfg
 
 
-def knobs_of(cfg: CompileConfig) -> tuple[str, list[str]]:
-    """(base name, knob names) of a candidate named `base+knob+knob...` by this module."""
-    base, *turned = cfg.name.split("+")
-    return base, [k for k in turned if k in KNOBS_BY_NAME]
-
-
 def settings(cfg: CompileConfig) -> str:
     """Everything a config compiles and runs with, as one comparable text (names aside)."""
     return json.dumps(
@@ -204,31 +204,43 @@ def candidates(
     bases: tuple[str, ...] = (),
     capabilities: Capabilities | None = None,
 ) -> list[Candidate]:
-    """Every candidate of one cell: the stock configs, torch's modes of `bases` the sweep lacks
-    (candidates, not stock), each of those inductor configs with each applicable knob, and the
-    stock configs under each allowed precision other than `dtype`. With the class's
-    `capabilities`, no candidate it cannot run is proposed (`compiler.capabilities.cell_support`);
-    the stock configs stay, as the sweep's own (a sweep writes them as `unsupported` rows)."""
-    found: list[Candidate] = [Candidate(cfg, dtype, True) for cfg in stock]
+    """Every candidate of one cell: the bases (the stock configs, and torch's modes of `bases` the
+    sweep lacks) under the cell's precision `dtype` and each other policy of `precisions`, and each
+    inductor base with each applicable knob, in its base's policy. Only the stock configs in the
+    cell's own precision are `stock` (what a stock user runs). With the class's `capabilities`, no
+    candidate it cannot run is proposed (`compiler.capabilities.cell_support`); the stock configs
+    stay, as the sweep's own (a sweep writes them as `unsupported` rows)."""
+    found: list[Candidate] = []
     added = extra_bases(stock, bases)
-    found += [Candidate(cfg, dtype, False) for cfg in added]
-    names = {cfg.name for cfg in (*stock, *added)}
-    seen = {settings(cfg) for cfg in (*stock, *added)}  # e.g. max-autotune-no-cudagraphs+cudagraphs
     image = model.id.startswith(IMAGE_MODEL_PREFIXES)
-    for base in (*stock, *added):
-        if base.backend != "inductor":
-            continue
-        for knob in KNOBS:
-            if knob.name not in knobs or device not in knob.devices or (knob.channels_last and not image):
+    for policy in (dtype, *(p for p in precisions if p != dtype)):
+        found += [Candidate(cfg, policy, policy == dtype) for cfg in stock]
+        found += [Candidate(cfg, policy, False) for cfg in added]
+        names = {cfg.name for cfg in (*stock, *added)}
+        seen = {settings(cfg) for cfg in (*stock, *added)}  # e.g. max-autotune-no-cudagraphs+cudagraphs
+        for base in (*stock, *added):
+            if base.backend != "inductor":
                 continue
-            cfg = _with_knob(base, knob)
-            if cfg is not None and cfg.name not in names and settings(cfg) not in seen:
-                names.add(cfg.name)
-                seen.add(settings(cfg))
-                found.append(Candidate(cfg, dtype, False))
-    for policy in precisions:
-        if policy != dtype:
-            found += [Candidate(cfg, policy, False) for cfg in stock]
+            for knob in KNOBS:
+                if knob.name not in knobs or device not in knob.devices or (knob.channels_last and not image):
+                    continue
+                cfg = _with_knob(base, knob)
+                if cfg is not None and cfg.name not in names and settings(cfg) not in seen:
+                    names.add(cfg.name)
+                    seen.add(settings(cfg))
+                    found.append(Candidate(cfg, policy, False, (knob.name,), base.name))
     if capabilities is None:
         return found
     return [c for c in found if c.stock or cell_support(capabilities, c.dtype, c.config)[0] is None]
+
+
+def is_base(cand: Candidate) -> bool:
+    """A base of the search (a stock config or an added mode, in any policy): no knob turned."""
+    return not cand.turned
+
+
+def knobs_on(cands: list[Candidate], base: Candidate) -> list[Candidate]:
+    """The candidates of `cands` that are `base` with one knob turned, in its policy."""
+    return [
+        c for c in cands if c.dtype == base.dtype and len(c.turned) == 1 and c.base_name == base.config.name
+    ]

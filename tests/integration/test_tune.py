@@ -113,16 +113,28 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "1 cell, " in printed and "without a preset" in printed
 
-    rung0 = {r["config"]: r for r in read_results(out / "rung0").to_pylist()}
+    # the bases first (the stock config, in the cell's own precision: the stock budget on a CPU
+    # searches no other), then the knob on the fastest base
     # (not freezing: on CPU it packs weights as oneDNN tensors, which Inductor's cache cannot
     # pickle: a freezing preset exports without a bundle, and this test is about the bundle)
-    assert set(rung0) == {"default", "default+no_shape_padding"} and all(
-        r["status"] == "ok" for r in rung0.values()
-    )
-    assert json.loads(rung0["default+no_shape_padding"]["options"]) == {"shape_padding": False}
+    (base,) = read_results(out / "rung0").to_pylist()
+    (knob,) = read_results(out / "knobs").to_pylist()
+    assert (base["config"], knob["config"]) == ("default", "default+no_shape_padding")
+    assert base["status"] == knob["status"] == "ok" and base["dtype"] == knob["dtype"] == "fp32"
+    assert json.loads(knob["options"]) == {"shape_padding": False}
+    # what judges precision was measured beside the latency
+    assert base["fp64_max_rel_err"] < 1e-4 and base["eager_fp64_max_rel_err"] < 1e-4
+    assert base["output_spread"] > 0 and len(base["output_sensitivity"]) == 3
+    assert base["cudnn_allow_tf32"] is True and base["matmul_precision"] == "highest"
+    assert base["weights"] == "random"
     # one stock config and one other left: rung 1 is skipped, the confirmation measures them
     assert read_results(out / "rung1").num_rows == 0
-    (pair,) = read_results(out / "confirm").to_pylist()
+    confirm = {r["job_name"]: r for r in read_results(out / "confirm").to_pylist()}
+    stock_user = confirm["cpu/mlp/bs4/fp32/default"]  # a stock user in processes of its own
+    pair = confirm["cpu/mlp/bs4/fp32/default+no_shape_padding/vs/default"]
+    assert (
+        stock_user["status"] == "ok" and stock_user["repeats"] == 2 and stock_user["baseline_config"] is None
+    )
     assert pair["status"] == "ok", pair["error"]
     assert pair["config"] == "default+no_shape_padding" and pair["baseline_config"] == "default"
     assert pair["repeats"] == 2 and len(pair["baseline_samples_ms"]) == len(pair["compiled_samples_ms"]) == 48
@@ -135,6 +147,18 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     (preset,) = read_presets_table(out).to_pylist()
     tune_log = json.loads((out / TUNE_FILE).read_text())["cells"]["cpu/mlp/bs4/fp32"]
     assert tune_log["decision"] == preset["decision"]
+    assert preset["budget"] == "stock" and preset["accuracy_decision"] == "determined"
+    assert tune_log["accuracy"]["stock"]["decision"] == "determined"
+    # the deployed gain: against the stock user's own processes, unpaired, with its interval
+    (deployed,) = json.loads((out / "deployed.json").read_text())["cells"]
+    assert deployed["cell"] == "cpu/mlp/bs4/fp32" and deployed["budget"] == "stock"
+    assert deployed["vs_stock_compile"] == pytest.approx(preset["vs_stock_compile"])
+    low, high = deployed["vs_stock_compile_ci"]
+    assert low <= deployed["vs_stock_compile"] <= high and preset["stock_compile_config"] == "default"
+    assert (
+        preset["stock_eager_ms"] == stock_user["eager_ms"]
+        and preset["stock_compile_ms"] == stock_user["compiled_ms"]
+    )
     # eager was checked on the confirmation's own processes, and kept out by --no-eager
     check = tune_log["eager_check"]
     assert check["job_id"] == pair["job_id"] and check["processes"] == 2 and check["verdict"] == "kept", check
@@ -198,32 +222,35 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
 
 
 def test_rows_lost_while_the_tune_ran_stop_it_before_deciding(tmp_path, monkeypatch, capsys):
-    """A round's folder put back to an older copy while the tune ran (session 22 on the H100: a
-    device call's `carry` replaced a run folder a background tune was writing) loses a stock row.
-    The tune once decided without it ("no stock config was eligible") and wrote a preset no
-    confirmation had measured; now it stops, names the lost job, and --resume measures it again."""
+    """A round's folder put back to an older copy while the tune ran (on an H100: a copy of a run
+    folder put back over the one a background tune was writing) loses a row. The tune once decided
+    without it ("no stock config was eligible") and wrote a preset no confirmation had measured;
+    now it stops, names the lost job, and --resume measures it again. Here the confirmation's second
+    job removes the first one's row."""
     sweep, out = tmp_path / "tune.yaml", tmp_path / "out"
     sweep.write_text(TUNE_SWEEP.replace("python:workers.toy:mlp", "python:tests.faulty:forgets_earlier_rows"))
     token = tmp_path / "forget-once"
     token.touch()
-    monkeypatch.setenv("CO_TEST_FORGET", str(out / "rung0"))
+    monkeypatch.setenv("CO_TEST_FORGET", str(out / "confirm"))
     monkeypatch.setenv("CO_TEST_FORGET_ONCE", str(token))
-    # one job at a time (all of the machine's CPUs a job): the second rung-0 job is built after the
-    # first one's row is written, and removes it
+    # one job at a time (all of the machine's CPUs a job): the second confirmation job is built
+    # after the first one's row is written, and removes it
     args = ["tune", str(sweep), "--out", str(out), "--cpus-per-job", str(os.cpu_count()), "--no-eager"]
     args += ["--knobs", "no_shape_padding", "--confirm-repeats", "2"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert not token.exists(), "no job removed the rows: the test did not do what it says"
-    assert "tune rung0: " in err and "holds no row for 1 job of the 2 that ran (cpu/mlp/bs4/fp32/" in err, err
+    assert "tune confirm: " in err and "holds no row for 1 job of the 2 that ran (cpu/mlp/bs4/fp32/" in err, (
+        err
+    )
     assert "Nothing was decided" in err and "--resume` measures them again" in err, err
-    assert not (out / TUNE_FILE).exists() and read_results(out / "confirm").num_rows == 0
-    assert read_results(out / "rung0").num_rows == 1
+    assert not (out / TUNE_FILE).exists() and read_results(out / "confirm").num_rows == 1
+    assert read_results(out / "rung0").num_rows == read_results(out / "knobs").num_rows == 1
 
     monkeypatch.delenv("CO_TEST_FORGET")
     assert main([*args, "--resume"]) == 0
     printed = capsys.readouterr()
     assert "1 already done, 1 to run" in printed.err, printed.err
-    assert read_results(out / "rung0").num_rows == 2 and read_results(out / "confirm").num_rows == 1
+    assert read_results(out / "confirm").num_rows == 2
     decision = json.loads((out / TUNE_FILE).read_text())["cells"]["cpu/mlp/bs4/fp32"]["decision"]
     assert "no stock config was eligible" not in decision, decision

@@ -358,20 +358,26 @@ def test_resolve_auto_subset_and_missing():
 
 
 def test_job_ids_of_one_repeat_are_those_written_before_repeats_existed():
-    """Outputs written before `measure.repeats` existed still resume: same ids at repeats 1."""
+    """Outputs written before `measure.repeats` existed still resume: same ids at repeats 1 (their
+    `fp32` was the strict policy, `fp32-strict` now: it keeps their ids, and the stock `fp32`
+    hashes apart, so their rows never pass for its jobs; random weights, the default, neither)."""
     job = Job(
         sweep="s",
         hardware="cpu",
         device="cpu",
         model=ModelSpec(id="python:workers.toy:mlp", name="mlp"),
         batch_size=2,
-        dtype="fp32",
+        dtype="fp32-strict",
         config=CompileConfig(name="default"),
         measure=MeasureSpec(warmup=2, iterations=6),
         timeout_s=300,
         stack={"torch": "2.13.0"},
     )
     assert job.job_id == "8fb60815b3f371a684d2"  # computed by the code of commit 12fcec1
+    assert dataclasses.replace(job, dtype="fp32").job_id != job.job_id
+    assert (
+        dataclasses.replace(job, model=dataclasses.replace(job.model, weights="random")).job_id == job.job_id
+    )
     three = dataclasses.replace(job, measure=MeasureSpec(warmup=2, iterations=6, repeats=3))
     assert three.job_id != job.job_id
     frozen = dataclasses.replace(job, config=CompileConfig(name="default", freezing=True))

@@ -197,13 +197,13 @@ def test_batch_sizes_must_be_a_non_empty_list(value):
 
 def test_unknown_dtype():
     text = VALID + "dtypes: [fp32, fp64]\n"
-    err = one_error(text, "unknown dtype 'fp64'", "fp32, tf32, bf16, fp16")
+    err = one_error(text, "unknown dtype 'fp64'", "fp32-strict, fp32, tf32, fp16, bf16")
     assert err.line == 6
 
 
 def test_dtype_aliases_are_canonicalized():
-    spec = parse_spec(VALID + "dtypes: [float32, bfloat16, float16, tf32]\n")
-    assert spec.dtypes == ("fp32", "bf16", "fp16", "tf32")
+    spec = parse_spec(VALID + "dtypes: [float32, bfloat16, float16, tf32, strict]\n")
+    assert spec.dtypes == ("fp32", "bf16", "fp16", "tf32", "fp32-strict")
 
 
 def test_dtypes_default_to_fp32():

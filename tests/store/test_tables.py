@@ -416,6 +416,11 @@ def test_files_carry_the_schema_version_and_older_files_read_alongside_newer_one
     first = got[rows[0]["job_id"]]
     assert first["compiled_ms"] == rows[0]["compiled_ms"] and first["hardware"] == rows[0]["hardware"]
     assert first["baseline_ms"] is None and first["phase_compile_s"] is None and first["speedup"] is None
+    # its fp32 turned TF32 off, as every fp32 before schema 9 did: it reads as fp32-strict, never as
+    # the stock fp32 a row written now means
+    assert rows[0]["dtype"] == rows[1]["dtype"] == "fp32"
+    assert first["dtype"] == "fp32-strict" and first["job_name"].split("/")[3] == "fp32-strict"
+    assert got[rows[1]["job_id"]]["dtype"] == "fp32"
     versions = sorted(
         file_schema_version(pq.read_metadata(f).metadata) for f in tmp_path.rglob("part-*.parquet")
     )

@@ -101,7 +101,7 @@ MANIFESTS = {
     "a digest that is no sha256": (lambda m: {**m, "files": {PRESETS: "abc"}}, "`files` must map"),
     "no hardware": (lambda m: {k: v for k, v in m.items() if k != "hardware"}, "`hardware`"),
     "the stack as a string": (lambda m: {**m, "stack": "torch"}, "`stack`"),
-    "another format": (lambda m: {**m, "format": 2}, "format 2, this code reads 1"),
+    "another format": (lambda m: {**m, "format": 3}, "format 3, this code reads 1 and 2"),
     "a path that climbs out": (
         lambda m: {**m, "files": {**m["files"], "../x": "0" * 64}},
         "'../x' is not inside",

@@ -18,9 +18,9 @@ from orchestrator.cli import main
 from orchestrator.store.rows import make_row
 from orchestrator.store.schema import PRESETS_SCHEMA
 from orchestrator.store.sink import ResultSink
+from orchestrator.tune.cells import Cell, decide
 from orchestrator.tune.effects import EAGER_SETTING, preset_settings
 from orchestrator.tune.presets import PRESETS_TABLE_FILE, Budgets, read_presets_table
-from orchestrator.tune.search import Cell, decide
 from orchestrator.tune.space import candidates
 from tests.conftest import _result
 from tests.tune.test_export_apply import (
@@ -190,7 +190,7 @@ def test_orchestrate_presets_writes_and_reports_an_eager_preset(tmp_path, table_
     assert "| cpu | eager (do not compile) | 1 of 2 | " in printed and "| mlp | resnet |" in printed
 
     data = json.loads((out / "presets.json").read_text())
-    assert data["format"] == 4
+    assert data["format"] == 5
     mlp, resnet = data["presets"]
     assert mlp["config"] == "eager" and mlp["compile"] is None and mlp["eager_over_config"] == "ro"
     assert mlp["decision"].startswith("eager: compiled ro took") and resnet["config"] == "default"

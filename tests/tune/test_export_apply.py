@@ -16,6 +16,7 @@ import torch
 
 from compiler import aoti
 from compiler.apply import (
+    EXPORT_FORMAT,
     MANIFEST,
     PRESETS,
     ExportError,
@@ -276,7 +277,12 @@ def write_export(
         (dest / "packages").mkdir()
         (dest / "packages" / "mlp.pt2").write_bytes(package)
     files = {str(p.relative_to(dest)): sha256_file(p) for p in dest.rglob("*") if p.is_file()}
-    manifest = {"format": 1, "hardware": hardware or hardware_class(), "stack": stack, "files": files}
+    manifest = {
+        "format": EXPORT_FORMAT,
+        "hardware": hardware or hardware_class(),
+        "stack": stack,
+        "files": files,
+    }
     (dest / MANIFEST).write_text(json.dumps(manifest))
     return dest
 

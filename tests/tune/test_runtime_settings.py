@@ -14,6 +14,7 @@ from compiler import runtime
 from compiler.config import CompileConfig, config_problems
 from orchestrator.spec.sweep import SpecError, parse_spec
 from orchestrator.store.schema import rows_to_table
+from orchestrator.tune.cells import Cell, combine_helping_knobs, decide
 from orchestrator.tune.effects import (
     CellEffect,
     SettingEffect,
@@ -26,7 +27,7 @@ from orchestrator.tune.effects import (
     what_won_markdown,
 )
 from orchestrator.tune.presets import Budgets, derive_presets
-from orchestrator.tune.search import Cell, combine_helping_knobs, decide, make_job
+from orchestrator.tune.search import make_job
 from orchestrator.tune.space import BASE_MODES, candidates
 from tests.tune.test_tune import MLP, RESNET, STOCK, row, samples
 from workers.job import MeasureSpec
@@ -134,14 +135,18 @@ def test_knobs_that_each_helped_are_also_tried_together():
         (cands["ro+freezing"], row(jobs["ro+freezing"], ms=7.0)),
         (cands["ro+channels_last"], row(jobs["ro+channels_last"], ms=9.5)),  # slower: left out
     ]
-    combined = combine_helping_knobs(results, Budgets())
+    combined = combine_helping_knobs(cands["ro"], results, Budgets())
     assert (
         combined.config.name == "ro+freezing+cudnn_benchmark"
         or combined.config.name == "ro+cudnn_benchmark+freezing"
     )
     assert combined.config.freezing and combined.config.runtime == {"cudnn_benchmark": True}
     assert combined.config.options == {"triton.cudagraphs": True} and not combined.stock
-    assert combine_helping_knobs(results[:3], Budgets()) is None  # one knob helped: nothing to combine
+    assert combined.turned == ("freezing", "cudnn_benchmark") and combined.base_name == "ro"
+    assert (
+        combine_helping_knobs(cands["ro"], results[:3], Budgets()) is None
+    )  # one knob helped: nothing to combine
+    assert combine_helping_knobs(cands["default"], results, Budgets()) is None  # no knob measured on it
 
 
 def test_a_runtime_setting_is_confirmed_in_processes_of_its_own():

@@ -13,6 +13,7 @@ from compiler import statistics as cstats
 from compiler.config import CompileConfig
 from orchestrator.store.rows import make_row
 from orchestrator.store.schema import PRESETS_SCHEMA, rows_to_table
+from orchestrator.tune.cells import Cell, decide, promote
 from orchestrator.tune.presets import (
     Budgets,
     derive_presets,
@@ -20,8 +21,8 @@ from orchestrator.tune.presets import (
     stack_key,
     write_preset_files,
 )
-from orchestrator.tune.search import Cell, decide, make_job, promote, rung_measure
-from orchestrator.tune.space import KNOB_NAMES, candidates, expanded_options
+from orchestrator.tune.search import make_job, rung_measure
+from orchestrator.tune.space import KNOB_NAMES, candidates, expanded_options, is_base, knobs_on
 from workers.job import MeasureSpec, ModelSpec
 
 RESNET = ModelSpec(id="hf:microsoft/resnet-50", name="resnet")
@@ -68,7 +69,7 @@ def test_gpu_space_expands_modes_into_options_and_skips_knobs_the_mode_sets():
     assert expanded_options(ma[0]) == {"max_autotune": True, "coordinate_descent_tuning": True}
 
 
-def test_precisions_only_when_allowed_and_knobs_only_those_asked():
+def test_precisions_only_when_allowed_and_knobs_on_every_base_of_each():
     assert {c.dtype for c in candidates(STOCK, MLP, "cpu", "fp32")} == {"fp32"}
     cands = candidates(STOCK, MLP, "cpu", "fp32", precisions=("fp32", "bf16"), knobs=("freezing",))
     assert names(cands) == {
@@ -78,7 +79,13 @@ def test_precisions_only_when_allowed_and_knobs_only_those_asked():
         ("ro+freezing", "fp32", False),
         ("default", "bf16", False),
         ("ro", "bf16", False),
+        ("default+freezing", "bf16", False),
+        ("ro+freezing", "bf16", False),
     }
+    by = {(c.config.name, c.dtype): c for c in cands}
+    assert is_base(by["ro", "bf16"]) and not is_base(by["ro+freezing", "bf16"])
+    assert knobs_on(cands, by["ro", "bf16"]) == [by["ro+freezing", "bf16"]]
+    assert by["ro+freezing", "bf16"].turned == ("freezing",) and by["ro+freezing", "bf16"].base_name == "ro"
     assert set(KNOB_NAMES) >= {"freezing", "channels_last", "coordinate_descent"}
 
 
@@ -89,7 +96,9 @@ def test_rung_measures_and_jobs():
     assert rung_measure(m, "confirm", 1).repeats == 2  # an interval across processes needs two
     cell = Cell("cpu", "cpu", MLP, 4, "fp32")
     cand, base = (
-        candidates(STOCK, MLP, "cpu", "fp32", precisions=("bf16",))[-1],
+        next(
+            c for c in candidates(STOCK, MLP, "cpu", "fp32", precisions=("bf16",)) if c.key == ("ro", "bf16")
+        ),
         candidates(STOCK, MLP, "cpu", "fp32")[0],
     )
     job = make_job_for(cell, cand, base)
@@ -237,21 +246,8 @@ def test_derive_presets_with_budgets_and_the_presets_table(tmp_path, table_jobs)
     assert table.schema == PRESETS_SCHEMA and table.num_rows == 1
     got = table.to_pylist()[0]
     assert got["config"] == "default" and json.loads(got["compile"])["mode"] is None
-    assert json.loads((tmp_path / "presets.json").read_text())["format"] == 4
+    assert json.loads((tmp_path / "presets.json").read_text())["format"] == 5
     assert read_presets_table(tmp_path / "nothing") is None
-
-
-def test_confirmation_plan_says_how_each_cell_is_timed():
-    from orchestrator.tune.cells import confirm_plan
-
-    apart_only = confirm_plan(0, 1, 2)
-    assert apart_only.startswith("1 cell: ") and "in 2 processes each, apart" in apart_only
-    assert "same" not in apart_only  # one cell, apart: not "timed in the same processes"
-    mixed = confirm_plan(2, 1, 3)
-    assert mixed.startswith("3 cells: ")
-    assert "timed in the same 3 processes (2 cells)" in mixed
-    assert "apart, as they differ in a runtime setting (1 cell)" in mixed
-    assert confirm_plan(1, 0, 3).endswith("timed in the same 3 processes")
 
 
 def test_a_presets_serving_peak_counts_the_search_its_eager_phase_ran(tmp_path, table_jobs):

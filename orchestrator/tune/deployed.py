@@ -1,0 +1,337 @@
+"""What a tune deploys per cell and accuracy budget, and what that gains over a stock PyTorch user.
+
+A stock user runs the model in its own dtype under torch's defaults, eagerly or with plain
+`torch.compile(model)` in its best stock mode. The confirmation round times that user in processes
+of its own (`plan`: the cell's fastest stock config, with the other stock mode in the same
+processes, and eager beside them), and every precision a budget chose (`orchestrator.tune.budgets`):
+
+1. In the cell's own precision, `cells.decide` keeps a tuned candidate only where it beats the
+   stock config (the paired or unpaired interval above 1), and eager where eager beats the choice:
+   every budget's fallback.
+2. In another precision P, the same rule chooses among P's candidates (its fastest stock mode is
+   the baseline; eager in P where it fits the budget). That choice is deployed only where it beats
+   the stock user (the faster of stock `torch.compile` and stock eager, by the same rule, unpaired):
+   a preset never serves something that measured slower than doing nothing.
+
+Every preset then carries its budget, the accuracy judgement, its error against fp64 beside the
+stock policy's, and its speedup over stock eager and over stock `torch.compile` with intervals
+(`speedup_vs_stock`: the within-precision part, against the best stock mode of its own precision).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiler import statistics as cstats
+from compiler.accuracy import Budget
+from orchestrator.tune.budgets import CellBudgets, Pick, Picks, stock_mode
+from orchestrator.tune.cells import Cell, decide
+from orchestrator.tune.presets import Budgets
+from orchestrator.tune.space import Candidate
+from workers.job import Job
+
+MakeJob = Callable[[Candidate, Candidate | None], Job]
+
+
+@dataclass
+class PrecisionJobs:
+    """The confirmation jobs of one precision of a cell."""
+
+    pick: Pick
+    pair: Job | None = None
+    """The candidate against the stock mode in the same processes (equal runtime settings)."""
+    candidate: Job | None = None
+    """The candidate alone (no stock mode, or one with other runtime settings)."""
+    mode: Job | None = None
+    """The stock mode alone (with the other stock config as its baseline, in the own precision)."""
+
+    def jobs(self) -> list[Job]:
+        return [j for j in (self.pair, self.candidate, self.mode) if j is not None]
+
+
+def _same_runtime(a: Candidate, b: Candidate) -> bool:
+    return a.config.runtime == b.config.runtime
+
+
+def plan(picks: Picks, make: MakeJob) -> dict[str, PrecisionJobs]:
+    """Per precision, the confirmation jobs of a cell's picks. The stock config is always timed
+    alone (a stock user's processes), with the other stock mode beside it where their runtime
+    settings are equal; a process keeps its first cuDNN plans, so configs whose runtime settings
+    differ never share one (DESIGN.md)."""
+    found: dict[str, PrecisionJobs] = {}
+    if picks.own is not None:
+        own = picks.own
+        jobs = PrecisionJobs(own)
+        if own.mode is not None:
+            second = picks.second if picks.second and _same_runtime(picks.second, own.mode) else None
+            jobs.mode = make(own.mode, second)
+        if own.candidate is not None:
+            if own.mode is not None and _same_runtime(own.candidate, own.mode):
+                jobs.pair = make(own.candidate, own.mode)
+            else:
+                jobs.candidate = make(own.candidate, None)
+        found[own.policy] = jobs
+    for pick in picks.budgets.values():
+        if pick.policy in found:
+            continue
+        jobs = PrecisionJobs(pick)
+        if pick.candidate is not None and pick.mode is not None and _same_runtime(pick.candidate, pick.mode):
+            jobs.pair = make(pick.candidate, pick.mode)
+        else:
+            jobs.candidate = make(pick.candidate, None) if pick.candidate is not None else None
+            jobs.mode = make(pick.mode, None) if pick.mode is not None else None
+        found[pick.policy] = jobs
+    return found
+
+
+Rows = dict[str, dict[str, Any]]
+"""Rows by job id."""
+
+
+@dataclass
+class StockUser:
+    """A stock user's latency on a cell, from the stock config's confirmation job."""
+
+    row: dict[str, Any]
+    compile_config: str
+    compile_side: str
+    """`compiled` (the stock config) or `baseline` (the other stock mode, where it was faster)."""
+    choice: str
+    """`eager` or `compile`: what the stock user would run (eager where it beat stock compile)."""
+
+    def groups(self, side: str) -> list[list[float]]:
+        return cstats.split_groups(
+            self.row.get(f"{side}_samples_ms") or [], self.row.get("samples_per_repeat")
+        )
+
+    @property
+    def compile_ms(self) -> float:
+        return self.row[f"{self.compile_side}_ms"]
+
+    @property
+    def side(self) -> str:
+        return "eager" if self.choice == "eager" else self.compile_side
+
+
+def stock_user(row: dict[str, Any] | None) -> StockUser | None:
+    """The stock user of a cell, from its stock job's row (None where it did not run or failed)."""
+    if row is None or row.get("status") != "ok" or not row.get("compiled_samples_ms"):
+        return None
+    side = "compiled"
+    if row.get("baseline_ms") and row.get("baseline_samples_ms") and row["baseline_ms"] < row["compiled_ms"]:
+        side = "baseline"
+    config = row["config"] if side == "compiled" else row["baseline_config"]
+    user = StockUser(row, config, side, "compile")
+    eager, compiled = user.groups("eager"), user.groups(side)
+    if eager and compiled and cstats.beats(cstats.ratio_interval(compiled, eager, paired=True)):
+        user.choice = "eager"
+    return user
+
+
+@dataclass
+class Decided:
+    """A cell's decisions: its own precision's (every budget's fallback), and per budget."""
+
+    own: tuple[dict[str, Any] | None, str]
+    entries: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    decisions: dict[str, str] = field(default_factory=dict)
+
+
+def _rows_of(jobs: PrecisionJobs, rows2: Rows) -> dict[str, dict[str, Any] | None]:
+    return {
+        k: rows2.get(j.job_id) if j else None
+        for k, j in (("pair", jobs.pair), ("candidate", jobs.candidate), ("mode", jobs.mode))
+    }
+
+
+def decide_precision(
+    cell: Cell,
+    jobs: PrecisionJobs,
+    rung1: dict[tuple[str, str], dict[str, Any] | None],
+    rows2: Rows,
+    limits: Budgets,
+    log: dict[str, Any],
+    eager_presets: bool,
+    stock_names: set[str],
+    veto: Callable[[dict[str, Any]], str | None] | None = None,
+) -> tuple[dict[str, Any] | None, str]:
+    """`cells.decide` in one precision: its fastest stock mode against its fastest other candidate,
+    with the confirmation's rows (a side timed alone stands in for its rung-1 row)."""
+    pick = jobs.pick
+    got = _rows_of(jobs, rows2)
+    results = []
+    for cand, alone in ((pick.mode, got["mode"]), (pick.candidate, got["candidate"])):
+        if cand is not None:
+            row = alone if alone is not None and alone.get("status") == "ok" else rung1.get(cand.key)
+            results.append((dataclasses.replace(cand, stock=stock_mode(cand, stock_names)), row))
+    confirmation = None
+    if pick.candidate is not None and pick.mode is not None:
+        first = got["pair"] if jobs.pair is not None else got["candidate"]
+        apart = None if jobs.pair is not None else got["mode"]
+        mode = dataclasses.replace(pick.mode, stock=True)
+        confirmation = (dataclasses.replace(pick.candidate, stock=False), mode, first, apart)
+    here = dataclasses.replace(cell, dtype=pick.policy)
+    entry, why = decide(here, results, confirmation, limits, log, eager_presets, veto)
+    if entry is not None:
+        entry["dtype"] = cell.dtype
+    return entry, why
+
+
+def samples(entry: dict[str, Any], rows: Rows) -> tuple[dict[str, Any], str] | None:
+    """The row and side whose samples a preset's latency is: its confirmation where one timed it."""
+    want = "eager" if entry["source"] == "eager" else None
+    config = entry["eager_over_config"] if want else entry["config"]
+    for row in rows.values():
+        if row.get("status") != "ok" or row.get("dtype") != entry["precision"]:
+            continue
+        if want and row.get("job_id") == entry.get("job_id"):
+            return row, "eager"
+        if not want and row.get("config") == config:
+            return row, "compiled"
+        if (
+            not want
+            and row.get("baseline_config") == config
+            and row.get("baseline_dtype") == entry["precision"]
+        ):
+            return row, "baseline"
+    row = rows.get(entry.get("job_id"))
+    if row is None:
+        return None
+    return row, want or ("compiled" if row.get("config") == config else "baseline")
+
+
+def _groups(row: dict[str, Any], side: str) -> list[list[float]]:
+    return cstats.split_groups(row.get(f"{side}_samples_ms") or [], row.get("samples_per_repeat"))
+
+
+def versus(user: StockUser, side: str, found: tuple[dict[str, Any], str]) -> cstats.Interval:
+    """The stock user's `side` (eager or its compile) over the preset's samples: its speedup."""
+    row, preset_side = found
+    mine = _groups(row, preset_side)
+    if row is user.row and preset_side == side:  # the stock user itself
+        return cstats.Interval(1.0, 1.0, 1.0, cstats.LEVEL, len(mine), math.inf, 0.0)
+    return cstats.ratio_interval(user.groups(side), mine, paired=row is user.row)
+
+
+def gate(entry: dict[str, Any], user: StockUser | None, rows: Rows) -> tuple[bool, str]:
+    """Whether a preset in another precision beats the stock user (its interval above 1)."""
+    found = samples(entry, rows)
+    if user is None or found is None:
+        return False, "the stock user was not timed, so nothing shows it faster"
+    iv = versus(user, user.side, found)
+    what = "stock eager" if user.choice == "eager" else f"stock {user.compile_config}"
+    figures = f"{iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {what}"
+    return cstats.beats(iv), figures
+
+
+def stock_figures(entry: dict[str, Any], user: StockUser | None, rows: Rows) -> dict[str, Any]:
+    """A preset's speedup over stock eager and over stock torch.compile, with intervals."""
+    if user is None:
+        return {"vs_stock_from": "no stock user timed: the stock config's confirmation did not run or failed"}
+    out: dict[str, Any] = {
+        "stock_eager_ms": user.row.get("eager_ms"),
+        "stock_compile_config": user.compile_config,
+        "stock_compile_ms": user.compile_ms,
+        "stock_max_rel_err": user.row.get("eager_fp64_max_rel_err"),
+    }
+    found = samples(entry, rows)
+    if found is None:
+        return out | {"vs_stock_from": "the preset's samples were not found"}
+    for key, side in (("vs_stock_eager", "eager"), ("vs_stock_compile", user.compile_side)):
+        iv = versus(user, side, found)
+        out.update({key: iv.estimate, f"{key}_ci_low": iv.low, f"{key}_ci_high": iv.high})
+    row, side = found
+    scope = "paired" if row is user.row else "unpaired"
+    out["vs_stock_from"] = (
+        f"{scope}: the stock user in job {user.row['job_id']} ({user.row.get('repeats')} processes), the preset's "
+        f"{side} side in job {row['job_id']} ({row.get('repeats')} processes)"
+    )
+    out["max_rel_err"] = row.get("eager_fp64_max_rel_err" if side == "eager" else "fp64_max_rel_err")
+    return out
+
+
+def accuracy_fields(budget: Budget, state: CellBudgets) -> dict[str, Any]:
+    j = state.judgements[budget.name]
+    return {
+        "budget": budget.name,
+        "accuracy_rule": j.rule,
+        "accuracy_decision": j.decision,
+        "accuracy_why": j.why,
+        "weights": state.figures.weights,
+    }
+
+
+def finish(
+    entry: dict[str, Any],
+    budget: Budget,
+    state: CellBudgets,
+    user: StockUser | None,
+    rows: Rows,
+    candidates: int,
+) -> dict[str, Any]:
+    """A decided entry with its budget's judgement and its figures against the stock user."""
+    out = {**entry, **accuracy_fields(budget, state), **stock_figures(entry, user, rows)}
+    out["candidates"] = candidates
+    return out
+
+
+def summary_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """One cell and budget of the deployed summary (`deployed.json`)."""
+    cell = f"{entry['hardware']}/{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}"
+    finite = {
+        k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
+        for k, v in entry.items()
+        if k.startswith("vs_stock") and not k.endswith("_from")
+    }
+    return {
+        "cell": cell,
+        "budget": entry.get("budget"),
+        "preset": entry["config"],
+        "policy": entry.get("precision"),
+        "vs_stock_eager": finite.get("vs_stock_eager"),
+        "vs_stock_eager_ci": [finite.get("vs_stock_eager_ci_low"), finite.get("vs_stock_eager_ci_high")],
+        "vs_stock_compile": finite.get("vs_stock_compile"),
+        "vs_stock_compile_ci": [
+            finite.get("vs_stock_compile_ci_low"),
+            finite.get("vs_stock_compile_ci_high"),
+        ],
+        "stock_compile_config": entry.get("stock_compile_config"),
+        "within_precision": entry.get("speedup_vs_stock"),
+        "max_rel_err": entry.get("max_rel_err"),
+        "stock_max_rel_err": entry.get("stock_max_rel_err"),
+        "accuracy_decision": entry.get("accuracy_decision"),
+        "weights": entry.get("weights"),
+        "source": entry.get("source"),
+    }
+
+
+def geomean(values: list[float | None]) -> float | None:
+    ok = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in ok) / len(ok)) if ok else None
+
+
+def summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """`deployed.json`: the hardware, the stack, every (cell, budget) and per budget its geometric
+    means over stock eager and stock `torch.compile`, and the cells below 1."""
+    first = entries[0] if entries else {}
+    cells = [summary_row(e) for e in entries]
+    budgets: dict[str, Any] = {}
+    for name in dict.fromkeys(c["budget"] for c in cells):
+        mine = [c for c in cells if c["budget"] == name]
+        budgets[str(name)] = {
+            "cells": len(mine),
+            "geomean_vs_stock_compile": geomean([c["vs_stock_compile"] for c in mine]),
+            "geomean_vs_stock_eager": geomean([c["vs_stock_eager"] for c in mine]),
+            "below_1": [c["cell"] for c in mine if (c["vs_stock_compile"] or 0) < 1],
+            "undetermined": [c["cell"] for c in mine if c["accuracy_decision"] == "undetermined"],
+        }
+    return {
+        "gpu": first.get("device_name"),
+        "torch": first.get("torch_version"),
+        "budgets": budgets,
+        "cells": cells,
+    }
