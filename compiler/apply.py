@@ -68,6 +68,7 @@ __all__ = [
     "ExportError",
     "PresetFallbackWarning",
     "RuntimeSettingWarning",
+    "SettingMismatchWarning",
     "cache_root",
     "compile_tuned",
     "find_preset",
@@ -84,8 +85,15 @@ class PresetFallbackWarning(UserWarning):
 
 
 class RuntimeSettingWarning(UserWarning):
-    """`compile_tuned` changed a process-wide runtime setting (`compiler.runtime`) to the value
-    the preset was measured under."""
+    """`compile_tuned` changed a process-wide setting (a runtime setting of `compiler.runtime`, a
+    float32 switch of the preset's precision policy, Inductor's freezing) to the value the preset
+    was measured under."""
+
+
+class SettingMismatchWarning(UserWarning):
+    """A process-wide setting the preset leaves alone differs in this process from what the preset
+    was measured under (torch's default): its latency and accuracy figures do not hold here.
+    `strict=True` raises `ExportError` instead."""
 
 
 @dataclass
@@ -106,8 +114,13 @@ class Applied:
     """An eager preset (`compiler.config.is_eager_preset`): the model was returned uncompiled, under
     the preset's runtime settings and precision; why, from the preset's figures."""
     runtime: dict[str, Any] = field(default_factory=dict)
-    """The process-wide runtime settings this process now runs under (`compiler.runtime`: the
-    preset's, torch's defaults for those it does not name), set before the first call."""
+    """The process-wide runtime settings this process now runs under (`compiler.runtime`), after
+    the preset set its own before the first call."""
+    changed: dict[str, list[Any]] = field(default_factory=dict)
+    """Every process-wide setting `compile_tuned` changed, as name -> [old, new]: the preset's
+    runtime settings, its precision policy's float32 switches (`cudnn_allow_tf32`,
+    `matmul_precision`), Inductor's `freezing`. A setting the preset leaves at torch's default is
+    never changed, only checked (`SettingMismatchWarning`)."""
     precision: str | None = None
     bundle: str = "none"
     """`loaded`, `refused` (sha256 mismatch or unreadable), `none` (the preset has no bundle)."""
@@ -345,11 +358,11 @@ class _Tuning:
         if reason is not None:
             return self.fall_back(reason)
         self.set_precision()
-        _apply_runtime(self.config, self.applied)
+        _apply_runtime(self)
         if self.applied.eager is not None:  # nothing to compile: the model as eager was timed
             return self.casting(self.model), self.applied
         self.model = self.config.prepare_model(self.model)
-        self.config.apply_globals()
+        _apply_globals(self)
         if self.entry.get("package"):
             if use_package and self.applied.match == "exact":
                 packaged = self.packaged()
@@ -362,18 +375,57 @@ class _Tuning:
         return compiled, self.applied
 
     def set_precision(self) -> None:
-        """Apply the preset's precision policy; where its dtype is not the model's, cast the weights
-        as the measured job cast them (`cast`: the inputs are cast too, outside the compiled region,
+        """Set what the preset's precision policy changes from torch's defaults (the stock `fp32`
+        changes nothing: the process keeps its own switches); check the switches it leaves alone
+        against what it was measured under; where its dtype is not the model's, cast the weights as
+        the measured job cast them (`cast`: the inputs are cast too, outside the compiled region,
         so the graph is the one the bundle holds)."""
-        from compiler.precision import apply_precision
+        from compiler import precision
 
-        policy = self.entry.get("precision") or self.entry.get("dtype")
-        target = apply_precision(policy)
-        self.applied.precision = policy
+        name = self.entry.get("precision") or self.entry.get("dtype")
+        policy = precision.policy(name)
+        before = precision.current()
+        precision.write(policy.explicit())
+        self.changes(before, precision.current())
+        self.mismatches({k: v for k, v in policy.settings().items() if k not in policy.explicit()}, before)
+        self.applied.precision = name
+        target = precision.weights_dtype(name)
         current = _param_dtype(self.model)
         if current is not None and current.is_floating_point and current != target:
             self.model = self.model.to(target)
             self.cast = target
+
+    def changes(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        """Record, and say, the process-wide settings that went from `before` to `after`."""
+        changed = {k: [before[k], v] for k, v in after.items() if k in before and before[k] != v}
+        if not changed:
+            return
+        self.applied.changed.update(changed)
+        what = ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changed.items())
+        message = (
+            f"compile_tuned: set the process-wide settings the preset was measured under ({what}); "
+            "they apply to every model in this process"
+        )
+        self.applied.warnings.append(message)
+        warn_caller(message, RuntimeSettingWarning)
+
+    def mismatches(self, measured: dict[str, Any], current: dict[str, Any]) -> None:
+        """Warn, or raise under `strict`, where a setting the preset leaves alone is not what it was
+        measured under in this process."""
+        off = {k: (current[k], v) for k, v in measured.items() if k in current and current[k] != v}
+        if not off:
+            return
+        what = ", ".join(
+            f"{k} is {cur} here, the preset was measured with {want}" for k, (cur, want) in off.items()
+        )
+        message = (
+            f"compile_tuned: {what}: the preset's latency and accuracy figures do not hold in this process "
+            "(compile_tuned changes only what the preset sets; reset these to torch's defaults to serve it as measured)"
+        )
+        if self.strict:
+            raise ExportError(message)
+        self.applied.warnings.append(message)
+        warn_caller(message, SettingMismatchWarning)
 
     def casting(self, fn: Any, note: bool = True) -> Any:
         """`fn`, casting its floating-point inputs to the preset's dtype where that is not the model's."""
@@ -502,24 +554,30 @@ def _eager_why(entry: dict[str, Any]) -> str:
     return f"compiled {over} was {gain:.2f}x slower{interval}{over_n} on {entry.get('hardware')}"
 
 
-def _apply_runtime(config: CompileConfig, applied: Applied) -> None:
-    """Set the preset's runtime settings (and torch's defaults for the others), as the job that
-    measured it did before its first call; say so where that changes what the process had. A
-    process keeps its first cuDNN plan per convolution, so this must happen before the model's
-    first convolution runs in the process."""
+def _apply_runtime(tuning: _Tuning) -> None:
+    """Set the preset's runtime settings (only those it names), as the job that measured it did
+    before its first call, and check the others against torch's defaults, which it was measured
+    under. A process keeps its first cuDNN plan per convolution, so this must happen before the
+    model's first convolution runs in the process."""
     from compiler import runtime
 
-    before = config.apply_runtime()
-    applied.runtime = runtime.current()
-    changed = {k: (before[k], v) for k, v in applied.runtime.items() if before.get(k) != v}
-    if changed:
-        what = ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changed.items())
-        message = (
-            f"compile_tuned: set the process-wide runtime settings the preset was measured under ({what}); "
-            "they apply to every model in this process"
-        )
-        applied.warnings.append(message)
-        warn_caller(message, RuntimeSettingWarning)
+    config = tuning.config
+    before = runtime.current()
+    runtime.apply_only(config.runtime)
+    tuning.applied.runtime = runtime.current()
+    tuning.changes(before, tuning.applied.runtime)
+    tuning.mismatches(
+        {k: v for k, v in runtime.effective(config.runtime).items() if k not in config.runtime}, before
+    )
+
+
+def _apply_globals(tuning: _Tuning) -> None:
+    """Inductor's process-wide settings of the preset (`freezing`), said where they change."""
+    import torch._inductor.config as inductor_config
+
+    before = {"freezing": bool(inductor_config.freezing)}
+    tuning.config.apply_globals()
+    tuning.changes(before, {"freezing": bool(inductor_config.freezing)})
 
 
 def _param_dtype(model: Any):

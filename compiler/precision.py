@@ -170,12 +170,17 @@ def current() -> dict[str, Any]:
 
 
 def write(settings: Mapping[str, Any]) -> None:
-    """Set the float32 switches named in `settings`."""
+    """Set the float32 switches named in `settings` that this process does not have already. Never
+    written again to the value it holds: torch keeps a second record of how a switch was set
+    (`torch.backends.cuda.matmul.fp32_precision`: `none` untouched, `ieee` once "highest" was set),
+    and Inductor's FX-graph cache key holds it, so a job that wrote the default would compile
+    entries a serving process that never touched it cannot load (torch 2.13)."""
     import torch
 
-    if "cudnn_allow_tf32" in settings:
+    now = current()
+    if "cudnn_allow_tf32" in settings and now["cudnn_allow_tf32"] != bool(settings["cudnn_allow_tf32"]):
         torch.backends.cudnn.allow_tf32 = bool(settings["cudnn_allow_tf32"])
-    if "matmul_precision" in settings:
+    if "matmul_precision" in settings and now["matmul_precision"] != settings["matmul_precision"]:
         torch.set_float32_matmul_precision(settings["matmul_precision"])
 
 

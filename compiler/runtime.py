@@ -126,6 +126,13 @@ def apply(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     return before
 
 
+def apply_only(settings: Mapping[str, Any] | None) -> None:
+    """Set the settings named in `settings` and leave the others as they are (a serving process:
+    `compiler.apply` changes only what a preset names)."""
+    for name, value in (settings or {}).items():
+        SETTINGS[name].write(value)
+
+
 def restore(before: Mapping[str, Any]) -> None:
     for name, value in before.items():
         SETTINGS[name].write(value)

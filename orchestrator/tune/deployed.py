@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from compiler import statistics as cstats
@@ -117,28 +117,43 @@ class StockUser:
         return "eager" if self.choice == "eager" else self.compile_side
 
 
-def stock_user(row: dict[str, Any] | None) -> StockUser | None:
-    """The stock user of a cell, from its stock job's row (None where it did not run or failed)."""
+def stock_user(
+    row: dict[str, Any] | None,
+    rung1: dict[tuple[str, str], dict[str, Any] | None],
+    own: str,
+    log: dict[str, Any] | None = None,
+) -> tuple[StockUser, dict[str, Any]] | tuple[None, None]:
+    """The stock user of a cell from its stock job's row, and the preset that is the stock user's
+    own choice: the faster of the two stock modes timed there (their medians, in the same
+    processes), or eager where it beat that by the project's rule (`eager.reconsider`). None where
+    the job did not run or failed."""
+    from orchestrator.tune import eager
+    from orchestrator.tune.presets import preset_entry
+
     if row is None or row.get("status") != "ok" or not row.get("compiled_samples_ms"):
-        return None
+        return None, None
     side = "compiled"
     if row.get("baseline_ms") and row.get("baseline_samples_ms") and row["baseline_ms"] < row["compiled_ms"]:
         side = "baseline"
     config = row["config"] if side == "compiled" else row["baseline_config"]
-    user = StockUser(row, config, side, "compile")
-    eager, compiled = user.groups("eager"), user.groups(side)
-    if eager and compiled and cstats.beats(cstats.ratio_interval(compiled, eager, paired=True)):
-        user.choice = "eager"
-    return user
+    source = row if side == "compiled" else rung1.get((config, own)) or row
+    why = f"stock: a stock user's torch.compile, the faster stock mode in job {row['job_id']}"
+    entry = preset_entry(
+        source, own, source="stock", decision=why, stock_config=config, stock_ms=row[f"{side}_ms"]
+    )
+    entry.update(
+        config=config, job_id=row["job_id"], compiled_ms=row[f"{side}_ms"], eager_ms=row.get("eager_ms")
+    )
+    entry["speedup_vs_eager"] = row["eager_ms"] / row[f"{side}_ms"] if row.get("eager_ms") else None
+    entry["speedup_vs_stock"] = 1.0
+    entry, why = eager.reconsider(entry, why, row, side, own, log=log)
+    choice = "eager" if entry["source"] == "eager" else "compile"
+    return StockUser(row, config, side, choice), {**entry, "decision": why}
 
 
-@dataclass
-class Decided:
-    """A cell's decisions: its own precision's (every budget's fallback), and per budget."""
-
-    own: tuple[dict[str, Any] | None, str]
-    entries: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    decisions: dict[str, str] = field(default_factory=dict)
+def same_choice(entry: dict[str, Any], stock: dict[str, Any]) -> bool:
+    """Whether a decided preset is the stock user's own choice."""
+    return entry["config"] == stock["config"] and entry["precision"] == stock["precision"]
 
 
 def _rows_of(jobs: PrecisionJobs, rows2: Rows) -> dict[str, dict[str, Any] | None]:
@@ -182,26 +197,30 @@ def decide_precision(
 
 
 def samples(entry: dict[str, Any], rows: Rows) -> tuple[dict[str, Any], str] | None:
-    """The row and side whose samples a preset's latency is: its confirmation where one timed it."""
-    want = "eager" if entry["source"] == "eager" else None
-    config = entry["eager_over_config"] if want else entry["config"]
-    for row in rows.values():
+    """The row and side whose samples a preset's latency is: its own job's row (the one its figures
+    come from) where that timed it, else a confirmation row that did."""
+    eager = entry["source"] == "eager"
+    config = entry["eager_over_config"] if eager else entry["config"]
+
+    def side(row: dict[str, Any]) -> str | None:
         if row.get("status") != "ok" or row.get("dtype") != entry["precision"]:
-            continue
-        if want and row.get("job_id") == entry.get("job_id"):
-            return row, "eager"
-        if not want and row.get("config") == config:
-            return row, "compiled"
-        if (
-            not want
-            and row.get("baseline_config") == config
-            and row.get("baseline_dtype") == entry["precision"]
-        ):
-            return row, "baseline"
-    row = rows.get(entry.get("job_id"))
-    if row is None:
+            return None
+        if eager:
+            return "eager" if row.get("config") == config or row.get("baseline_config") == config else None
+        if row.get("config") == config:
+            return "compiled"
+        if row.get("baseline_config") == config and row.get("baseline_dtype") == entry["precision"]:
+            return "baseline"
         return None
-    return row, want or ("compiled" if row.get("config") == config else "baseline")
+
+    own = rows.get(entry.get("job_id"))
+    for row in [own] if own is not None else []:
+        if (found := side(row)) is not None:
+            return row, found
+    for row in rows.values():
+        if not eager and (found := side(row)) is not None:
+            return row, found
+    return None
 
 
 def _groups(row: dict[str, Any], side: str) -> list[list[float]]:

@@ -408,21 +408,21 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         )
         for cell, run in runs.items():
             stages.promote(run, results(rows_k, jobs_k, cell), opts.budgets, opts.eta, stock_names)
-        ranked = [cell for cell, run in runs.items() if stages.needs_rung1(run)]
-        jobs1 = {(cell, c): job(cell, c, "rung1") for cell in ranked for c in runs[cell].survivors}
+        jobs1 = {
+            (cell, c): job(cell, c, "rung1")
+            for cell, run in runs.items()
+            for c in stages.rung1(run, opts.budgets, stock_names)
+        }
         rows1 = run_round(
             "rung1",
             list(jobs1.values()),
-            f"{plural(len(jobs1), 'candidate')} promoted, measured with the sweep's settings "
-            f"({plural(len(cells) - len(ranked), 'cell')} with only a stock config and one other: "
-            "straight to the confirmation)",
+            f"{plural(len(jobs1), 'candidate')} of {plural(len({cell for cell, _ in jobs1}), 'cell')} measured "
+            "with the sweep's settings (the survivors where they are more than the confirmation times, "
+            "else the knobs turned together)",
         )
         jobs2: list[Job] = []
         for cell, run in runs.items():
-            measured = {c.key: (c, r) for c, r in run.measured}
-            results1 = (
-                results(rows1, jobs1, cell) if cell in ranked else [measured[c.key] for c in run.survivors]
-            )
+            results1 = stages.rung1_results(run, results(rows1, jobs1, cell))
             made = stages.confirm(
                 run, results1, opts.budgets, stock_names, lambda c, b, cell=cell: job(cell, c, "confirm", b)
             )

@@ -3,8 +3,9 @@ round measures (`orchestrator.tune.search` runs the rounds across the cluster):
 
 1. rung 0 measured the bases (stock configs and added modes) in every precision the budgets allow:
    `judge` says whether the cell's outputs can judge precision, and which bases get the knobs;
-2. the knobs round measured each knob on those bases: `promote` picks what rung 1 measures
-   again (`needs_rung1`: unless that is just what the confirmation measures anyway);
+2. the knobs round measured each knob on those bases: `promote` picks the survivors, and `rung1`
+   what rung 1 measures of them (all of them where they are more than the confirmation times
+   anyway, else only the knobs turned together, which no round measured);
 3. `confirm` plans the confirmation: a stock user, and per precision chosen the fastest
    candidate against its stock mode, in fresh processes;
 4. `decide` chooses per budget (`orchestrator.tune.deployed`).
@@ -69,12 +70,26 @@ def promote(run: CellRun, knob_results: tb.Results, limits: Budgets, eta: int, s
     run.log["promoted"] = [f"{c.config.name}@{c.dtype}" for c in run.survivors]
 
 
-def needs_rung1(run: CellRun) -> bool:
-    """Whether rung 1 can tell the cell anything the confirmation will not: more than one stock
-    config and one other survived, or a combination of knobs no round measured yet."""
+def rung1(run: CellRun, limits: Budgets, stock_names: set[str]) -> list[Candidate]:
+    """What rung 1 measures of the cell: its survivors where they are more than the confirmation
+    times anyway (rung 1 ranks them with the sweep's timed calls), else only those no round measured
+    yet (the knobs that each helped, turned together), so they are ranked before the confirmation."""
+    assert run.state is not None
     measured = {c.key for c, _ in run.measured}
-    keep = run.survivors
-    return len(keep) > 2 or len({c.stock for c in keep}) < 2 or any(c.key not in measured for c in keep)
+    fresh = [c for c in run.survivors if c.key not in measured]
+    picks = tb.picks(run.state, run.measured, limits, stock_names)
+    timed = {picks.second, *(p.candidate for p in (picks.own, *picks.budgets.values()) if p)}
+    timed |= {p.mode for p in (picks.own, *picks.budgets.values()) if p}
+    if all(c in timed for c in run.survivors if c.key in measured):
+        return fresh
+    return list(run.survivors)
+
+
+def rung1_results(run: CellRun, rows1: tb.Results) -> tb.Results:
+    """The survivors' rows: rung 1's where it measured them, else the earlier rounds'."""
+    again = {c.key: (c, r) for c, r in rows1}
+    earlier = {c.key: (c, r) for c, r in run.measured}
+    return [again.get(c.key) or earlier[c.key] for c in run.survivors if c.key in again or c.key in earlier]
 
 
 def confirm(run: CellRun, results1: tb.Results, limits: Budgets, stock_names: set[str], make) -> list:
@@ -140,34 +155,31 @@ def decide(
         own, own_why = deployed.decide_precision(
             cell, own_jobs, rung1, mine, limits, log, eager_presets, stock_names
         )
-    user = deployed.stock_user(mine.get(own_jobs.mode.job_id) if own_jobs and own_jobs.mode else None)
+    stock_row = mine.get(own_jobs.mode.job_id) if own_jobs and own_jobs.mode else None
+    log["stock_user"] = {}
+    user, stock = deployed.stock_user(stock_row, rung1, cell.dtype, log["stock_user"])
     candidates = sum(1 for _, r in run.measured if r is not None and r.get("status") == "ok")
     log["budgets"] = {}
     for budget in budgets:
         blog: dict[str, Any] = {}
-        entry, why = own, own_why
+        options = []
         pick = run.picks.budgets.get(budget.name)
-        if pick is not None and own is not None:
-            other, other_why = deployed.decide_precision(
-                cell,
-                run.confirm[pick.policy],
-                rung1,
-                mine,
-                limits,
-                blog,
-                eager_presets,
-                stock_names,
-                veto=lambda row, b=budget.name: state.why_not(b, row, "eager"),
+        if pick is not None:
+            options.append(
+                deployed.decide_precision(
+                    cell,
+                    run.confirm[pick.policy],
+                    rung1,
+                    mine,
+                    limits,
+                    blog,
+                    eager_presets,
+                    stock_names,
+                    veto=lambda row, b=budget.name: state.why_not(b, row, "eager"),
+                )
             )
-            if other is not None:
-                ok, figures = deployed.gate(other, user, mine)
-                if ok:
-                    entry, why = other, f"{other_why}; against the stock user: {figures}"
-                else:
-                    why = (
-                        f"{own_why}; {pick.policy} ({other['config']}) not deployed: {figures}, an interval "
-                        "that does not lie above 1"
-                    )
+        options.append((own, own_why))
+        entry, why = choose(options, user, stock, mine)
         name = cell.name if len(budgets) == 1 else f"{cell.name} ({budget.name} budget)"
         found.decisions[name] = why
         blog["decision"] = why
@@ -192,6 +204,27 @@ def decide(
             },
         }
     return found
+
+
+def choose(options, user, stock, rows) -> tuple[dict[str, Any] | None, str]:
+    """The first decided preset of `options` ((entry, why), most precision-lowering first) that is
+    the stock user's own choice or beats it (`deployed.gate`); else the stock user's choice. Without
+    a stock user timed, the last option (the cell's own precision) as decided."""
+    if user is None:
+        return options[-1]
+    passed = []
+    for entry, why in options:
+        if entry is None:
+            continue
+        if deployed.same_choice(entry, stock):
+            return entry, why
+        ok, figures = deployed.gate(entry, user, rows)
+        if ok:
+            return entry, f"{why}; against the stock user: {figures}"
+        passed.append(
+            f"{entry['config']} ({entry['precision']}) not deployed: {figures}, an interval that does not lie above 1"
+        )
+    return stock, "; ".join([stock["decision"], *passed])
 
 
 def tune_document(spec, opts, budgets, pruned, effects, won, jobs_run, log) -> dict[str, Any]:
