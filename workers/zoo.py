@@ -360,15 +360,14 @@ def weights_dir(model_id: str, weights: str) -> str:
             )
         return path
     repo = model_id.removeprefix("hf:")
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         return snapshot_download(repo, local_files_only=True)
     except (LocalEntryNotFoundError, OSError, ValueError) as exc:
         raise ValueError(
-            f"weights pretrained: {repo} is not in the local Hugging Face cache "
-            f"({os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'}); "
+            f"weights pretrained: {repo} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}); "
             f"download it where the network is (`hf download {repo}`), or give weights: DIR "
             f"({type(exc).__name__})"
         ) from None

@@ -4,6 +4,7 @@ time limit and weights, validated, as `ModelSpec`s."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import get_args
 
@@ -113,7 +114,8 @@ def models_of(src: LocatedYaml, items: list) -> list[ModelSpec]:
 
 def _weights(src: LocatedYaml, item: dict, model_id: str, path: PathKey) -> str:
     """A model entry's `weights`: random (the default), pretrained (the local Hugging Face cache) or
-    a checkpoint directory; a checkpoint must be there now (on this machine) and fits hf: models
+    a checkpoint directory, made absolute (relative to where the command runs: a job runs in a
+    directory of its own); a checkpoint must be there now (on this machine) and fits hf: models
     whose architecture it fixes (no overrides)."""
     from workers import zoo
 
@@ -135,6 +137,8 @@ def _weights(src: LocatedYaml, item: dict, model_id: str, path: PathKey) -> str:
         src.error(
             where, "weights from a checkpoint fix the architecture: drop `overrides`, or use weights: random"
         )
+    if weights != "pretrained":
+        weights = os.path.abspath(os.path.expanduser(weights))
     try:
         zoo.weights_dir(model_id, weights)
     except ValueError as exc:
@@ -147,12 +151,12 @@ def _same_model_twice(src: LocatedYaml, positions: list[int], models: list[Model
     have the same ids, since a name is a label, not part of what a job measures."""
     first: dict[str, str] = {}
     for i, m in zip(positions, models, strict=True):
-        key = json.dumps([m.id, m.task, m.input_size, m.overrides], sort_keys=True, default=str)
+        key = json.dumps([m.id, m.task, m.input_size, m.overrides, m.weights], sort_keys=True, default=str)
         if key in first and first[key] != m.name:
             src.error(
                 ("models", i),
                 f"model {m.name!r} is model {first[key]!r} again (same id and settings; a name is only a "
-                "label): drop one, or give it other overrides, input_size or task",
+                "label): drop one, or give it other overrides, input_size, task or weights",
             )
         first.setdefault(key, m.name)
 

@@ -116,6 +116,10 @@ class StockUser:
     def side(self) -> str:
         return "eager" if self.choice == "eager" else self.compile_side
 
+    @property
+    def label(self) -> str:
+        return "stock eager" if self.choice == "eager" else f"stock {self.compile_config}"
+
 
 def stock_user(
     row: dict[str, Any] | None,
@@ -163,7 +167,7 @@ def _rows_of(jobs: PrecisionJobs, rows2: Rows) -> dict[str, dict[str, Any] | Non
     }
 
 
-def decide_precision(
+def decide_own(
     cell: Cell,
     jobs: PrecisionJobs,
     rung1: dict[tuple[str, str], dict[str, Any] | None],
@@ -172,10 +176,9 @@ def decide_precision(
     log: dict[str, Any],
     eager_presets: bool,
     stock_names: set[str],
-    veto: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
-    """`cells.decide` in one precision: its fastest stock mode against its fastest other candidate,
-    with the confirmation's rows (a side timed alone stands in for its rung-1 row)."""
+    """`cells.decide` in the cell's own precision: its fastest other candidate against the stock
+    config, with the confirmation's rows (a side timed alone stands in for its rung-1 row)."""
     pick = jobs.pick
     got = _rows_of(jobs, rows2)
     results = []
@@ -187,12 +190,100 @@ def decide_precision(
     if pick.candidate is not None and pick.mode is not None:
         first = got["pair"] if jobs.pair is not None else got["candidate"]
         apart = None if jobs.pair is not None else got["mode"]
-        mode = dataclasses.replace(pick.mode, stock=True)
-        confirmation = (dataclasses.replace(pick.candidate, stock=False), mode, first, apart)
-    here = dataclasses.replace(cell, dtype=pick.policy)
-    entry, why = decide(here, results, confirmation, limits, log, eager_presets, veto)
-    if entry is not None:
-        entry["dtype"] = cell.dtype
+        confirmation = (pick.candidate, dataclasses.replace(pick.mode, stock=True), first, apart)
+    return decide(cell, results, confirmation, limits, log, eager_presets)
+
+
+def _sides(
+    jobs: PrecisionJobs, got: dict[str, dict[str, Any] | None]
+) -> list[tuple[Candidate, dict[str, Any], str]]:
+    """The confirmed configs of a precision: (candidate, its row, the side its samples are)."""
+    pick, pair = jobs.pick, got["pair"]
+    if jobs.pair is not None:
+        if pair is None or pair.get("status") != "ok":
+            return []
+        return [(pick.candidate, pair, "compiled"), (pick.mode, pair, "baseline")]  # type: ignore[list-item]
+    found = []
+    for cand, key in ((pick.candidate, "candidate"), (pick.mode, "mode")):
+        row = got[key]
+        if (
+            cand is not None
+            and row is not None
+            and row.get("status") == "ok"
+            and row.get("compiled_samples_ms")
+        ):
+            found.append((cand, row, "compiled"))
+    return found
+
+
+def entry_of(
+    cand: Candidate,
+    row: dict[str, Any],
+    side: str,
+    own: str,
+    rung1: dict[tuple[str, str], dict[str, Any] | None],
+) -> dict[str, Any]:
+    """A preset entry for `cand`, its figures from `side` of a confirmation row (its compile settings
+    from its own row where it was the baseline side)."""
+    from orchestrator.tune.presets import preset_entry
+
+    base = row if side == "compiled" else rung1.get(cand.key) or row
+    entry = preset_entry(base, own, source="tuned")
+    ms = row[f"{side}_ms"]
+    entry.update(config=cand.config.name, job_id=row["job_id"], compiled_ms=ms, eager_ms=row.get("eager_ms"))
+    entry["speedup_vs_eager"] = row["eager_ms"] / ms if row.get("eager_ms") else None
+    if side != "compiled":
+        entry["compile_s"] = base.get("compile_s")
+    return entry
+
+
+def decide_other(
+    cell: Cell,
+    jobs: PrecisionJobs,
+    rung1: dict[tuple[str, str], dict[str, Any] | None],
+    rows2: Rows,
+    user: StockUser | None,
+    log: dict[str, Any],
+    veto: Callable[[dict[str, Any]], str | None],
+) -> tuple[dict[str, Any] | None, str]:
+    """In another precision P than the cell's: of P's confirmed configs (its fastest candidate and
+    its fastest stock mode, both are tuned configurations to a stock user), the faster of those
+    whose interval over the stock user lies above 1; then eager in P where it is faster still and
+    within the budget (`veto`). The within-precision figure (P's stock mode / it) is reported, not
+    required. None where none beats the stock user."""
+    from orchestrator.tune import eager
+
+    policy = jobs.pick.policy
+    sides = _sides(jobs, _rows_of(jobs, rows2))
+    if user is None:
+        return None, f"{policy}: no stock user was timed, so nothing shows a {policy} config faster"
+    if not sides:
+        return None, f"{policy}: its confirmation did not run or failed"
+    passed, refused = [], []
+    for cand, row, side in sides:
+        iv = versus(user, user.side, (row, side))
+        figures = f"{cand.config.name} ({policy}): {iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {user.label}"
+        (passed if cstats.beats(iv) else refused).append((cand, row, side, figures))
+    if not passed:
+        return None, "; ".join(f"{f}, an interval that does not lie above 1" for *_, f in refused)
+    cand, row, side, figures = min(passed, key=lambda p: p[1][f"{p[2]}_ms"])
+    entry = entry_of(cand, row, side, cell.dtype, rung1)
+    mode = next(((c, r, s) for c, r, s in sides if c == jobs.pick.mode), None)
+    if mode is not None:
+        m_cand, m_row, m_side = mode
+        iv = cstats.ratio_interval(_groups(m_row, m_side), _groups(row, side), paired=m_row is row)
+        entry.update(
+            stock_config=m_cand.config.name,
+            stock_ms=m_row[f"{m_side}_ms"],
+            speedup_vs_stock=iv.estimate,
+            speedup_vs_stock_ci_low=iv.low,
+            speedup_vs_stock_ci_high=iv.high,
+            speedup_vs_stock_from=f"{'paired' if m_row is row else 'unpaired'}: {policy}'s stock mode "
+            f"{m_cand.config.name} in job {m_row['job_id']}, {cand.config.name} in job {row['job_id']}",
+        )
+    why = f"{policy}: {figures}, the faster of the {policy} configs that beat the stock user"
+    entry, why = eager.reconsider(entry, why, row, side, policy, None, log, veto(row))
+    entry["dtype"] = cell.dtype
     return entry, why
 
 
@@ -242,8 +333,7 @@ def gate(entry: dict[str, Any], user: StockUser | None, rows: Rows) -> tuple[boo
     if user is None or found is None:
         return False, "the stock user was not timed, so nothing shows it faster"
     iv = versus(user, user.side, found)
-    what = "stock eager" if user.choice == "eager" else f"stock {user.compile_config}"
-    figures = f"{iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {what}"
+    figures = f"{iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {user.label}"
     return cstats.beats(iv), figures
 
 

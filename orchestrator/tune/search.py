@@ -449,7 +449,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
     checks += [
         b["eager_check"] for c in log.values() for b in c.get("budgets", {}).values() if "eager_check" in b
     ]
-    effects = eager.add_effects(setting_effects(list(rows0.values())), checks)
+    effects = eager.add_effects(setting_effects([*rows0.values(), *rows_k.values()]), checks)
     won = what_won(entries, effects)
     data = preset_document(entries, missing, list(rows0.values()), opts.budgets)
     data["what_won"] = won

@@ -97,7 +97,9 @@ def confirm(run: CellRun, results1: tb.Results, limits: Budgets, stock_names: se
     assert run.state is not None
     run.rung1 = results1
     run.log["rung1"] = {f"{c.config.name}@{c.dtype}": figures_of(r, limits) for c, r in results1}
-    run.picks = tb.picks(run.state, results1, limits, stock_names)
+    keys = {c.key for c, _ in results1}
+    stock = [(c, r) for c, r in run.measured if c.stock and c.key not in keys]  # both stock modes, always
+    run.picks = tb.picks(run.state, [*results1, *stock], limits, stock_names)
     run.confirm = deployed.plan(run.picks, make)
     return [j for jobs in run.confirm.values() for j in jobs.jobs()]
 
@@ -152,7 +154,7 @@ def decide(
     if own_jobs is None:
         own, own_why = None, "no candidate passed its accuracy check within the budgets"
     else:
-        own, own_why = deployed.decide_precision(
+        own, own_why = deployed.decide_own(
             cell, own_jobs, rung1, mine, limits, log, eager_presets, stock_names
         )
     stock_row = mine.get(own_jobs.mode.job_id) if own_jobs and own_jobs.mode else None
@@ -165,18 +167,14 @@ def decide(
         options = []
         pick = run.picks.budgets.get(budget.name)
         if pick is not None:
+
+            def veto(row, b=budget.name):
+                if not eager_presets:
+                    return "eager presets are off (--no-eager)"
+                return state.why_not(b, row, "eager")
+
             options.append(
-                deployed.decide_precision(
-                    cell,
-                    run.confirm[pick.policy],
-                    rung1,
-                    mine,
-                    limits,
-                    blog,
-                    eager_presets,
-                    stock_names,
-                    veto=lambda row, b=budget.name: state.why_not(b, row, "eager"),
-                )
+                deployed.decide_other(cell, run.confirm[pick.policy], rung1, mine, user, blog, veto)
             )
         options.append((own, own_why))
         entry, why = choose(options, user, stock, mine)
@@ -209,22 +207,24 @@ def decide(
 def choose(options, user, stock, rows) -> tuple[dict[str, Any] | None, str]:
     """The first decided preset of `options` ((entry, why), most precision-lowering first) that is
     the stock user's own choice or beats it (`deployed.gate`); else the stock user's choice. Without
-    a stock user timed, the last option (the cell's own precision) as decided."""
+    a stock user timed, the last option (the cell's own precision) as decided. The decision says
+    why each option before the chosen one was not deployed."""
     if user is None:
         return options[-1]
     passed = []
     for entry, why in options:
         if entry is None:
+            passed.append(f"not deployed: {why}")
             continue
         if deployed.same_choice(entry, stock):
-            return entry, why
+            return entry, "; ".join([*passed, why])
         ok, figures = deployed.gate(entry, user, rows)
         if ok:
-            return entry, f"{why}; against the stock user: {figures}"
+            return entry, "; ".join([*passed, f"{why}; against the stock user: {figures}"])
         passed.append(
             f"{entry['config']} ({entry['precision']}) not deployed: {figures}, an interval that does not lie above 1"
         )
-    return stock, "; ".join([stock["decision"], *passed])
+    return stock, "; ".join([*passed, stock["decision"]])
 
 
 def tune_document(spec, opts, budgets, pruned, effects, won, jobs_run, log) -> dict[str, Any]:

@@ -1,0 +1,167 @@
+"""A tune's stages on hand-built rows of an H100 cell under the stock and bf16 budgets: precision
+first, the knobs on each budget's fastest base, the stock user confirmed in processes of its own,
+and per budget a preset that beats the stock user (or is its choice), with its figures against
+stock eager and stock torch.compile. (The real rounds on Ray: tests/integration/test_tune.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from compiler.accuracy import Budget
+from compiler.capabilities import known
+from orchestrator.store.rows import make_row
+from orchestrator.tune import stages
+from orchestrator.tune.cells import Cell
+from orchestrator.tune.presets import Budgets
+from orchestrator.tune.space import candidates
+from tests.conftest import _result
+from tests.tune.test_tune import RESNET, STOCK, make_job_for, samples
+
+CELL = Cell("H100", "cuda", RESNET, 16, "fp32")
+BUDGETS = (Budget("stock"), Budget("bf16"))
+NAMES = {c.name for c in STOCK}
+LIMITS = Budgets()
+PROCS = 2
+
+
+def accuracy(dtype: str, spread: float = 1.5) -> dict:
+    """What a row's job measured of its outputs: TF32 convolutions' error in the stock fp32, more in bf16."""
+    err = 1e-3 if dtype == "fp32" else 1e-2
+    return {
+        "fp64_max_rel_err": err,
+        "eager_fp64_max_rel_err": err,
+        "output_spread": spread,
+        "output_sensitivity": [1.0, 1.0, 1.0],
+        "weights": "random",
+    }
+
+
+def cheap(job, ms: float, spread: float = 1.5):
+    """A one-process row of rung 0 or the knobs round."""
+    return make_row(job, _result("ok", 10.0, ms, **accuracy(job.dtype, spread)), run_id="r")
+
+
+def timed(job, ms: float, eager_ms: float, baseline_ms: float | None = None, spread: float = 1.5):
+    """A confirmation row: every side's samples from the same `PROCS` processes."""
+    extra = {}
+    if baseline_ms is not None:
+        extra = {"baseline_ms": baseline_ms, "baseline_samples_ms": samples(baseline_ms, procs=PROCS, seed=3)}
+    result = _result(
+        "ok",
+        eager_ms,
+        ms,
+        compiled_samples_ms=samples(ms, procs=PROCS, seed=1),
+        eager_samples_ms=samples(eager_ms, procs=PROCS, seed=2),
+        samples_per_repeat=[30] * PROCS,
+        repeats=PROCS,
+        **accuracy(job.dtype, spread),
+        **extra,
+    )
+    return make_row(job, result, run_id="r")
+
+
+def tune(rung0: dict, knobs: dict, confirm, spread: float = 1.5):
+    """The stages of one cell: `rung0` and `knobs` map (config, precision) to a latency; `confirm`
+    maps a confirmation job's name to its row's (ms, eager ms, baseline ms)."""
+    space = candidates(STOCK, RESNET, "cuda", "fp32", ("bf16",), ("freezing",), (), known("H100"))
+    by_key = {c.key: c for c in space}
+    run = stages.CellRun(CELL, space)
+    results0 = [
+        (by_key[k], cheap(make_job_for(CELL, by_key[k], None), ms, spread)) for k, ms in rung0.items()
+    ]
+    asked = stages.judge(run, results0, BUDGETS, LIMITS)
+    assert {c.key for c in asked} == set(knobs)  # the knob on each budget's fastest base
+    knob_rows = [(c, cheap(make_job_for(CELL, c, None), knobs[c.key], spread)) for c in asked]
+    stages.promote(run, knob_rows, LIMITS, 20, NAMES)
+    assert stages.rung1(run, LIMITS, NAMES) == []  # one knob: nothing the confirmation does not time
+    jobs = stages.confirm(
+        run, stages.rung1_results(run, []), LIMITS, NAMES, lambda c, b: make_job_for(CELL, c, b)
+    )
+    rows2 = {j.job_id: timed(j, *confirm[j.name], spread=spread) for j in jobs}
+    return stages.decide(run, BUDGETS, rows2, LIMITS, True, NAMES), {j.name for j in jobs}
+
+
+RUNG0 = {("default", "fp32"): 10.0, ("ro", "fp32"): 9.0, ("default", "bf16"): 5.0, ("ro", "bf16"): 4.0}
+KNOBS = {("ro+freezing", "fp32"): 8.5, ("ro+freezing", "bf16"): 3.5}
+
+
+def test_bf16_is_deployed_where_it_beats_the_stock_user_and_says_by_how_much():
+    confirm = {
+        "H100/resnet/bs16/fp32/ro/vs/default": (9.0, 12.0, 10.0),  # the stock user: both modes, eager
+        "H100/resnet/bs16/fp32/ro+freezing/vs/ro": (8.5, 12.0, 9.0),
+        "H100/resnet/bs16/bf16/ro+freezing/vs/ro": (3.5, 6.0, 4.0),
+    }
+    decided, ran = tune(RUNG0, KNOBS, confirm)
+    assert ran == set(confirm)
+    stock, bf16 = decided.entries
+    assert (stock["budget"], stock["config"], stock["precision"], stock["source"]) == (
+        "stock",
+        "ro+freezing",
+        "fp32",
+        "tuned",
+    )
+    assert (
+        stock["vs_stock_compile"] == pytest.approx(9.0 / 8.5, rel=0.02)
+        and stock["vs_stock_compile_ci_low"] > 1
+    )
+    assert (bf16["budget"], bf16["config"], bf16["precision"], bf16["dtype"]) == (
+        "bf16",
+        "ro+freezing",
+        "bf16",
+        "fp32",
+    )
+    assert (
+        bf16["vs_stock_compile"] == pytest.approx(9.0 / 3.5, rel=0.02) and bf16["vs_stock_compile_ci_low"] > 2
+    )
+    assert bf16["vs_stock_eager"] == pytest.approx(12.0 / 3.5, rel=0.02)
+    assert bf16["speedup_vs_stock"] == pytest.approx(4.0 / 3.5, rel=0.02) and bf16["stock_config"] == "ro"
+    assert bf16["max_rel_err"] == 1e-2 and bf16["stock_max_rel_err"] == 1e-3
+    assert bf16["stock_compile_config"] == "ro" and bf16["accuracy_decision"] == "determined"
+    assert "against the stock user" in decided.decisions["H100/resnet/bs16/fp32 (bf16 budget)"]
+
+
+def test_a_lower_precision_that_does_not_beat_the_stock_user_is_not_deployed():
+    confirm = {
+        "H100/resnet/bs16/fp32/ro/vs/default": (9.0, 12.0, 10.0),
+        "H100/resnet/bs16/fp32/ro+freezing/vs/ro": (8.5, 12.0, 9.0),
+        "H100/resnet/bs16/bf16/ro+freezing/vs/ro": (9.2, 12.0, 9.4),  # ranked fast, timed slow
+    }
+    decided, _ = tune(RUNG0, KNOBS, confirm)
+    stock, bf16 = decided.entries
+    assert bf16["config"] == stock["config"] == "ro+freezing" and bf16["precision"] == "fp32"
+    why = decided.decisions["H100/resnet/bs16/fp32 (bf16 budget)"]
+    assert why.startswith("not deployed: ro+freezing (bf16): ") and "does not lie above 1" in why, why
+
+
+def test_the_stock_users_choice_is_the_faster_stock_mode_or_eager():
+    # default beat reduce-overhead in the stock user's own processes, and no candidate beats it
+    confirm = {
+        "H100/resnet/bs16/fp32/ro/vs/default": (9.0, 12.0, 8.0),
+        "H100/resnet/bs16/fp32/ro+freezing/vs/ro": (8.9, 12.0, 9.0),
+        "H100/resnet/bs16/bf16/ro+freezing/vs/ro": (8.7, 12.0, 9.0),
+    }
+    decided, _ = tune(RUNG0, KNOBS, confirm)
+    for entry in decided.entries:
+        assert (entry["config"], entry["source"], entry["precision"]) == ("default", "stock", "fp32")
+        assert entry["vs_stock_compile"] == 1.0 and entry["stock_compile_config"] == "default"
+    # eager beat both stock modes: the stock user runs eager, and so does the preset
+    confirm["H100/resnet/bs16/fp32/ro/vs/default"] = (9.0, 6.0, 8.0)
+    decided, _ = tune(RUNG0, KNOBS, confirm)
+    for entry in decided.entries:
+        assert entry["config"] == "eager" and entry["compile"] is None and entry["vs_stock_eager"] == 1.0
+        assert entry["vs_stock_compile"] == pytest.approx(8.0 / 6.0, rel=0.02)
+
+
+def test_an_undetermined_cell_keeps_its_precision_under_every_budget():
+    confirm = {
+        "H100/resnet/bs16/fp32/ro/vs/default": (9.0, 12.0, 10.0),
+        "H100/resnet/bs16/fp32/ro+freezing/vs/ro": (8.5, 12.0, 9.0),
+    }
+    knobs = {("ro+freezing", "fp32"): 8.5}  # bf16 fits no budget: no knob turned on it
+    decided, ran = tune(RUNG0, knobs, confirm, spread=1e-3)  # an output nearly constant
+    assert ran == set(confirm)
+    for entry in decided.entries:
+        assert (entry["config"], entry["precision"]) == ("ro+freezing", "fp32")
+    stock, bf16 = decided.entries
+    assert stock["accuracy_decision"] == bf16["accuracy_decision"] == "undetermined"
+    assert "nearly constant" in bf16["accuracy_why"] and "keeps its own precision" in bf16["accuracy_why"]
