@@ -42,6 +42,56 @@ def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]
     return out
 
 
+def stock_user_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """{hardware: (header, rows)}: per (model, batch size), a stock PyTorch user's eager and
+    torch.compile latencies (`orchestrator.store.stock`: the model's fp32 under torch's defaults,
+    the faster stock mode) and, per precision swept, the fastest config's speedup over that
+    torch.compile with its error against fp64. Empty where no cell timed a stock user."""
+    from compiler.precision import POLICIES
+    from orchestrator.store.stock import stock_user, versus
+
+    cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for row in table.to_pylist():
+        if row.get("dtype") is not None:
+            cells[(row["hardware"], row["model"], row["batch_size"])].append(row)
+    out: dict[str, tuple[list[str], list[list[str]]]] = {}
+    for hw in sorted({k[0] for k in cells}, key=str):
+        mine = {k: v for k, v in cells.items() if k[0] == hw}
+        policies = sorted(
+            {r["dtype"] for v in mine.values() for r in v},
+            key=lambda d: POLICIES[d].rank if d in POLICIES else 9,
+        )
+        body = []
+        for (_, model, bs), rows in sorted(mine.items(), key=lambda kv: tuple(map(str, kv[0]))):
+            user = stock_user(rows)
+            if user is None:
+                continue
+            line = [
+                str(model),
+                str(bs),
+                f"{user.eager_ms:.3f}" if user.eager_ms else "-",
+                f"{user.compile_config} {user.compile_ms:.3f}",
+            ]
+            for policy in policies:
+                ok = [
+                    r for r in rows if r["dtype"] == policy and r["status"] == "ok" and r.get("compiled_ms")
+                ]
+                if not ok:
+                    line.append("-")
+                    continue
+                best = min(ok, key=lambda r: r["compiled_ms"])
+                figures = versus(user, best)
+                err = figures.get("max_rel_err")
+                line.append(
+                    f"{best['config']} {figures.get('vs_stock_compile', 0):.2f}x"
+                    + (f" (err {err:.2g})" if err is not None else "")
+                )
+            body.append(line)
+        if body:
+            out[hw] = (["model", "batch", "stock eager ms", "stock torch.compile ms", *policies], body)
+    return out
+
+
 def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -72,6 +122,17 @@ def render(table: pa.Table, markdown: bool = True) -> str:
     for hw, (header, rows) in speedup_tables(table).items():
         parts.append(f"## {hw}\n" if markdown else f"[{hw}]")
         parts.append((_markdown_table if markdown else _text_table)(header, rows) + "\n")
+    stock = stock_user_tables(table)
+    if stock:
+        parts.append("# Against a stock PyTorch user\n" if markdown else "Against a stock PyTorch user")
+        parts.append(
+            "A stock user runs the model in fp32 under torch's defaults, eagerly or with torch.compile in its faster "
+            "stock mode (default or reduce-overhead). Per precision: the fastest config, its median speedup over "
+            "that torch.compile (rows of separate jobs) and its max relative error against fp64.\n"
+        )
+        for hw, (header, rows) in stock.items():
+            parts.append(f"## {hw}\n" if markdown else f"[{hw}]")
+            parts.append((_markdown_table if markdown else _text_table)(header, rows) + "\n")
     return "\n".join(parts)
 
 

@@ -222,7 +222,10 @@ def test_report_and_presets_on_results(capsys, tmp_path, table_jobs, make_result
     assert (tmp_path / "report.md").exists()
     assert main(["presets", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "cpu/mlp/bs1/fp32: default (3.00x vs eager, 1.00x vs default)" in out
+    assert (
+        "cpu/mlp/bs1/fp32: default (3.00x vs eager, 1.00x vs default; vs stock torch.compile (default) 1.00x"
+        in out
+    )
     assert (tmp_path / "presets.json").exists()
 
 

@@ -37,6 +37,12 @@ def add_parsers(sub) -> None:
     )
     p.add_argument("--hardware", required=True, help="the hardware class to export (e.g. H100, A100, cpu)")
     p.add_argument(
+        "--budget",
+        metavar="NAME",
+        help="the accuracy budget whose presets to export (stock, bf16, ...), for a tune that decided under "
+        "several: an export serves one (default: the tune's only budget)",
+    )
+    p.add_argument(
         "--dest",
         required=True,
         type=location_arg,
@@ -90,6 +96,7 @@ def cmd_export(args) -> int:
                 packages=not args.no_packages,
                 resume=args.resume,
                 log=log,
+                budget=args.budget,
             )
             if remote is not None:
                 publish(dest, remote, log)

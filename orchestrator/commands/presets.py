@@ -23,22 +23,56 @@ def add_parsers(sub) -> None:
         "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
     )
     _add_budgets(p)
+    p.add_argument(
+        "--accuracy",
+        metavar="LIST",
+        help="accuracy budgets to decide under, comma-separated (stock, tf32, fp16, bf16 or a number: max "
+        "relative error against fp64); a preset per budget, the fastest config that fits it. Default: the "
+        "sweep's own `accuracy:` (none: a preset per precision swept)",
+    )
     p.set_defaults(func=cmd_presets)
 
 
+def _versus(p: dict) -> str:
+    """A preset's gain over a stock PyTorch user, with the errors against fp64."""
+    if p.get("vs_stock_compile") is None:
+        return ""
+
+    def times(key: str) -> str:
+        low, high = p.get(f"{key}_ci_low"), p.get(f"{key}_ci_high")
+        ci = f" [{low:.2f}, {high:.2f}]" if low == low and high == high and low is not None else ""
+        return f"{p[key]:.2f}x{ci}"
+
+    err = p.get("max_rel_err")
+    stock_err = p.get("stock_max_rel_err")
+    errors = (
+        f"; error vs fp64 {err:.2g} (stock {stock_err:.2g})"
+        if err is not None and stock_err is not None
+        else ""
+    )
+    return (
+        f"; vs stock torch.compile ({p['stock_compile_config']}) {times('vs_stock_compile')}, vs stock eager "
+        f"{times('vs_stock_eager')}{errors}"
+    )
+
+
 def cmd_presets(args) -> int:
+    from compiler.accuracy import parse_budgets
     from orchestrator.store.lock import holding
     from orchestrator.store.storage import StorageError, checked
     from orchestrator.tune.presets import write_presets
 
     try:
+        accuracy = None
+        if args.accuracy is not None:
+            accuracy = parse_budgets(filter(None, (a.strip() for a in args.accuracy.split(","))))
         out = checked(args.out)
         # it writes into OUT: held while it does (a missing OUT is refused below, and not created)
         locked = (
             holding(out, again="Run `orchestrate presets` once it has finished.") if out.exists() else None
         )
         with locked or contextlib.nullcontext():
-            path, data = write_presets(out, _budgets(args))
+            path, data = write_presets(out, _budgets(args), accuracy)
     except (FileNotFoundError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -48,16 +82,24 @@ def cmd_presets(args) -> int:
     for p in data["presets"]:
         vs_default = f"{p['speedup_vs_default']:.2f}x" if p["speedup_vs_default"] else "n/a"
         cell = f"{p['hardware']}/{p['model']}/bs{p['batch_size']}/{p['dtype']}"
+        if p.get("budget"):
+            cell += f" ({p['budget']} budget, precision {p['precision']}, {p['accuracy_decision']})"
         if p["source"] == "eager":
             print(
                 f"{cell}: eager (do not compile; runtime {p['runtime'] or 'torch defaults'}): compiled "
                 f"{p['eager_over_config']} took {p['eager_gain']:.2f}x eager's time [{p['eager_gain_ci_low']:.2f}, "
                 f"{p['eager_gain_ci_high']:.2f}] over {p['eager_gain_processes']} processes ({vs_default} vs default)"
+                + _versus(p)
             )
             continue
-        print(f"{cell}: {p['config']} ({p['speedup_vs_eager']:.2f}x vs eager, {vs_default} vs default)")
+        print(
+            f"{cell}: {p['config']} ({p['speedup_vs_eager']:.2f}x vs eager, {vs_default} vs default{_versus(p)})"
+        )
     for m in data["no_preset"]:
-        print(f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: no ok config {m['statuses']}")
+        within = f" within the {m['budget']} budget" if m.get("budget") else ""
+        print(
+            f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: no ok config{within} {m['statuses']}"
+        )
     for hardware, by_dtype in data["defaults"].items():
         for dtype, d in by_dtype.items():
             print(

@@ -20,14 +20,14 @@ def class_policies(spec: SweepSpec, hardware: str, restrict=None) -> dict[str, l
 
 
 def policies_of(spec: SweepSpec, hardware: str, restrict=None) -> tuple[str, ...]:
-    """The precision policies a class measures: the sweep's dtypes, and with budgets every policy
-    one of them searches there, in the nominal order of `compiler.precision`."""
+    """The precision policies a class measures: the sweep's dtypes, in their order, then with budgets
+    every other policy one of them searches there, in the nominal order of `compiler.precision`."""
     from compiler.precision import PRECISIONS
 
-    found = set(spec.dtypes)
+    found: set[str] = set()
     for choices in class_policies(spec, hardware, restrict).values():
         found |= {c.policy for c in choices if c.searched}
-    return tuple(p for p in PRECISIONS if p in found)
+    return (*spec.dtypes, *(p for p in PRECISIONS if p in found and p not in spec.dtypes))
 
 
 def expand(

@@ -352,7 +352,8 @@ def stock_figures(entry: dict[str, Any], user: StockUser | None, rows: Rows) -> 
         return out | {"vs_stock_from": "the preset's samples were not found"}
     for key, side in (("vs_stock_eager", "eager"), ("vs_stock_compile", user.compile_side)):
         iv = versus(user, side, found)
-        out.update({key: iv.estimate, f"{key}_ci_low": iv.low, f"{key}_ci_high": iv.high})
+        values = zip((key, f"{key}_ci_low", f"{key}_ci_high"), (iv.estimate, iv.low, iv.high), strict=True)
+        out.update({k: None if math.isnan(v) else v for k, v in values})
     row, side = found
     scope = "paired" if row is user.row else "unpaired"
     out["vs_stock_from"] = (

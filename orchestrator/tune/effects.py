@@ -30,6 +30,7 @@ from typing import Any
 from compiler import runtime
 from compiler import statistics as cstats
 from compiler.config import CompileConfig, inductor_modes, is_eager_preset, preset_runtime
+from compiler.precision import POLICIES
 from workers.runner import plural
 
 EAGER_SETTING = "eager (do not compile)"
@@ -205,17 +206,18 @@ def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEf
     """hardware class -> setting -> its effect in every cell where two ok rows differ in just it
     (each row is compared with every row of its cell that is it minus one setting)."""
     cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
+    for r in rows:  # a precision is a setting too: a cell's rows of every precision compare
         if r.get("status") == "ok" and r.get("compiled_ms") and not r.get("baseline_config"):
-            cells[(r["hardware"], r["model"], r["batch_size"], r["dtype"])].append(r)
+            cells[(r["hardware"], r["model"], r["batch_size"])].append(r)
     found: dict[str, dict[str, SettingEffect]] = defaultdict(dict)
     thresholds = cstats.load_thresholds()  # read once, not per pair of rows
-    for (hw, model, bs, dtype), cell_rows in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    for (hw, model, bs), cell_rows in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
         flat = [(r, row_settings(r)) for r in cell_rows]
+        own = min((r["dtype"] for r in cell_rows), key=lambda d: POLICIES[d].rank if d in POLICIES else -1)
         for base, base_flat in flat:
             for other, other_flat in flat:
-                if other is base:
-                    continue
+                if other is base or (other["dtype"] != base["dtype"] and base["dtype"] != own):
+                    continue  # a precision's effect: from the cell's own precision, the stock user's
                 label = setting_label(base_flat, other_flat, other.get("mode"))
                 if label is None:
                     continue
@@ -231,7 +233,7 @@ def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEf
                 effect = found[hw].setdefault(label, SettingEffect(hw, label))
                 effect.cells.append(
                     CellEffect(
-                        f"{hw}/{model}/bs{bs}/{dtype}",
+                        f"{hw}/{model}/bs{bs}/{base['dtype']}",
                         model,
                         base["config"],
                         other["config"],

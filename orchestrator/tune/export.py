@@ -125,13 +125,20 @@ def _package_line(
     return f", no package ({entry['package_error'][:200]})"
 
 
-def plan_export(out: Target, hardware: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+def plan_export(
+    out: Target, hardware: str, budget: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(preset entries, class defaults, stack) of `hardware` under `out`: the presets a tune wrote
-    there, else those derived from a sweep's results; raises ExportError when there is nothing to
-    export or the figures mix stacks."""
+    there under accuracy budget `budget` (needed where it decided under several), else those
+    derived from a sweep's results; raises ExportError when there is nothing to export or the
+    figures mix stacks."""
     location = resolve(out)
     if location.join(TUNE_FILE).exists():
-        return _tuned_plan(location, hardware)
+        return _tuned_plan(location, hardware, budget)
+    if budget is not None:
+        raise ExportError(
+            f"--budget {budget}: {out} holds a sweep's results, which no accuracy budget decided"
+        )
     rows = [r for r in read_results(out).to_pylist() if r["hardware"] == hardware]
     if not rows:
         classes = sorted({r for r in read_results(out, columns=["hardware"]).column("hardware").to_pylist()})
@@ -158,14 +165,27 @@ def _one_stack(items: list[dict[str, Any]], what: str, fix: str) -> None:
         )
 
 
-def _tuned_plan(out: Location, hardware: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+def _tuned_plan(
+    out: Location, hardware: str, budget: str | None
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     path = out.join(PRESETS_FILE)
     if not path.exists():
         raise ExportError(
             f"{out} holds an unfinished tune (no {PRESETS_FILE}): finish it with `orchestrate tune --resume`"
         )
     data = json.loads(path.read_text())
-    entries = [e for e in data["presets"] if e["hardware"] == hardware]
+    budgets = list(dict.fromkeys(e.get("budget") for e in data["presets"] if e.get("budget")))
+    if budget is None and len(budgets) > 1:
+        raise ExportError(
+            f"the tune under {out} decided presets under {len(budgets)} accuracy budgets ({', '.join(budgets)}): "
+            "an export serves one, pass --budget NAME"
+        )
+    if budget is not None and budget not in budgets:
+        raise ExportError(
+            f"--budget {budget}: the tune under {out} decided under {', '.join(budgets) or 'no accuracy budget'}"
+        )
+    chosen = budget or (budgets[0] if budgets else None)
+    entries = [e for e in data["presets"] if e["hardware"] == hardware and e.get("budget") == chosen]
     if not entries:
         classes = sorted({e["hardware"] for e in data["presets"]})
         raise ExportError(
@@ -209,8 +229,10 @@ def export(
     packages: bool = True,
     resume: bool = False,
     log: Callable[[str], None] = print,
+    budget: str | None = None,
 ) -> dict[str, Any]:
-    """Write `dest` (see the module docstring); return the manifest. With `resume`, an interrupted
+    """Write `dest` (see the module docstring); return the manifest. `budget`: which accuracy
+    budget's presets, of a tune that decided under several. With `resume`, an interrupted
     export into `dest` (of the same source, class and package choice) goes on from its last
     finished preset. DEST's lock is held throughout (`lock.OutputLocked`, before anything is read,
     while another live driver holds it); a DEST that taking it created is removed again if the
@@ -218,7 +240,7 @@ def export(
     existed = Path(dest).exists()
     try:
         with holding(dest, again="Wait for it to finish, or pass another --dest."):
-            return _export(out, hardware, Path(dest), threads, scratch_root, packages, resume, log)
+            return _export(out, hardware, Path(dest), threads, scratch_root, packages, resume, log, budget)
     except BaseException:
         if not existed:
             with contextlib.suppress(OSError):
@@ -235,10 +257,11 @@ def _export(
     packages: bool,
     resume: bool,
     log: Callable[[str], None],
+    budget: str | None = None,
 ) -> dict[str, Any]:
     from workers.runner import build_bundle
 
-    entries, defaults, stack = plan_export(out, hardware)
+    entries, defaults, stack = plan_export(out, hardware, budget)
     device = "cpu" if hardware == "cpu" else "cuda"
     here = hardware_class(device if device == "cpu" else None)
     if here != hardware:
@@ -255,7 +278,12 @@ def _export(
     check_supported(entries, defaults, hardware)
     specs = _model_specs(out)
     dest = Path(dest)
-    key = {"source": str(out), "hardware": hardware, "packages": packages}
+    key = {
+        "source": str(out),
+        "hardware": hardware,
+        "packages": packages,
+        **({"budget": budget} if budget else {}),
+    }
     done: dict[str, dict[str, Any]] = {}
     if dest.exists() and any(p.name != LOCK_FILE for p in dest.iterdir()):  # the lock is ours
         progress = dest / PROGRESS
@@ -347,6 +375,7 @@ def _export(
     presets = {
         "format": EXPORT_FORMAT,
         "hardware": hardware,
+        "budget": next((e.get("budget") for e in entries if e.get("budget")), None),
         "stack": stack,
         "presets": entries,
         "defaults": defaults,

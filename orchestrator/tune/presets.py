@@ -16,8 +16,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from compiler import accuracy as acc
 from compiler import durable, runtime
+from compiler import statistics as cstats
+from compiler.accuracy import Budget
 from orchestrator.store.schema import PRESETS_SCHEMA, read_results, results_path
+from orchestrator.store.stock import stock_user, versus
 from orchestrator.store.storage import Location, Target, resolve
 from orchestrator.tune import eager
 from orchestrator.tune.effects import setting_effects, what_won
@@ -189,55 +193,109 @@ def preset_entry(best: dict[str, Any], cell_dtype: str, **fields: Any) -> dict[s
     return entry
 
 
-def derive_presets(table: pa.Table, budgets: Budgets = Budgets()) -> dict[str, Any]:
-    """Best eligible config per cell (see `eligible`), with its speedup over eager and over the
-    default config; eager instead where that config's row shows eager faster by the project's
-    rule (`orchestrator.tune.eager`: a row of several processes, `measure.repeats`).
+def derive_presets(
+    table: pa.Table, budgets: Budgets = Budgets(), accuracy: tuple[Budget, ...] = ()
+) -> dict[str, Any]:
+    """Best eligible config per cell (see `eligible`), with its speedup over eager, over the default
+    config and over a stock PyTorch user (`orchestrator.store.stock`); eager instead where that
+    config's row shows eager faster by the project's rule (`orchestrator.tune.eager`: a row of
+    several processes, `measure.repeats`).
+
+    With accuracy budgets (a sweep's `accuracy:`), a cell is a model and batch size in its own
+    precision (the sweep's one dtype), every precision's rows are its candidates, and each budget
+    gets a preset: the fastest that fits it (`compiler.accuracy`: a determined cell, the error
+    against fp64 within the tolerance).
 
     Cells where no config is eligible are listed under `no_preset` with every config's status
     (and the budget it broke), so a missing preset is explained rather than silently absent.
     """
     all_rows = table.to_pylist()
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    own = _own_policy(all_rows) if accuracy else None
     for row in all_rows:
-        groups[(row["hardware"], row["model"], row["batch_size"], row["dtype"])].append(row)
+        groups[(row["hardware"], row["model"], row["batch_size"], own or row["dtype"])].append(row)
     presets, missing, checks = [], [], []
+    thresholds = cstats.load_thresholds()
     for (hardware, model, bs, dtype), rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        ok = [r for r in rows if eligible(r, budgets)]
-        if not ok:
-            missing.append(
-                {
-                    "hardware": hardware,
-                    "model": model,
-                    "batch_size": bs,
-                    "dtype": dtype,
-                    "statuses": {str(r["config"]): _status(r, budgets) for r in rows},
-                }
-            )
-            continue
-        best = min(ok, key=lambda r: r["compiled_ms"])
-        default = next((r for r in ok if _is_default(r)), None)
-        over = sum(1 for r in rows if r["status"] == "ok" and budgets.excess(r))
-        why = f"fastest of {len(ok)} eligible configs swept"
-        entry = preset_entry(
-            best,
-            dtype,
-            source="swept",
-            decision=why,
-            speedup_vs_default=default["compiled_ms"] / best["compiled_ms"] if default else None,
-            default_config=default["config"] if default else None,
-            candidates=len(ok),
-            over_budget=over,
-        )
-        check: dict[str, Any] = {}
-        entry, _ = eager.reconsider(entry, why, best, "compiled", dtype, log=check)
-        checks.append(check["eager_check"])
-        if entry["source"] == "eager" and default:  # medians of two rows, as for a compiled preset
-            entry["speedup_vs_default"] = default["compiled_ms"] / entry["eager_ms"]
-        presets.append(entry)
+        figures = acc.figures_of_rows(rows, dtype)
+        for budget in accuracy or (None,):
+            judgement = acc.judge(budget, figures, thresholds) if budget else None
+            fits = [
+                r
+                for r in rows
+                if eligible(r, budgets) and (not judgement or acc.within(r, "compiled", judgement, dtype)[0])
+            ]
+            if not fits:
+                missing.append(
+                    {
+                        "hardware": hardware,
+                        "model": model,
+                        "batch_size": bs,
+                        "dtype": dtype,
+                        **({"budget": budget.name} if budget else {}),
+                        "statuses": {
+                            (f"{r['config']}@{r['dtype']}" if budget else str(r["config"])): _status(
+                                r, budgets
+                            )
+                            for r in rows
+                        },
+                    }
+                )
+                continue
+            entry, check = _swept(fits, rows, dtype, budgets, judgement)
+            if budget is not None:
+                entry.update(
+                    budget=budget.name,
+                    accuracy_rule=judgement.rule,
+                    accuracy_decision=judgement.decision,
+                    accuracy_why=judgement.why,
+                    weights=figures.weights,
+                )
+            checks.append(check)
+            presets.append(entry)
     data = preset_document(presets, missing, all_rows, budgets)
     data["what_won"] = what_won(presets, eager.add_effects(setting_effects(all_rows), checks))
     return data
+
+
+def _own_policy(rows: list[dict[str, Any]]) -> str:
+    """The cells' own precision in a sweep with accuracy budgets: the stock policy where its rows are
+    there, else the one precision the rows share."""
+    from compiler.precision import STOCK
+
+    found = {r["dtype"] for r in rows}
+    return STOCK if STOCK in found or len(found) != 1 else found.pop()
+
+
+def _swept(
+    fits: list[dict[str, Any]], rows: list[dict[str, Any]], dtype: str, budgets: Budgets, judgement: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A sweep's preset of one cell (and budget) from the rows that fit: the fastest, eager where its
+    row shows eager faster (and eager's error fits too), with its figures against the stock user."""
+    best = min(fits, key=lambda r: r["compiled_ms"])
+    default = next((r for r in fits if _is_default(r)), None)
+    over = sum(1 for r in rows if r["status"] == "ok" and budgets.excess(r))
+    why = f"fastest of {len(fits)} eligible configs swept"
+    entry = preset_entry(
+        best,
+        dtype,
+        source="swept",
+        decision=why,
+        speedup_vs_default=default["compiled_ms"] / best["compiled_ms"] if default else None,
+        default_config=default["config"] if default else None,
+        candidates=len(fits),
+        over_budget=over,
+    )
+    check: dict[str, Any] = {}
+    veto = acc.within(best, "eager", judgement, dtype)[1] if judgement else None
+    entry, _ = eager.reconsider(entry, why, best, "compiled", best["dtype"], log=check, veto=veto)
+    if entry["source"] == "eager" and default:  # medians of two rows, as for a compiled preset
+        entry["speedup_vs_default"] = default["compiled_ms"] / entry["eager_ms"]
+    entry["dtype"] = dtype
+    user = stock_user(rows, dtype)
+    if user is not None:
+        entry.update(versus(user, best, "eager" if entry["source"] == "eager" else "compiled"))
+    return entry, check["eager_check"]
 
 
 def _status(row: dict[str, Any], budgets: Budgets) -> str:
@@ -291,15 +349,33 @@ def preset_document(
     }
 
 
-def write_presets(out_dir: Target, budgets: Budgets = Budgets()) -> tuple[Path | str, dict[str, Any]]:
+def write_presets(
+    out_dir: Target, budgets: Budgets = Budgets(), accuracy: tuple[Budget, ...] | None = None
+) -> tuple[Path | str, dict[str, Any]]:
     """Derive the presets of the results under `out_dir` (a path or a URI) and write them there
-    (`write_preset_files`); return where presets.json went and what it holds."""
+    (`write_preset_files`); return where presets.json went and what it holds. `accuracy`: the
+    budgets to decide under; None, the sweep's own (its latest run's `accuracy:`)."""
     out = resolve(out_dir)
     table = read_results(out)
     if table.num_rows == 0:
         raise FileNotFoundError(f"no result rows under {results_path(out)}; run `orchestrate sweep` first")
-    data = derive_presets(table, budgets)
+    if accuracy is None:
+        accuracy = sweep_accuracy(out)
+    data = derive_presets(table, budgets, accuracy)
     return write_preset_files(out, data), data
+
+
+def sweep_accuracy(out: Location) -> tuple[Budget, ...]:
+    """The accuracy budgets of the sweep an output's latest run ran (none where it declared none)."""
+    from orchestrator.store.runlog import read_runs
+
+    for run in reversed(read_runs(out)):
+        declared = (run.get("spec") or {}).get("accuracy")
+        if declared is not None:
+            return acc.parse_budgets(declared if isinstance(declared, list) else [declared])
+        if run.get("spec"):
+            return ()
+    return ()
 
 
 def write_preset_files(out_dir: Target, data: dict[str, Any]) -> Path | str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from compiler.config import DEFAULT_TIMEOUT_BY_MODE, CompileConfig
-from orchestrator.spec.matrix import expand
+from orchestrator.spec.matrix import expand, policies_of
 from orchestrator.spec.sweep import SpecError, SweepSpec, load_spec, parse_spec
 from workers.job import MeasureSpec, ModelSpec
 
@@ -515,7 +515,9 @@ def test_every_sweep_file_validates(path):
     spec = load_spec(path)
     assert spec.models and spec.batch_sizes and spec.configs and spec.dtypes
     jobs = expand(spec, {"cpu": "cpu"}, stack={})
-    assert len(jobs) == len(spec.models) * len(spec.batch_sizes) * len(spec.dtypes) * len(spec.configs)
+    policies = policies_of(spec, "cpu")  # with accuracy budgets: the precisions the class searches
+    assert set(spec.dtypes) <= set(policies) and (spec.accuracy or policies == spec.dtypes)
+    assert len(jobs) == len(spec.models) * len(spec.batch_sizes) * len(policies) * len(spec.configs)
 
 
 def test_measure_repeats():

@@ -165,3 +165,48 @@ def test_an_undetermined_cell_keeps_its_precision_under_every_budget():
     stock, bf16 = decided.entries
     assert stock["accuracy_decision"] == bf16["accuracy_decision"] == "undetermined"
     assert "nearly constant" in bf16["accuracy_why"] and "keeps its own precision" in bf16["accuracy_why"]
+
+
+def test_a_sweeps_presets_are_chosen_per_budget_and_state_their_gain_over_the_stock_user():
+    from orchestrator.store.schema import rows_to_table
+    from orchestrator.tune.presets import derive_presets
+    from reports.speedup import render
+
+    space = {c.key: c for c in candidates(STOCK, RESNET, "cuda", "fp32", ("bf16",), (), (), known("H100"))}
+
+    def swept(key, ms, eager_ms, err=None):
+        job = make_job_for(CELL, space[key], None)
+        got = timed(job, ms, eager_ms)
+        if err is not None:
+            got["fp64_max_rel_err"] = err
+        return got
+
+    rows = [
+        swept(("default", "fp32"), 10.0, 12.0),
+        swept(("ro", "fp32"), 9.0, 12.0),  # the stock user's torch.compile
+        swept(("ro", "bf16"), 4.0, 6.0),
+        swept(("default", "bf16"), 3.0, 6.0, err=0.2),  # the fastest, but over the bf16 budget
+    ]
+    data = derive_presets(rows_to_table(rows), accuracy=BUDGETS)
+    stock, bf16 = sorted(data["presets"], key=lambda p: p["budget"] != "stock")
+    assert (stock["budget"], stock["config"], stock["precision"], stock["dtype"]) == (
+        "stock",
+        "ro",
+        "fp32",
+        "fp32",
+    )
+    assert stock["vs_stock_compile"] == 1.0 and stock["vs_stock_eager"] == pytest.approx(12.0 / 9.0, rel=0.02)
+    assert (bf16["config"], bf16["precision"], bf16["dtype"]) == ("ro", "bf16", "fp32")
+    assert (
+        bf16["vs_stock_compile"] == pytest.approx(9.0 / 4.0, rel=0.02) and bf16["vs_stock_compile_ci_low"] > 2
+    )
+    assert bf16["max_rel_err"] == 1e-2 and bf16["stock_max_rel_err"] == 1e-3
+    assert bf16["accuracy_decision"] == "determined" and bf16["stock_compile_config"] == "ro"
+    # without budgets: a preset per precision swept, each against the same stock user where it has one
+    plain = {p["dtype"]: p for p in derive_presets(rows_to_table(rows))["presets"]}
+    assert plain["bf16"]["config"] == "default" and plain["fp32"]["vs_stock_compile"] == 1.0
+    text = render(rows_to_table(rows))
+    assert "# Against a stock PyTorch user" in text
+    section = text.split("# Against a stock PyTorch user")[1]
+    line = next(x for x in section.splitlines() if x.startswith("| resnet | 16 |"))
+    assert "| ro 9.000 |" in line and "| default 3.00x (err 0.2) |" in line, line

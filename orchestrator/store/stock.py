@@ -1,0 +1,115 @@
+"""A stock PyTorch user of a cell, read from a sweep's result rows: the model in its own dtype under
+torch's defaults (the stock precision policy, no runtime setting), run eagerly or with plain
+`torch.compile(model)` in its faster stock mode (`default` or `reduce-overhead`). What every preset
+and report states its gain against (`speedup_vs_stock_user`), beside the error against fp64.
+
+A sweep times each config in jobs of its own, so a row's speedup over the stock user is unpaired
+(`compiler.statistics.ratio_interval`), except against the same row. A tune confirms the stock
+user in processes of its own instead (`orchestrator.tune.deployed`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from compiler import runtime
+from compiler import statistics as cstats
+from compiler.precision import STOCK
+
+STOCK_MODES = (None, "default", "reduce-overhead")
+"""What `torch.compile(model)` and `torch.compile(model, mode="reduce-overhead")` run with."""
+
+
+def is_stock_row(row: dict[str, Any], own: str = STOCK) -> bool:
+    """A row of plain torch.compile in a stock mode, in the cell's own precision, torch's defaults."""
+    return (
+        row.get("status") == "ok"
+        and row.get("dtype") == own
+        and row.get("backend") == "inductor"
+        and row.get("mode") in STOCK_MODES
+        and json.loads(row.get("options") or "{}") == {}
+        and not row.get("fullgraph")
+        and row.get("dynamic") is None
+        and not row.get("freezing")
+        and not row.get("channels_last")
+        and not runtime.from_json(row.get("runtime"))
+        and not row.get("baseline_config")
+        and bool(row.get("compiled_ms"))
+    )
+
+
+def groups(row: dict[str, Any], side: str) -> list[list[float]]:
+    """A side's samples per process ([] where the row holds none of them)."""
+    samples = row.get(f"{side}_samples_ms") or []
+    return cstats.split_groups(samples, row.get("samples_per_repeat")) if samples else []
+
+
+@dataclass(frozen=True)
+class StockUser:
+    compile_row: dict[str, Any]
+    """The faster stock mode's row (median); its eager side is stock eager."""
+
+    @property
+    def compile_config(self) -> str:
+        return self.compile_row["config"]
+
+    @property
+    def compile_ms(self) -> float:
+        return self.compile_row["compiled_ms"]
+
+    @property
+    def eager_ms(self) -> float | None:
+        return self.compile_row.get("eager_ms")
+
+    @property
+    def error(self) -> float | None:
+        """The stock policy's eager error against fp64 on the cell."""
+        return self.compile_row.get("eager_fp64_max_rel_err")
+
+
+def stock_user(rows: list[dict[str, Any]], own: str = STOCK) -> StockUser | None:
+    """The stock user of one cell's rows, or None where no stock mode was timed there."""
+    stock = [r for r in rows if is_stock_row(r, own)]
+    return StockUser(min(stock, key=lambda r: r["compiled_ms"])) if stock else None
+
+
+def versus(user: StockUser, row: dict[str, Any], side: str = "compiled") -> dict[str, Any]:
+    """`row`'s `side` (compiled or eager) against the stock user: its speedup over stock eager and
+    over stock torch.compile, each with its interval (unpaired unless it is the same row), and the
+    errors against fp64 beside each other."""
+    out: dict[str, Any] = {
+        "stock_eager_ms": user.eager_ms,
+        "stock_compile_config": user.compile_config,
+        "stock_compile_ms": user.compile_ms,
+        "stock_max_rel_err": user.error,
+        "max_rel_err": row.get("eager_fp64_max_rel_err" if side == "eager" else "fp64_max_rel_err"),
+    }
+    mine = groups(row, side)
+    same = row is user.compile_row
+    for key, stock_side in (("vs_stock_eager", "eager"), ("vs_stock_compile", "compiled")):
+        theirs = groups(user.compile_row, stock_side)
+        ms = user.compile_row.get(f"{stock_side}_ms")
+        if same and stock_side == side:
+            iv = (1.0, 1.0, 1.0)
+        elif mine and theirs:
+            interval = cstats.ratio_interval(theirs, mine, paired=same)
+            iv = (interval.estimate, interval.low, interval.high)
+        elif ms and row.get(f"{side}_ms"):
+            iv = (ms / row[f"{side}_ms"], math.nan, math.nan)
+        else:
+            continue
+        out.update(
+            {
+                k: None if math.isnan(v) else v
+                for k, v in zip((key, f"{key}_ci_low", f"{key}_ci_high"), iv, strict=True)
+            }
+        )
+    out["vs_stock_from"] = (
+        "the same row"
+        if same
+        else f"unpaired: the stock user's job {user.compile_row['job_id']}, this one's job {row['job_id']}"
+    )
+    return out
