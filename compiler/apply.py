@@ -158,7 +158,7 @@ def _policies(model: Any, dtype: str | None) -> tuple[str, ...]:
     try:
         param = next(model.parameters())
     except (AttributeError, StopIteration):
-        return ("fp32", "tf32")
+        return DTYPE_POLICIES["float32"]
     return DTYPE_POLICIES.get(str(param.dtype).removeprefix("torch."), ())
 
 

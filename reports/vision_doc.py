@@ -130,7 +130,7 @@ def _result_cells(row: dict) -> list[str]:
 
 def _results_sections(rows: list[dict]) -> list[str]:
     header = RESULT_HEADER.split(" | ")
-    known = list(PRECISIONS)  # fp32 first, then the faster policies
+    known = list(PRECISIONS)  # the strict and stock fp32 first, then the faster policies
     groups = sorted(
         {(r["batch_size"], r.get("dtype")) for r in rows},
         key=lambda g: (g[0], known.index(g[1]) if g[1] in known else len(known), str(g[1])),
@@ -174,7 +174,7 @@ def _comparison_cells(ours: dict, ref: dict) -> list[tuple[str, int]]:
 
 def _comparison_section(rows: list[dict], reference: list[dict]) -> list[str]:
     ref = _reference_speedups(reference)
-    fp32 = [r for r in rows if r.get("dtype") in (None, "fp32")]  # the reference ran fp32
+    fp32 = [r for r in rows if r.get("dtype") in (None, "fp32", "fp32-strict")]  # the reference ran fp32
     ours = {(r["model"], r["batch_size"], r["config"]): r for r in sorted(fp32, key=_order)}
     header = ["model", "batch", "ours default", "ours reduce-overhead"]
     header += [label for _, label, _ in REFERENCE_SOURCES]

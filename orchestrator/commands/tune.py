@@ -328,10 +328,12 @@ def cmd_tune(args) -> int:
     _print_what_won(summary.what_won)
     jobs = ", ".join(f"{n} {r}" for r, n in summary.jobs.items())
     print(
-        f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {plural(summary.cells, 'cell')}, {summary.tuned} tuned, "
-        f"{summary.stock} kept the stock config, {summary.eager} eager (do not compile), "
-        f"{summary.no_preset} without a preset.\n"
+        f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {plural(summary.cells, 'cell')}, "
+        f"{plural(summary.tuned + summary.stock + summary.eager, 'preset')} ({', '.join(summary.budgets)}): "
+        f"{summary.tuned} tuned, {summary.stock} the stock config, {summary.eager} eager (do not compile); "
+        f"{plural(summary.no_preset, 'cell')} without a preset.\n"
         f"presets: {out.join('presets.json')}  (next: orchestrate export {shlex.quote(str(out))} --hardware CLASS "
-        "--dest DIR)"
+        + ("--budget NAME " if len(summary.budgets) > 1 else "")
+        + "--dest DIR)"
     )
     return 0

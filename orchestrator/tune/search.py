@@ -140,6 +140,8 @@ class TuneSummary:
     pruned: dict[str, dict[str, str]] = field(default_factory=dict)
     deployed: dict[str, Any] = field(default_factory=dict)
     """`deployed.json`: per cell and budget what was deployed and its speedup over a stock user."""
+    budgets: list[str] = field(default_factory=list)
+    """The accuracy budgets the presets were decided under (a preset per cell and budget)."""
 
 
 def rung_measure(
@@ -475,4 +477,5 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         what_won=won,
         pruned=pruned,
         deployed=summary,
+        budgets=[b.name for b in budgets],
     )

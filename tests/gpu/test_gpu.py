@@ -80,11 +80,20 @@ def test_external_model_job_measures_on_the_gpu(model_id):
 # --- precision policies and the CUDA OOM path --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp32-strict", "tf32", "bf16", "fp16"])
 def test_precision_policies_run_and_pass_accuracy(dtype):
+    from compiler.precision import policy
+
     result = run_job(_job(_small_resnet(), dtype=dtype, batch_size=4), threads=THREADS)
     assert result["status"] == "ok", (dtype, result.get("error"))
     assert result["max_abs_err"] is not None and result["compiled_ms"] > 0
+    # the switches the job ran under are the policy's, and what judges precision was measured
+    want = policy(dtype).settings()
+    assert (result["cudnn_allow_tf32"], result["matmul_precision"]) == (
+        want["cudnn_allow_tf32"],
+        want["matmul_precision"],
+    )
+    assert result["fp64_max_rel_err"] is not None and len(result["output_sensitivity"]) == 3
 
 
 def test_cuda_out_of_memory_becomes_an_oom_row():
