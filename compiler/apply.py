@@ -56,6 +56,7 @@ from compiler.export_files import (
     warn_caller,
 )
 from compiler.hardware import hardware_class, software_stack, stack_mismatch
+from compiler.process_settings import ProcessSettings, RuntimeSettingWarning, SettingMismatchWarning
 
 __all__ = [
     "CACHE_ENV",
@@ -82,18 +83,6 @@ DTYPE_POLICIES = {"float32": ("fp32", "tf32", "fp32-strict"), "bfloat16": ("bf16
 class PresetFallbackWarning(UserWarning):
     """The export does not apply here (another class or stack, a damaged file): plain
     `torch.compile` instead."""
-
-
-class RuntimeSettingWarning(UserWarning):
-    """`compile_tuned` changed a process-wide setting (a runtime setting of `compiler.runtime`, a
-    float32 switch of the preset's precision policy, Inductor's freezing) to the value the preset
-    was measured under."""
-
-
-class SettingMismatchWarning(UserWarning):
-    """A process-wide setting the preset leaves alone differs in this process from what the preset
-    was measured under (torch's default): its latency and accuracy figures do not hold here.
-    `strict=True` raises `ExportError` instead."""
 
 
 @dataclass
@@ -274,6 +263,7 @@ class _Tuning:
         self.config = CompileConfig(name="none")
         self.cast: Any = None
         """The dtype the preset runs in where it is not the model's: inputs are cast to it."""
+        self.settings = ProcessSettings(self.applied, strict)
 
     def warn(self, message: str) -> None:
         self.applied.warnings.append(message)
@@ -358,11 +348,11 @@ class _Tuning:
         if reason is not None:
             return self.fall_back(reason)
         self.set_precision()
-        _apply_runtime(self)
+        self.settings.runtime(self.config)
         if self.applied.eager is not None:  # nothing to compile: the model as eager was timed
             return self.casting(self.model), self.applied
         self.model = self.config.prepare_model(self.model)
-        _apply_globals(self)
+        self.settings.inductor(self.config)
         if self.entry.get("package"):
             if use_package and self.applied.match == "exact":
                 packaged = self.packaged()
@@ -375,57 +365,19 @@ class _Tuning:
         return compiled, self.applied
 
     def set_precision(self) -> None:
-        """Set what the preset's precision policy changes from torch's defaults (the stock `fp32`
-        changes nothing: the process keeps its own switches); check the switches it leaves alone
-        against what it was measured under; where its dtype is not the model's, cast the weights as
-        the measured job cast them (`cast`: the inputs are cast too, outside the compiled region,
-        so the graph is the one the bundle holds)."""
+        """The preset's precision policy in this process (`ProcessSettings.precision`); where its
+        dtype is not the model's, cast the weights as the measured job cast them (`cast`: the inputs
+        are cast too, outside the compiled region, so the graph is the one the bundle holds)."""
         from compiler import precision
 
         name = self.entry.get("precision") or self.entry.get("dtype")
-        policy = precision.policy(name)
-        before = precision.current()
-        precision.write(policy.explicit())
-        self.changes(before, precision.current())
-        self.mismatches({k: v for k, v in policy.settings().items() if k not in policy.explicit()}, before)
-        self.applied.precision = name
+        self.settings.preflight(name, self.config)
+        self.settings.precision(name)
         target = precision.weights_dtype(name)
         current = _param_dtype(self.model)
         if current is not None and current.is_floating_point and current != target:
             self.model = self.model.to(target)
             self.cast = target
-
-    def changes(self, before: dict[str, Any], after: dict[str, Any]) -> None:
-        """Record, and say, the process-wide settings that went from `before` to `after`."""
-        changed = {k: [before[k], v] for k, v in after.items() if k in before and before[k] != v}
-        if not changed:
-            return
-        self.applied.changed.update(changed)
-        what = ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changed.items())
-        message = (
-            f"compile_tuned: set the process-wide settings the preset was measured under ({what}); "
-            "they apply to every model in this process"
-        )
-        self.applied.warnings.append(message)
-        warn_caller(message, RuntimeSettingWarning)
-
-    def mismatches(self, measured: dict[str, Any], current: dict[str, Any]) -> None:
-        """Warn, or raise under `strict`, where a setting the preset leaves alone is not what it was
-        measured under in this process."""
-        off = {k: (current[k], v) for k, v in measured.items() if k in current and current[k] != v}
-        if not off:
-            return
-        what = ", ".join(
-            f"{k} is {cur} here, the preset was measured with {want}" for k, (cur, want) in off.items()
-        )
-        message = (
-            f"compile_tuned: {what}: the preset's latency and accuracy figures do not hold in this process "
-            "(compile_tuned changes only what the preset sets; reset these to torch's defaults to serve it as measured)"
-        )
-        if self.strict:
-            raise ExportError(message)
-        self.applied.warnings.append(message)
-        warn_caller(message, SettingMismatchWarning)
 
     def casting(self, fn: Any, note: bool = True) -> Any:
         """`fn`, casting its floating-point inputs to the preset's dtype where that is not the model's."""
@@ -552,32 +504,6 @@ def _eager_why(entry: dict[str, Any]) -> str:
     interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
     over_n = f" over {processes:.0f} processes" if processes is not None else ""
     return f"compiled {over} was {gain:.2f}x slower{interval}{over_n} on {entry.get('hardware')}"
-
-
-def _apply_runtime(tuning: _Tuning) -> None:
-    """Set the preset's runtime settings (only those it names), as the job that measured it did
-    before its first call, and check the others against torch's defaults, which it was measured
-    under. A process keeps its first cuDNN plan per convolution, so this must happen before the
-    model's first convolution runs in the process."""
-    from compiler import runtime
-
-    config = tuning.config
-    before = runtime.current()
-    runtime.apply_only(config.runtime)
-    tuning.applied.runtime = runtime.current()
-    tuning.changes(before, tuning.applied.runtime)
-    tuning.mismatches(
-        {k: v for k, v in runtime.effective(config.runtime).items() if k not in config.runtime}, before
-    )
-
-
-def _apply_globals(tuning: _Tuning) -> None:
-    """Inductor's process-wide settings of the preset (`freezing`), said where they change."""
-    import torch._inductor.config as inductor_config
-
-    before = {"freezing": bool(inductor_config.freezing)}
-    tuning.config.apply_globals()
-    tuning.changes(before, {"freezing": bool(inductor_config.freezing)})
 
 
 def _param_dtype(model: Any):
