@@ -14,10 +14,13 @@ def add_parsers(sub) -> None:
     p = sub.add_parser(
         "presets",
         help="write OUT/presets.json and OUT/presets.parquet: the fastest ok config per hardware/model/batch/dtype",
-        description="Per hardware class, model, batch size and precision: the fastest config whose output "
-        "passed the fp64 accuracy check, within the budgets if given; per class and precision a default for "
-        "models never swept (eligible on the most cells, then the best geometric-mean speedup). Written as "
-        "the `presets` table (OUT/presets.parquet) and as JSON keyed by hardware class and software stack.",
+        description="Per hardware class, model, batch size and precision (with accuracy budgets: per budget, "
+        "every precision the sweep measured a candidate): the fastest config whose output passed the fp64 "
+        "accuracy check, within the limits and the budget, and its speedup over a stock PyTorch user (eager and "
+        "torch.compile in its faster stock mode, fp32 under torch's defaults) with its error against fp64; per "
+        "class and precision a default for models never swept (eligible on the most cells, then the best "
+        "geometric-mean speedup). Written as the `presets` table (OUT/presets.parquet) and as JSON keyed by "
+        "hardware class and software stack.",
     )
     p.add_argument(
         "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"

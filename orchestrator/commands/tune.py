@@ -43,20 +43,25 @@ def add_parsers(sub) -> None:
         "tune",
         help="search beyond the stock modes per cell; keep a tuned config only where it is faster by a margin "
         "the statistics support",
-        description="Candidates per (hardware class, model, batch size, precision) cell: the sweep's configs "
-        "(the stock modes), torch's max-autotune modes as extra bases on GPU classes (--bases), each of those "
-        "with one knob turned (--knobs: Inductor options, freezing, channels-last, and runtime settings such "
-        "as cudnn_benchmark), and, where allowed, the stock configs under other precision policies "
-        "(--precisions). Successive halving across the cluster: every candidate measured cheaply (rung0), the "
-        "best 1/eta, the best stock config and the knobs that each helped turned together measured again "
-        "(rung1), then the best candidate and the best stock config timed in the same processes, or in "
-        "processes of their own where they differ in a runtime setting (confirm). A candidate becomes the "
-        "preset only if the 95% interval of stock/candidate lies above 1; the preset chosen becomes eager (do "
-        "not compile) where the same processes timed eager faster by the same rule (unless --no-eager). "
-        "Every candidate must pass the fp64 accuracy check and the budgets. Jobs share compile and autotune "
-        "work through Redis unless --no-shared-cache. Writes OUT/rung0, OUT/rung1, OUT/confirm (sweep outputs), OUT/tune.json (every "
-        "decision, what each setting gained) and OUT/presets.{parquet,json} (for `export`); prints per class "
-        "what won.",
+        description="Per (hardware class, model, batch size) cell and accuracy budget (--accuracy, or the sweep's "
+        "accuracy:, default stock), the fastest configuration within the budget that beats a stock PyTorch user "
+        "(the model's dtype under torch's defaults, eager or torch.compile in its faster stock mode). The bases "
+        "are the sweep's configs (the stock modes) and, on GPU classes, torch's max-autotune modes (--bases), "
+        "under every precision policy a budget lets the class search (--precisions narrows them; `orchestrate "
+        "plan` lists them); each base may get one knob turned (--knobs: Inductor options, freezing, "
+        "channels-last, and runtime settings such as cudnn_benchmark). Rounds across the cluster, precision "
+        "first: every base measured cheaply (rung0), the knobs on each budget's fastest base (knobs), the best "
+        "1/eta and the knobs that each helped turned together (rung1), then in fresh processes the stock user "
+        "and per precision chosen its fastest candidate against its stock mode, in the same processes where "
+        "their runtime settings are equal (confirm). In the cell's own precision a candidate wins only if the "
+        "95% interval of stock/candidate lies above 1; in another, the faster config that beats the stock user "
+        "by that rule; eager (do not compile) where the same processes timed eager faster, unless --no-eager. "
+        "Random-weight outputs that cannot judge precision keep the cell's own. Every candidate must pass the "
+        "fp64 accuracy check and the limits. Jobs share compile and autotune work through Redis unless "
+        "--no-shared-cache. Writes OUT/rung0, OUT/knobs, OUT/rung1, OUT/confirm (sweep outputs), OUT/tune.json "
+        "(every decision, what each setting gained), OUT/presets.{parquet,json} (a preset per cell and budget, "
+        "for `export`) and OUT/deployed.json (each preset's speedup over stock eager and stock torch.compile, "
+        "with its error against fp64); prints them and, per class, what won.",
     )
     p.add_argument(
         "sweep",
