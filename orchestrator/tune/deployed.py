@@ -126,11 +126,13 @@ def stock_user(
     rung1: dict[tuple[str, str], dict[str, Any] | None],
     own: str,
     log: dict[str, Any] | None = None,
+    eager_presets: bool = True,
 ) -> tuple[StockUser, dict[str, Any]] | tuple[None, None]:
     """The stock user of a cell from its stock job's row, and the preset that is the stock user's
     own choice: the faster of the two stock modes timed there (their medians, in the same
-    processes), or eager where it beat that by the project's rule (`eager.reconsider`). None where
-    the job did not run or failed."""
+    processes), or eager where it beat that by the project's rule (`eager.reconsider`) and eager
+    presets are on (`--no-eager` keeps the stock user's torch.compile). None where the job did not
+    run or failed."""
     from orchestrator.tune import eager
     from orchestrator.tune.presets import preset_entry
 
@@ -150,7 +152,8 @@ def stock_user(
     )
     entry["speedup_vs_eager"] = row["eager_ms"] / row[f"{side}_ms"] if row.get("eager_ms") else None
     entry["speedup_vs_stock"] = 1.0
-    entry, why = eager.reconsider(entry, why, row, side, own, log=log)
+    veto = None if eager_presets else "eager presets are off (--no-eager)"
+    entry, why = eager.reconsider(entry, why, row, side, own, log=log, veto=veto)
     choice = "eager" if entry["source"] == "eager" else "compile"
     return StockUser(row, config, side, choice), {**entry, "decision": why}
 
@@ -318,12 +321,30 @@ def _groups(row: dict[str, Any], side: str) -> list[list[float]]:
     return cstats.split_groups(row.get(f"{side}_samples_ms") or [], row.get("samples_per_repeat"))
 
 
+def beside(user: StockUser, found: tuple[dict[str, Any], str]) -> bool:
+    """Whether the preset's samples come from a job that timed the stock user's torch.compile (and
+    eager, under the same torch defaults) beside it in the same processes."""
+    row, preset_side = found
+    return (
+        row is not user.row
+        and preset_side == "compiled"
+        and row.get("baseline_config") == user.compile_config
+        and row.get("baseline_dtype") == user.row.get("dtype") == row.get("dtype")
+    )
+
+
 def versus(user: StockUser, side: str, found: tuple[dict[str, Any], str]) -> cstats.Interval:
-    """The stock user's `side` (eager or its compile) over the preset's samples: its speedup."""
+    """The stock user's `side` (eager or its compile) over the preset's samples: its speedup, paired
+    where the two were timed in the same processes (the stock user's own job, or a job that timed
+    the stock user's config beside the preset), else unpaired."""
     row, preset_side = found
     mine = _groups(row, preset_side)
     if row is user.row and preset_side == side:  # the stock user itself
         return cstats.Interval(1.0, 1.0, 1.0, cstats.LEVEL, len(mine), math.inf, 0.0)
+    if beside(user, found):
+        return cstats.ratio_interval(
+            _groups(row, "eager" if side == "eager" else "baseline"), mine, paired=True
+        )
     return cstats.ratio_interval(user.groups(side), mine, paired=row is user.row)
 
 
@@ -355,11 +376,17 @@ def stock_figures(entry: dict[str, Any], user: StockUser | None, rows: Rows) -> 
         values = zip((key, f"{key}_ci_low", f"{key}_ci_high"), (iv.estimate, iv.low, iv.high), strict=True)
         out.update({k: None if math.isnan(v) else v for k, v in values})
     row, side = found
-    scope = "paired" if row is user.row else "unpaired"
-    out["vs_stock_from"] = (
-        f"{scope}: the stock user in job {user.row['job_id']} ({user.row.get('repeats')} processes), the preset's "
-        f"{side} side in job {row['job_id']} ({row.get('repeats')} processes)"
-    )
+    if beside(user, found):
+        out["vs_stock_from"] = (
+            f"paired: the stock user's {user.compile_config} and eager beside the preset in the "
+            f"{row.get('repeats')} processes of job {row['job_id']}"
+        )
+    else:
+        scope = "paired" if row is user.row else "unpaired"
+        out["vs_stock_from"] = (
+            f"{scope}: the stock user in job {user.row['job_id']} ({user.row.get('repeats')} processes), the "
+            f"preset's {side} side in job {row['job_id']} ({row.get('repeats')} processes)"
+        )
     out["max_rel_err"] = row.get("eager_fp64_max_rel_err" if side == "eager" else "fp64_max_rel_err")
     return out
 

@@ -159,7 +159,7 @@ def decide(
         )
     stock_row = mine.get(own_jobs.mode.job_id) if own_jobs and own_jobs.mode else None
     log["stock_user"] = {}
-    user, stock = deployed.stock_user(stock_row, rung1, cell.dtype, log["stock_user"])
+    user, stock = deployed.stock_user(stock_row, rung1, cell.dtype, log["stock_user"], eager_presets)
     candidates = sum(1 for _, r in run.measured if r is not None and r.get("status") == "ok")
     log["budgets"] = {}
     for budget in budgets:

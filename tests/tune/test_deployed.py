@@ -60,7 +60,7 @@ def timed(job, ms: float, eager_ms: float, baseline_ms: float | None = None, spr
     return make_row(job, result, run_id="r")
 
 
-def tune(rung0: dict, knobs: dict, confirm, spread: float = 1.5):
+def tune(rung0: dict, knobs: dict, confirm, spread: float = 1.5, eager_presets: bool = True):
     """The stages of one cell: `rung0` and `knobs` map (config, precision) to a latency; `confirm`
     maps a confirmation job's name to its row's (ms, eager ms, baseline ms)."""
     space = candidates(STOCK, RESNET, "cuda", "fp32", ("bf16",), ("freezing",), (), known("H100"))
@@ -78,7 +78,7 @@ def tune(rung0: dict, knobs: dict, confirm, spread: float = 1.5):
         run, stages.rung1_results(run, []), LIMITS, NAMES, lambda c, b: make_job_for(CELL, c, b)
     )
     rows2 = {j.job_id: timed(j, *confirm[j.name], spread=spread) for j in jobs}
-    return stages.decide(run, BUDGETS, rows2, LIMITS, True, NAMES), {j.name for j in jobs}
+    return stages.decide(run, BUDGETS, rows2, LIMITS, eager_presets, NAMES), {j.name for j in jobs}
 
 
 RUNG0 = {("default", "fp32"): 10.0, ("ro", "fp32"): 9.0, ("default", "bf16"): 5.0, ("ro", "bf16"): 4.0}
@@ -150,6 +150,10 @@ def test_the_stock_users_choice_is_the_faster_stock_mode_or_eager():
     for entry in decided.entries:
         assert entry["config"] == "eager" and entry["compile"] is None and entry["vs_stock_eager"] == 1.0
         assert entry["vs_stock_compile"] == pytest.approx(8.0 / 6.0, rel=0.02)
+    # --no-eager: a preset is never eager, the stock user's choice included
+    decided, _ = tune(RUNG0, KNOBS, confirm, eager_presets=False)
+    for entry in decided.entries:
+        assert (entry["config"], entry["source"]) == ("default", "stock")
 
 
 def test_an_undetermined_cell_keeps_its_precision_under_every_budget():
