@@ -58,17 +58,21 @@ def _same_runtime(a: Candidate, b: Candidate) -> bool:
 
 
 def plan(picks: Picks, make: MakeJob) -> dict[str, PrecisionJobs]:
-    """Per precision, the confirmation jobs of a cell's picks. The stock config is always timed
-    alone (a stock user's processes), with the other stock mode beside it where their runtime
-    settings are equal; a process keeps its first cuDNN plans, so configs whose runtime settings
-    differ never share one (DESIGN.md)."""
+    """Per precision, the confirmation jobs of a cell's picks. The stock user (the stock config
+    and eager under torch's defaults) is timed in processes of its own, with the other stock mode
+    beside it where their runtime settings are equal; where the sweep has one stock mode and the
+    own precision's candidate is timed beside the stock config, those processes time the stock
+    user. A process keeps its first cuDNN plans, so configs whose runtime settings differ never
+    share one (DESIGN.md)."""
     found: dict[str, PrecisionJobs] = {}
     if picks.own is not None:
         own = picks.own
         jobs = PrecisionJobs(own)
+        paired = own.candidate is not None and own.mode is not None and _same_runtime(own.candidate, own.mode)
         if own.mode is not None:
             second = picks.second if picks.second and _same_runtime(picks.second, own.mode) else None
-            jobs.mode = make(own.mode, second)
+            if second is not None or not paired:  # else the pair's processes time the stock user too
+                jobs.mode = make(own.mode, second)
         if own.candidate is not None:
             if own.mode is not None and _same_runtime(own.candidate, own.mode):
                 jobs.pair = make(own.candidate, own.mode)
@@ -125,23 +129,35 @@ def stock_user(
     row: dict[str, Any] | None,
     rung1: dict[tuple[str, str], dict[str, Any] | None],
     own: str,
+    stock_names: set[str],
     log: dict[str, Any] | None = None,
     eager_presets: bool = True,
 ) -> tuple[StockUser, dict[str, Any]] | tuple[None, None]:
-    """The stock user of a cell from its stock job's row, and the preset that is the stock user's
-    own choice: the faster of the two stock modes timed there (their medians, in the same
+    """The stock user of a cell from the row of the job that timed it, and the preset that is the
+    stock user's own choice: the faster of the stock modes timed there (their medians, in the same
     processes), or eager where it beat that by the project's rule (`eager.reconsider`) and eager
     presets are on (`--no-eager` keeps the stock user's torch.compile). None where the job did not
     run or failed."""
     from orchestrator.tune import eager
     from orchestrator.tune.presets import preset_entry
 
-    if row is None or row.get("status") != "ok" or not row.get("compiled_samples_ms"):
+    if (
+        row is None
+        or row.get("status") != "ok"
+        or not row.get("compiled_samples_ms")
+        or row.get("dtype") != own
+    ):
         return None, None
-    side = "compiled"
-    if row.get("baseline_ms") and row.get("baseline_samples_ms") and row["baseline_ms"] < row["compiled_ms"]:
-        side = "baseline"
-    config = row["config"] if side == "compiled" else row["baseline_config"]
+    sides = [("compiled", row["config"])] if row["config"] in stock_names else []
+    if (
+        row.get("baseline_config") in stock_names
+        and row.get("baseline_dtype") == own
+        and row.get("baseline_samples_ms")
+    ):
+        sides.append(("baseline", row["baseline_config"]))
+    if not sides:
+        return None, None
+    side, config = min(sides, key=lambda s: row[f"{s[0]}_ms"])
     source = row if side == "compiled" else rung1.get((config, own)) or row
     why = f"stock: a stock user's torch.compile, the faster stock mode in job {row['job_id']}"
     entry = preset_entry(

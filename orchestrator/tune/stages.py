@@ -117,7 +117,8 @@ def confirm_summary(runs, repeats: int) -> str:
     )
     return (
         f"{plural(len(runs), 'cell')}, {plural(jobs, 'job')} of {repeats} processes each: per cell a stock user "
-        f"(its fastest stock config, the other stock mode and eager, torch's defaults), and per precision chosen "
+        f"(its fastest stock config, the other stock mode and eager, torch's defaults; with one stock mode, in its "
+        f"own precision's candidate's processes), and per precision chosen "
         f"the best candidate against its stock mode: in the same processes ({paired}), or apart, as they "
         f"differ in a runtime setting ({apart})"
     )
@@ -157,9 +158,12 @@ def decide(
         own, own_why = deployed.decide_own(
             cell, own_jobs, rung1, mine, limits, log, eager_presets, stock_names
         )
-    stock_row = mine.get(own_jobs.mode.job_id) if own_jobs and own_jobs.mode else None
+    timed_by = (own_jobs.mode or own_jobs.pair) if own_jobs else None  # the stock user's processes
+    stock_row = mine.get(timed_by.job_id) if timed_by else None
     log["stock_user"] = {}
-    user, stock = deployed.stock_user(stock_row, rung1, cell.dtype, log["stock_user"], eager_presets)
+    user, stock = deployed.stock_user(
+        stock_row, rung1, cell.dtype, stock_names, log["stock_user"], eager_presets
+    )
     candidates = sum(1 for _, r in run.measured if r is not None and r.get("status") == "ok")
     log["budgets"] = {}
     for budget in budgets:

@@ -129,12 +129,9 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     assert base["weights"] == "random"
     # one stock config and one other left: rung 1 is skipped, the confirmation measures them
     assert read_results(out / "rung1").num_rows == 0
-    confirm = {r["job_name"]: r for r in read_results(out / "confirm").to_pylist()}
-    stock_user = confirm["cpu/mlp/bs4/fp32/default"]  # a stock user in processes of its own
-    pair = confirm["cpu/mlp/bs4/fp32/default+no_shape_padding/vs/default"]
-    assert (
-        stock_user["status"] == "ok" and stock_user["repeats"] == 2 and stock_user["baseline_config"] is None
-    )
+    # one stock mode: the candidate's processes time the stock user (its torch.compile and eager,
+    # torch's defaults) beside it, and no job of its own does
+    (pair,) = read_results(out / "confirm").to_pylist()
     assert pair["status"] == "ok", pair["error"]
     assert pair["config"] == "default+no_shape_padding" and pair["baseline_config"] == "default"
     assert pair["repeats"] == 2 and len(pair["baseline_samples_ms"]) == len(pair["compiled_samples_ms"]) == 48
@@ -149,16 +146,14 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     assert tune_log["decision"] == preset["decision"]
     assert preset["budget"] == "stock" and preset["accuracy_decision"] == "determined"
     assert tune_log["accuracy"]["stock"]["decision"] == "determined"
-    # the deployed gain: against the stock user's own processes, unpaired, with its interval
+    # the deployed gain: against the stock user in the same processes, with its interval
     (deployed,) = json.loads((out / "deployed.json").read_text())["cells"]
     assert deployed["cell"] == "cpu/mlp/bs4/fp32" and deployed["budget"] == "stock"
     assert deployed["vs_stock_compile"] == pytest.approx(preset["vs_stock_compile"])
     low, high = deployed["vs_stock_compile_ci"]
     assert low <= deployed["vs_stock_compile"] <= high and preset["stock_compile_config"] == "default"
-    assert (
-        preset["stock_eager_ms"] == stock_user["eager_ms"]
-        and preset["stock_compile_ms"] == stock_user["compiled_ms"]
-    )
+    assert preset["stock_eager_ms"] == pair["eager_ms"] and preset["stock_compile_ms"] == pair["baseline_ms"]
+    assert preset["vs_stock_from"].startswith("paired: ")
     # eager was checked on the confirmation's own processes, and kept out by --no-eager
     check = tune_log["eager_check"]
     assert check["job_id"] == pair["job_id"] and check["processes"] == 2 and check["verdict"] == "kept", check
@@ -225,32 +220,36 @@ def test_rows_lost_while_the_tune_ran_stop_it_before_deciding(tmp_path, monkeypa
     """A round's folder put back to an older copy while the tune ran (on an H100: a copy of a run
     folder put back over the one a background tune was writing) loses a row. The tune once decided
     without it ("no stock config was eligible") and wrote a preset no confirmation had measured;
-    now it stops, names the lost job, and --resume measures it again. Here the confirmation's second
-    job removes the first one's row."""
+    now it stops, names the lost job, and --resume measures it again. Here rung 0's second stock
+    config removes the first one's row."""
     sweep, out = tmp_path / "tune.yaml", tmp_path / "out"
-    sweep.write_text(TUNE_SWEEP.replace("python:workers.toy:mlp", "python:tests.faulty:forgets_earlier_rows"))
+    text = TUNE_SWEEP.replace("python:workers.toy:mlp", "python:tests.faulty:forgets_earlier_rows")
+    sweep.write_text(
+        text.replace("configs: {default: {}}", "configs: {default: {}, ro: {mode: reduce-overhead}}")
+    )
     token = tmp_path / "forget-once"
     token.touch()
-    monkeypatch.setenv("CO_TEST_FORGET", str(out / "confirm"))
+    monkeypatch.setenv("CO_TEST_FORGET", str(out / "rung0"))
     monkeypatch.setenv("CO_TEST_FORGET_ONCE", str(token))
-    # one job at a time (all of the machine's CPUs a job): the second confirmation job is built
-    # after the first one's row is written, and removes it
+    # one job at a time (all of the machine's CPUs a job): the second rung-0 job is built after the
+    # first one's row is written, and removes it. No knob applies on a CPU (cudnn_benchmark is a GPU
+    # knob): the stock user's confirmation is the only other job
     args = ["tune", str(sweep), "--out", str(out), "--cpus-per-job", str(os.cpu_count()), "--no-eager"]
-    args += ["--knobs", "no_shape_padding", "--confirm-repeats", "2"]
+    args += ["--knobs", "cudnn_benchmark", "--confirm-repeats", "2"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert not token.exists(), "no job removed the rows: the test did not do what it says"
-    assert "tune confirm: " in err and "holds no row for 1 job of the 2 that ran (cpu/mlp/bs4/fp32/" in err, (
-        err
-    )
+    assert "tune rung0: " in err and "holds no row for 1 job of the 2 that ran (cpu/mlp/bs4/fp32/" in err, err
     assert "Nothing was decided" in err and "--resume` measures them again" in err, err
-    assert not (out / TUNE_FILE).exists() and read_results(out / "confirm").num_rows == 1
-    assert read_results(out / "rung0").num_rows == read_results(out / "knobs").num_rows == 1
+    assert not (out / TUNE_FILE).exists() and read_results(out / "rung0").num_rows == 1
+    assert read_results(out / "confirm").num_rows == 0
 
     monkeypatch.delenv("CO_TEST_FORGET")
     assert main([*args, "--resume"]) == 0
     printed = capsys.readouterr()
     assert "1 already done, 1 to run" in printed.err, printed.err
-    assert read_results(out / "confirm").num_rows == 2
+    assert read_results(out / "rung0").num_rows == 2
+    (stock_user,) = read_results(out / "confirm").to_pylist()  # both stock modes in its processes
+    assert {stock_user["config"], stock_user["baseline_config"]} == {"default", "ro"}
     decision = json.loads((out / TUNE_FILE).read_text())["cells"]["cpu/mlp/bs4/fp32"]["decision"]
-    assert "no stock config was eligible" not in decision, decision
+    assert "no stock config was eligible" not in decision and decision.startswith("stock: "), decision
