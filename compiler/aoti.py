@@ -140,6 +140,9 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
     options, cudagraphs = package_options(config)
     options.update(runtime_link_options())
     args, kwargs = split_inputs(example_inputs)
+    # a CUDA graph is captured around the package only on CUDA: a CPU reduce-overhead preset's
+    # package runs plainly (marked for CUDA graphs, it failed to serve on a CPU-only torch)
+    cudagraphs = cudagraphs and any(t.device.type == "cuda" for t in tensors((args, kwargs)))
     scramble_weights(model)
     t0 = time.perf_counter()
     with torch.no_grad():

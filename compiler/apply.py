@@ -412,9 +412,15 @@ class _Tuning:
             self.applied.bundle = "refused"
             return
         info = torch.compiler.load_cache_artifacts(data)
+        if info is None:  # torch could not read the bytes (it logged why: "checksum does not match")
+            self.applied.bundle = "refused"
+            self.refused(
+                ExportError(f"{bundle}: torch refused the compile-cache bundle (its warning above says why)"),
+                "compiling without the bundle",
+            )
+            return
         self.applied.bundle = "loaded"
-        if info is not None:
-            self.applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}
+        self.applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}
 
     def compile_preset(self) -> Any:
         import torch
@@ -457,7 +463,9 @@ class _Tuning:
                     path,
                     self.model,
                     entry["package_inputs"],
-                    bool(entry.get("package_cudagraphs")),
+                    # CUDA graphs only where the model runs on CUDA: an export written before
+                    # build_package knew this marked CPU reduce-overhead packages for them too
+                    bool(entry.get("package_cudagraphs")) and device is not None and device.type == "cuda",
                     self.compile_preset,
                 )
             packaged.capture(args, kwargs)

@@ -33,9 +33,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from compiler.hardware import CPU_CLASS
 from compiler.known_gpus import GPUS, TABLE_VERSION
-
-CPU_CLASS = "cpu"
 
 MIN_SMS_GEMM_TEMPLATES = 68
 """`torch._inductor.utils.is_big_gpu` (torch 2.13): a CUDA GPU with fewer SMs ("3080") gets no

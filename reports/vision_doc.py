@@ -1,8 +1,9 @@
 """The committed results document of the seed vision benchmark: `docs/results/<gpu>-vision.md`.
 
 Renders one sweep of `sweeps/vision.yaml` (every cell, failures included) next to the published
-Hugging Face numbers (`../shared/reference/hf-vision-compile-benchmark.csv`). Usage: `python -m
-reports.vision_doc RESULTS... --gpu H200 --command "..." --out docs/results/h200-vision.md`.
+Hugging Face numbers (`reports/data/hf_vision_published.csv`; its source: `reports/data/README.md`).
+Usage: `python -m reports.vision_doc RESULTS... --gpu H200 --command "..." --out
+docs/results/h200-vision.md`.
 Columns a results table lacks (an older schema) render as "-".
 """
 
@@ -59,10 +60,8 @@ RESULT_HEADER = (
     "model | config | status | eager ms | compiled ms | compiled ms back-to-back | speedup [95% CI] | cold compile s | "
     "warm compile s | peak mem MiB (eager -> compiled) | graph breaks | recompiles"
 )
-# <repo>/../shared/reference/
-DEFAULT_REFERENCE = (
-    Path(__file__).resolve().parents[2] / "shared" / "reference" / "hf-vision-compile-benchmark.csv"
-)
+# The published Hugging Face torch.compile vision benchmark (source: reports/data/README.md).
+DEFAULT_REFERENCE = Path(__file__).resolve().parent / "data" / "hf_vision_published.csv"
 
 
 def load_reference(csv_path: str | Path) -> list[dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,8 @@ import pytest
 from orchestrator.spec.matrix import expand
 from orchestrator.spec.sweep import SweepSpec, parse_spec
 from workers.job import Job
+
+os.environ["CO_STRICT_ROWS"] = "1"  # a result key that is no column fails the test (store/rows.py)
 
 TABLE_SPEC = """\
 name: tables

@@ -92,6 +92,30 @@ def test_bad_flag_values_are_one_line_before_ray(case, command, tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0", "error: --deadline: must be a positive duration, got '0'"),
+        ("5x", "error: --deadline: expected seconds, or a number with s, m or h (30m), got '5x'"),
+        ("inf", "error: --deadline: must be a positive duration, got 'inf'"),
+    ],
+)
+def test_a_deadline_that_is_no_duration_is_one_line_before_ray(
+    command, value, expected, tmp_path, capsys, no_ray
+):
+    out = tmp_path / "out"
+    assert main([command, str(SMOKE), "--out", str(out), "--deadline", value]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(expected)
+    assert not out.exists()
+
+
+def test_deadline_durations_read_seconds_minutes_and_hours():
+    from orchestrator.commands.common import duration
+
+    assert [duration(t) for t in ("90", "90s", "1.5m", "2h")] == [90.0, 90.0, 90.0, 7200.0]
+
+
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A directory nobody can write: a read-only tmpfs as root (root ignores file modes), a
@@ -121,6 +145,28 @@ def test_a_read_only_output_is_one_line_before_ray(read_only_dir, capsys, no_ray
     line = _one_line(capsys.readouterr().err)
     assert line.startswith(f"error: {out}: cannot write there ("), line
     assert "Read-only file system" in line or "Permission denied" in line, line
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune", "nightly"])
+@pytest.mark.parametrize("where", ["a file", "under a file", "/proc", "read-only"])
+def test_a_scratch_where_no_directory_can_be_made_is_one_line_before_ray(
+    command, where, tmp_path, read_only_dir, capsys, no_ray
+):
+    """`sweep --scratch README.md` made every job a crash row and exited 0 (FileExistsError in
+    each job's Ray task); --out was write-tested before Ray started, --scratch was not."""
+    scratch = {
+        "a file": str(REPO / "README.md"),
+        "under a file": str(REPO / "README.md" / "scratch"),
+        "/proc": "/proc/orchestrate-scratch",
+        "read-only": str(read_only_dir / "scratch"),
+    }[where]
+    out = tmp_path / "out"
+    target = ["--history", str(out)] if command == "nightly" else ["--out", str(out)]
+    assert main([command, str(SMOKE), *target, "--scratch", scratch]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"error: --scratch {scratch}: no directory can be made there ("), line
+    assert line.endswith("name a writable directory"), line
+    assert not out.exists()
 
 
 def test_an_out_that_is_a_device_is_named_as_one(capsys, no_ray):

@@ -247,6 +247,11 @@ def _run_bench(
             result["error"] += "\n--- last output ---\n" + tail
     elif progress:  # the process reported an exception from within its compile
         result["notes"] = "; ".join(filter(None, [result.get("notes"), f"the compile failed {progress}"]))
+    result.pop("final", None)  # how the process and this runner speak, not what the job measured
+    result.pop("phase", None)
+    trace = result.pop("traceback", None)
+    if trace and result.get("error") and trace.strip() not in result["error"]:
+        result["error"] += "\n--- traceback ---\n" + trace.strip()
     return result
 
 
@@ -295,10 +300,19 @@ def run_job(
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
     clock is locked for the job where NVML allows it. With `shared_cache` (HOST:PORT of a Redis
     server) its processes share compile and autotune work there (a run option: the job's id and
-    identity do not change with it)."""
-    scratch, job_file, log_file, env = _job_scratch(
-        job, threads, scratch_root, "job", extra_path, shared_cache
-    )
+    identity do not change with it). A scratch directory that cannot be made is the harness's
+    failure, not the job's: a `harness_error` result, which `--resume` runs again."""
+    try:
+        scratch, job_file, log_file, env = _job_scratch(
+            job, threads, scratch_root, "job", extra_path, shared_cache
+        )
+    except OSError as exc:
+        where = scratch_root or tempfile.gettempdir()
+        return {
+            "status": "harness_error",
+            "error": f"the job's scratch directory could not be made under {where} on this node: "
+            f"{type(exc).__name__}: {exc} (--scratch must name a writable directory)",
+        }
     gpu = job.device == "cuda"
     prefer = clocks.gpu_local_cpus() if gpu else set()
     lock = clocks.locked_clocks() if gpu and lock_clocks else contextlib.nullcontext()

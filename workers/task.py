@@ -100,7 +100,6 @@ def execute_job(
     import ray
 
     _exit_with_raylet()
-    started = time.time()
     job = Job.from_dict(job_dict)
     stopped = _stop_requested()
     if stopped():  # queued when its driver stopped: never started
@@ -119,5 +118,4 @@ def execute_job(
         return {"cancelled": True, **stop.kept}
     result["node_id"] = ray.get_runtime_context().get_node_id()
     result["hostname"] = socket.gethostname()
-    result["task_s"] = time.time() - started
     return result

@@ -1,7 +1,7 @@
-"""Pack a sweep output directory into single Parquet files (hardware column included), so the
-results of a GPU-machine run come back as few files: `python pack.py OUT_DIR DEST.parquet` writes
-the results table to DEST.parquet and each side table that has rows (kernel_choices, ...) to
-DEST-<table>.parquet."""
+"""Pack a sweep output directory into single Parquet files (hardware column included), so a run's
+results move to another host as few files (and `python -m reports.measurement --phases` reads
+them): `python pack.py OUT_DIR DEST.parquet` writes the results table to DEST.parquet and each
+side table that has rows (kernel_choices, ...) to DEST-<table>.parquet. `unpack.py` undoes it."""
 
 import sys
 from pathlib import Path

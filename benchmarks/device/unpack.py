@@ -1,6 +1,6 @@
 """Undo pack.py: `python unpack.py PACKED.parquet OUT_DIR [RUN_JSON]` rebuilds OUT_DIR/results as a
-hive-partitioned dataset (and copies run.json), so an output directory brought back from the GPU
-machine can be resumed, reported on, or used as `--history` there again."""
+hive-partitioned dataset (and copies run.json), so an output directory packed on another host can
+be resumed, reported on, or used as `--history` here."""
 
 import shutil
 import sys

@@ -12,7 +12,7 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
-def _whole(least: int):
+def whole(least: int):
     """An argparse type: a whole number of at least `least`."""
 
     def parse(text: str) -> int:
@@ -28,7 +28,7 @@ def _whole(least: int):
     return parse
 
 
-def _positive(text: str) -> float:
+def positive(text: str) -> float:
     """An argparse type: a finite number above 0 (seconds, MiB)."""
     try:
         value = float(text)
@@ -39,7 +39,7 @@ def _positive(text: str) -> float:
     return value
 
 
-def _not_empty(what: str, example: str, without: str):
+def not_empty(what: str, example: str, without: str):
     """An argparse type: a value (or comma-separated list) with something in it. An empty one, such
     as an unset shell variable, is refused: `--only ""` ran every job, `--precisions ""` tried none,
     `--address ""` ran on a private local Ray instead of the cluster."""
@@ -55,11 +55,69 @@ def _not_empty(what: str, example: str, without: str):
     return parse
 
 
-_pattern = _not_empty("pattern", "'*/bs1/*'", "every job")
-_ray_address = _not_empty("address", "head:6379 or ray://head:10001", "a private local Ray")
+_pattern = not_empty("pattern", "'*/bs1/*'", "every job")
+ray_address = not_empty("address", "head:6379 or ray://head:10001", "a private local Ray")
 
 
-def _add_only(p: argparse.ArgumentParser) -> None:
+def scratch_problem(text: str | None, address: str | None = None) -> str | None:
+    """The error line for a --scratch under which the jobs' scratch directories cannot be made (a
+    file, a read-only mount, /proc), checked by making and removing one there; None where they can
+    or where the jobs run on a cluster's nodes (--address), each of which makes it for itself."""
+    if not text or address not in (None, "local"):
+        return None
+    import contextlib
+    import os
+    import tempfile
+
+    path = Path(text).expanduser().absolute()
+    made = [p for p in [path, *path.parents] if not p.exists() and not p.is_symlink()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".scratch-probe-", dir=path))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        return f"--scratch {text}: no directory can be made there ({why}); name a writable directory"
+    finally:  # leave nothing behind: the jobs make it again, on their nodes
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+    return None
+
+
+def duration(text: str) -> float:
+    """Seconds from `90`, `90s`, `30m` or `2h` (argparse type)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected seconds, or a number with s, m or h (30m), got {text!r}"
+        ) from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    return value
+
+
+def add_deadline(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--deadline",
+        type=duration,
+        metavar="DURATION",
+        help=f"stop the {what} this long after it starts (seconds, or 30m, 2h: a batch job's walltime, a "
+        "spot instance's notice): running jobs are cancelled, every finished row is kept, the --resume "
+        "command is printed and the exit status is 130, as on Ctrl-C; --resume finishes the work",
+    )
+
+
+def deadline_at(args) -> float | None:
+    """`time.monotonic()` of the --deadline, counted from now (the command's start)."""
+    import time
+
+    return None if args.deadline is None else time.monotonic() + args.deadline
+
+
+def add_only(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only",
         type=_pattern,
@@ -70,16 +128,16 @@ def _add_only(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_budgets(p: argparse.ArgumentParser) -> None:
+def add_budgets(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-compile-s",
-        type=_positive,
+        type=positive,
         metavar="SECONDS",
         help="budget: a config whose cold compile (first compiled call) took longer is never a preset",
     )
     p.add_argument(
         "--max-memory-mb",
-        type=_positive,
+        type=positive,
         metavar="MIB",
         help="budget: a config whose compiled peak memory (CUDA allocator, or process RSS on CPU) was higher "
         "is never a preset. The compiled phase's peak: the first-call search of cudnn_benchmark ran before it, "
@@ -87,7 +145,7 @@ def _add_budgets(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_cache_redis(p: argparse.ArgumentParser) -> None:
+def add_cache_redis(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-redis",
         metavar="HOST:PORT",
@@ -98,7 +156,7 @@ def _add_cache_redis(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _cache_address(args, enabled: bool, flag: str) -> str | None:
+def cache_redis_address(args, enabled: bool, flag: str) -> str | None:
     """The --cache-redis of a run that shares its compile cache, checked (a bad one raises
     CacheAddressError: one error line, exit 2); refused where the cache is off."""
     from orchestrator.fleet.cache import CacheAddressError, check_address
@@ -110,13 +168,13 @@ def _cache_address(args, enabled: bool, flag: str) -> str | None:
     return str(check_address(args.cache_redis))
 
 
-def _budgets(args):
+def budgets_from_args(args):
     from orchestrator.tune.presets import Budgets
 
     return Budgets(max_compile_s=args.max_compile_s, max_memory_mb=args.max_memory_mb)
 
 
-def _load(path: Path):
+def load_sweep(path: Path):
     from orchestrator.spec.sweep import SpecError, load_spec
 
     try:
@@ -126,7 +184,7 @@ def _load(path: Path):
         return None
 
 
-def _sweep_options(args, out, **extra):
+def sweep_options(args, out, **extra):
     """SweepOptions from the flags `sweep` and `nightly` share, plus `extra`."""
     from orchestrator.fleet.driver import SweepOptions
 
@@ -143,7 +201,7 @@ def _sweep_options(args, out, **extra):
     )
 
 
-def _check_plan_locally(spec, args, plan=None) -> bool:
+def check_plan_locally(spec, args, plan=None) -> bool:
     """For a run on this machine (no --address, or `local`): --only, the sweep's hardware and
     --cpus-per-job checked against the classes its private Ray will have, before Ray starts (a
     typo cost Ray's start, 10-40 s on a loaded 2-core machine). `plan` makes the jobs from those
@@ -169,7 +227,7 @@ def _check_plan_locally(spec, args, plan=None) -> bool:
     return True
 
 
-def _drive(run):
+def drive(run):
     """Run a sweep or a tune: (its summary, None), or (None, the exit code) after printing why it
     could not start or was interrupted."""
     from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted
@@ -188,7 +246,7 @@ def _drive(run):
         return None, EXIT_INTERRUPTED
 
 
-def _print_what_won(table: list[dict] | None) -> None:
+def print_what_won(table: list[dict] | None) -> None:
     """Per class, which settings the presets use and what each gained where measured alone."""
     from orchestrator.tune.effects import what_won_markdown
 

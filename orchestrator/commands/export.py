@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.commands.common import EXIT_BAD_INPUT, _whole
+from orchestrator.commands.common import EXIT_BAD_INPUT, scratch_problem, whole
 from orchestrator.store.location import arg as location_arg
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--cpus",
-        type=_whole(1),
+        type=whole(1),
         default=None,
         metavar="N",
         help="cores each bundle compile uses (default: all)",
@@ -83,6 +83,9 @@ def cmd_export(args) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    if problem := scratch_problem(args.scratch):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         source = checked(args.out)
         with _remote_lock(args.dest):  # a local DEST: export() holds its lock

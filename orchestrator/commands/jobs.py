@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, _add_only, _positive, _whole
+from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, add_only, positive, whole
 from orchestrator.store.location import arg as location_arg
 
 
@@ -42,14 +42,14 @@ def add_parsers(sub) -> None:
         "the results; or a URI (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX) that the head node can write with "
         "its own credentials",
     )
-    _add_only(p)
+    add_only(p)
     p.add_argument("--resume", action="store_true", help="as for `sweep`: continue a sweep in --out")
     p.add_argument(
-        "--timeout-cap", type=_positive, metavar="SECONDS", help="as for `sweep`: cap every job's time limit"
+        "--timeout-cap", type=positive, metavar="SECONDS", help="as for `sweep`: cap every job's time limit"
     )
     p.add_argument(
         "--cpus-per-job",
-        type=_whole(1),
+        type=whole(1),
         metavar="N",
         help="as for `sweep`: cores each job on a CPU node reserves",
     )
@@ -58,7 +58,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--max-attempts",
-        type=_whole(1),
+        type=whole(1),
         metavar="N",
         help="as for `sweep`: tries per job when its worker or node dies",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from orchestrator.commands.common import EXIT_BAD_INPUT, _add_budgets, _budgets, _print_what_won
+from orchestrator.commands.common import EXIT_BAD_INPUT, add_budgets, budgets_from_args, print_what_won
 from orchestrator.store.location import arg as location_arg
 from workers.runner import plural
 
@@ -25,7 +25,7 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
     )
-    _add_budgets(p)
+    add_budgets(p)
     p.add_argument(
         "--accuracy",
         metavar="LIST",
@@ -75,7 +75,7 @@ def cmd_presets(args) -> int:
             holding(out, again="Run `orchestrate presets` once it has finished.") if out.exists() else None
         )
         with locked or contextlib.nullcontext():
-            path, data = write_presets(out, _budgets(args), accuracy)
+            path, data = write_presets(out, budgets_from_args(args), accuracy)
     except (FileNotFoundError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -109,6 +109,6 @@ def cmd_presets(args) -> int:
                 f"{hardware}/*/{dtype} (class default, for models never swept): {d['config']} "
                 f"(ok on {plural(d['cells'], 'cell')}, geomean {d['geomean_speedup_vs_eager']:.2f}x vs eager)"
             )
-    _print_what_won(data.get("what_won"))
+    print_what_won(data.get("what_won"))
     print(f"wrote {path}")
     return 0

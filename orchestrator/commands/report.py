@@ -8,14 +8,15 @@ from pathlib import Path
 
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
-    _add_only,
-    _check_plan_locally,
-    _drive,
-    _load,
-    _positive,
-    _ray_address,
-    _sweep_options,
-    _whole,
+    add_only,
+    check_plan_locally,
+    drive,
+    load_sweep,
+    positive,
+    ray_address,
+    scratch_problem,
+    sweep_options,
+    whole,
 )
 from orchestrator.store.location import arg as location_arg
 
@@ -90,16 +91,16 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--address",
-        type=_ray_address,
+        type=ray_address,
         metavar="ADDR",
         help="Ray cluster to use; default: a private local Ray",
     )
-    p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
+    p.add_argument("--cpus-per-job", type=whole(1), metavar="N", help="as for `sweep`")
     p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
     p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
-    p.add_argument("--timeout-cap", type=_positive, metavar="SECONDS", help="as for `sweep`")
+    p.add_argument("--timeout-cap", type=positive, metavar="SECONDS", help="as for `sweep`")
     p.add_argument("--thresholds", metavar="FILE", help="as for `report --baseline`")
-    _add_only(p)
+    add_only(p)
     p.set_defaults(func=cmd_nightly)
 
 
@@ -151,7 +152,7 @@ def cmd_nightly(args) -> int:
     from orchestrator.store.storage import StorageError, check_writable, checked
     from reports.regression import to_markdown
 
-    spec = _load(args.sweep)
+    spec = load_sweep(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
@@ -163,10 +164,13 @@ def cmd_nightly(args) -> int:
     except (StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if not _check_plan_locally(spec, args):
+    if problem := scratch_problem(args.scratch, args.address):
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    opts = _sweep_options(args, history)
-    result, code = _drive(lambda: run_nightly(spec, history, opts, thresholds))
+    if not check_plan_locally(spec, args):
+        return EXIT_BAD_INPUT
+    opts = sweep_options(args, history)
+    result, code = drive(lambda: run_nightly(spec, history, opts, thresholds))
     if result is None:
         return code
     if result.comparison is None:

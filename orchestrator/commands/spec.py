@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchestrator.commands.common import EXIT_BAD_INPUT, _add_only, _load, _whole
+from orchestrator.commands.common import EXIT_BAD_INPUT, add_only, load_sweep, whole
 
 
 def _classes(text: str) -> str:
@@ -38,14 +38,14 @@ def add_parsers(sub) -> None:
         "(default: what this machine has, e.g. cpu or H100)",
     )
     p.add_argument(
-        "--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep` (changes the slot counts shown)"
+        "--cpus-per-job", type=whole(1), metavar="N", help="as for `sweep` (changes the slot counts shown)"
     )
-    _add_only(p)
+    add_only(p)
     p.set_defaults(func=cmd_plan)
 
 
 def cmd_validate(args) -> int:
-    spec = _load(args.sweep)
+    spec = load_sweep(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
     print(
@@ -61,7 +61,7 @@ def cmd_plan(args) -> int:
     from orchestrator.fleet.support import triage
     from orchestrator.spec.matrix import NoJobMatches
 
-    spec = _load(args.sweep)
+    spec = load_sweep(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
     if args.hardware:

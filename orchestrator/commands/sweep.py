@@ -8,16 +8,19 @@ from pathlib import Path
 
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
-    _add_cache_redis,
-    _add_only,
-    _cache_address,
-    _check_plan_locally,
-    _drive,
-    _load,
-    _positive,
-    _ray_address,
-    _sweep_options,
-    _whole,
+    add_cache_redis,
+    add_deadline,
+    add_only,
+    cache_redis_address,
+    check_plan_locally,
+    deadline_at,
+    drive,
+    load_sweep,
+    positive,
+    ray_address,
+    scratch_problem,
+    sweep_options,
+    whole,
 )
 from orchestrator.store.location import arg as location_arg
 
@@ -34,7 +37,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--address",
-        type=_ray_address,
+        type=ray_address,
         metavar="ADDR",
         help="Ray cluster to use (e.g. ray://head:10001 or auto); default: start a private local Ray "
         "for this sweep and stop it at the end",
@@ -47,7 +50,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--cpus-per-job",
-        type=_whole(1),
+        type=whole(1),
         metavar="N",
         help="cores each job on a CPU node reserves, and its OMP/compile thread count (default: all cores "
         "of the node, one job at a time, so jobs do not disturb each other's timings)",
@@ -55,7 +58,10 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--scratch",
         metavar="DIR",
-        help="where job processes keep caches and logs, on each node (created if missing; default: temp dir)",
+        help="where job processes keep caches and logs, on each node (created if missing; default: temp dir). "
+        "On this machine it is tried before Ray starts: a path where no directory can be made (a file, a "
+        "read-only mount) is refused with exit 2; a node that cannot make it records harness_error rows, "
+        "which --resume runs again",
     )
     p.add_argument(
         "--lock-clocks",
@@ -81,14 +87,14 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--max-attempts",
-        type=_whole(1),
+        type=whole(1),
         default=3,
         metavar="N",
         help="tries per job when its Ray worker or node dies (default 3); a job's own failure is never retried",
     )
     p.add_argument(
         "--timeout-cap",
-        type=_positive,
+        type=positive,
         metavar="SECONDS",
         help="lower every job's time limit to at most this (for a run that must end within a window); "
         "jobs that hit it become `timeout` rows",
@@ -101,8 +107,9 @@ def add_parsers(sub) -> None:
         "cold compiles: with it, compile_s may be served from the cache, and each row says how "
         "(compile_cache, compile_from_cache, *_cache_hits/misses)",
     )
-    _add_cache_redis(p)
-    _add_only(p)
+    add_cache_redis(p)
+    add_deadline(p, "sweep")
+    add_only(p)
     p.set_defaults(func=cmd_sweep)
 
 
@@ -112,11 +119,15 @@ def cmd_sweep(args) -> int:
     from orchestrator.store.schema import results_path
     from orchestrator.store.storage import StorageError, check_own_output, check_writable, checked
 
-    spec = _load(args.sweep)
+    deadline = deadline_at(args)  # counted from the command's start
+    spec = load_sweep(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
-    cache_redis = _cache_address(args, args.shared_cache, "a sweep uses only with --shared-cache")
+    if problem := scratch_problem(args.scratch, args.address):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cache_redis = cache_redis_address(args, args.shared_cache, "a sweep uses only with --shared-cache")
     try:
         out = checked(args.out or str(Path("runs") / spec.name))
         check_own_output(out)  # not `/` or a home directory
@@ -131,19 +142,20 @@ def cmd_sweep(args) -> int:
                 f"error: --history {earlier}: not an output directory (it has no results/)", file=sys.stderr
             )
             return EXIT_BAD_INPUT
-    opts = _sweep_options(
+    opts = sweep_options(
         args,
         out,
         resume=args.resume,
         max_attempts=args.max_attempts,
         history_dirs=list(history),
         lock_clocks=args.lock_clocks,
+        deadline=deadline,
         shared_cache=args.shared_cache,
         cache_redis=cache_redis,
     )
-    if not _check_plan_locally(spec, args):
+    if not check_plan_locally(spec, args):
         return EXIT_BAD_INPUT
-    summary, code = _drive(lambda: run_sweep(spec, opts))
+    summary, code = drive(lambda: run_sweep(spec, opts))
     if summary is None:
         return code
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.counts.items())) or "nothing to run"

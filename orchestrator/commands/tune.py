@@ -8,19 +8,22 @@ from pathlib import Path
 
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
-    _add_budgets,
-    _add_cache_redis,
-    _add_only,
-    _budgets,
-    _cache_address,
-    _check_plan_locally,
-    _drive,
-    _load,
-    _not_empty,
-    _positive,
-    _print_what_won,
-    _ray_address,
-    _whole,
+    add_budgets,
+    add_cache_redis,
+    add_deadline,
+    add_only,
+    budgets_from_args,
+    cache_redis_address,
+    check_plan_locally,
+    deadline_at,
+    drive,
+    load_sweep,
+    not_empty,
+    positive,
+    print_what_won,
+    ray_address,
+    scratch_problem,
+    whole,
 )
 from orchestrator.store.location import arg as location_arg
 from workers.runner import plural
@@ -77,7 +80,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--address",
-        type=_ray_address,
+        type=ray_address,
         metavar="ADDR",
         help="Ray cluster to use; default: a private local Ray",
     )
@@ -86,7 +89,7 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--accuracy",
-        type=_not_empty("list of accuracy budgets", "stock,bf16", "the sweep's accuracy:, else stock"),
+        type=not_empty("list of accuracy budgets", "stock,bf16", "the sweep's accuracy:, else stock"),
         metavar="LIST",
         help="accuracy budgets, comma-separated, each deciding a preset per cell from the same rows: stock (no "
         "worse against fp64 than torch's defaults on the cell, within a factor), a level (tf32, fp16, bf16) or a "
@@ -96,14 +99,14 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--precisions",
-        type=_not_empty("list of precision policies", "fp32,bf16", "every one the budgets allow"),
+        type=not_empty("list of precision policies", "fp32,bf16", "every one the budgets allow"),
         metavar="LIST",
         help="search only these precision policies (the cell's own always), e.g. fp32,bf16 to leave tf32 and "
         "fp16 out of a bf16 budget (default: every policy the budgets let the class search)",
     )
     p.add_argument(
         "--knobs",
-        type=_not_empty("list of knobs", "freezing,coordinate_descent", "all that apply"),
+        type=not_empty("list of knobs", "freezing,coordinate_descent", "all that apply"),
         metavar="LIST",
         help="the knobs to try on each stock config, comma-separated (default: all that apply to the device "
         "and model): " + ", ".join(_knob_names()) + ". A freezing preset's exported bundle barely shortens "
@@ -125,14 +128,14 @@ def add_parsers(sub) -> None:
     )
     p.add_argument(
         "--eta",
-        type=_whole(2),
+        type=whole(2),
         default=3,
         metavar="N",
         help="rung 0 keeps the best 1/N of each cell's candidates for rung 1 (default 3)",
     )
     p.add_argument(
         "--confirm-repeats",
-        type=_whole(2),
+        type=whole(2),
         default=3,
         metavar="N",
         help="fresh processes that time the candidate against the stock config (default 3, at least 2)",
@@ -143,11 +146,11 @@ def add_parsers(sub) -> None:
         help="never make a cell's preset eager (do not compile): keep the compiled config chosen even where "
         "its confirmation timed eager faster (tune.json still records that check, as eager_check)",
     )
-    _add_budgets(p)
-    p.add_argument("--cpus-per-job", type=_whole(1), metavar="N", help="as for `sweep`")
+    add_budgets(p)
+    p.add_argument("--cpus-per-job", type=whole(1), metavar="N", help="as for `sweep`")
     p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
     p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
-    p.add_argument("--timeout-cap", type=_positive, metavar="SECONDS", help="as for `sweep`")
+    p.add_argument("--timeout-cap", type=positive, metavar="SECONDS", help="as for `sweep`")
     p.add_argument(
         "--no-shared-cache",
         action="store_true",
@@ -166,8 +169,9 @@ def add_parsers(sub) -> None:
         "other classes or stacks never match). Not with --cache-redis (that server keeps its own) or "
         "--no-shared-cache",
     )
-    _add_cache_redis(p)
-    _add_only(p)
+    add_cache_redis(p)
+    add_deadline(p, "tune")
+    add_only(p)
     p.set_defaults(func=cmd_tune)
 
 
@@ -246,11 +250,12 @@ def cmd_tune(args) -> int:
     from orchestrator.tune.search import TuneOptions, plan_locally, run_tune
     from orchestrator.tune.space import KNOB_NAMES
 
-    spec = _load(args.sweep)
+    deadline = deadline_at(args)  # counted from the command's start
+    spec = load_sweep(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
-    problems = []
+    problems = [p for p in [scratch_problem(args.scratch, args.address)] if p]
     precisions = None if args.precisions is None else []
     for name in filter(None, (p.strip() for p in (args.precisions or "").split(","))):
         canon = canonical_precision(name)
@@ -264,7 +269,7 @@ def cmd_tune(args) -> int:
             accuracy = parse_budgets(filter(None, (a.strip() for a in args.accuracy.split(","))))
         except ValueError as exc:
             problems.append(f"--accuracy: {exc}")
-    cache_redis = _cache_address(args, not args.no_shared_cache, "--no-shared-cache turns off")
+    cache_redis = cache_redis_address(args, not args.no_shared_cache, "--no-shared-cache turns off")
     conflict = _cache_from_conflict(args)
     if conflict:
         problems.append(conflict)
@@ -283,7 +288,7 @@ def cmd_tune(args) -> int:
         problems += [
             f"--bases: unknown mode {b!r}; valid: {', '.join(modes)}" for b in bases if b not in modes
         ]
-    budgets = _budgets(args)
+    budgets = budgets_from_args(args)
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
@@ -319,10 +324,11 @@ def cmd_tune(args) -> int:
         cache_redis=cache_redis,
         cache_from=cache_from,
         argv=sys.argv,
+        deadline=deadline,
     )
-    if not _check_plan_locally(spec, args, plan_locally(spec, opts)):
+    if not check_plan_locally(spec, args, plan_locally(spec, opts)):
         return EXIT_BAD_INPUT
-    summary, code = _drive(lambda: run_tune(spec, opts))
+    summary, code = drive(lambda: run_tune(spec, opts))
     if summary is None:
         return code
     for cell, why in summary.decisions.items():
@@ -330,7 +336,7 @@ def cmd_tune(args) -> int:
     _print_deployed(summary.deployed)
     for hw, knobs in summary.pruned.items():
         print(f"{hw}: left out of the search (--prune-from): {', '.join(sorted(knobs))}")
-    _print_what_won(summary.what_won)
+    print_what_won(summary.what_won)
     jobs = ", ".join(f"{n} {r}" for r, n in summary.jobs.items())
     print(
         f"done in {format_duration(summary.wall_s)} ({jobs} jobs): {plural(summary.cells, 'cell')}, "

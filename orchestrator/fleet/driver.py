@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import os
 import shlex
-import signal
 import sys
 import time
 import uuid
@@ -25,6 +24,7 @@ from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_cla
 from orchestrator.fleet.ordering import History, longest_first
 from orchestrator.fleet.progress import Progress
 from orchestrator.fleet.scheduler import Scheduler
+from orchestrator.fleet.stopping import DeadlineReached, check_deadline, sigterm_as_interrupt
 from orchestrator.fleet.support import row_error, triage
 from orchestrator.spec.matrix import expand, select_matching
 from orchestrator.spec.sweep import SweepSpec
@@ -168,6 +168,9 @@ class SweepOptions:
     argv: list[str] = field(default_factory=list)
     resume_command: str | None = None
     """The command an interrupted run prints to resume (default: this sweep with --resume)."""
+    deadline: float | None = None
+    """`time.monotonic()` at which the run stops as on Ctrl-C (--deadline: a batch job's walltime,
+    a spot instance's notice): running jobs cancelled, every finished row kept, exit 130."""
 
 
 @dataclass
@@ -232,24 +235,6 @@ def _remote_for(hw: HardwareClass, gpu_classes: list[str], body: Callable[..., d
         # no space after the commas: Ray reads " T4" as a value of its own, and T4 nodes would match
         opts["label_selector"] = {ACCEL_LABEL: f"!in({','.join(gpu_classes)})"}
     return ray.remote(**opts)(body or execute_job)
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM (a scheduler stopping us) like Ctrl-C: cancel, flush, say how to resume."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def plan_jobs(
@@ -360,9 +345,9 @@ def _run_locked(
     history = History.from_output(out, history_dirs)  # one read: job ids done, and durations
     runlog.check_same_sweep(out, spec, history.sweeps)
     done_ids = history.job_ids
-    if done_ids and not opts.resume:
+    if history.recorded and not opts.resume:
         raise OutputExistsError(
-            f"{out} already holds {len(done_ids)} result rows. Pass --resume to finish that sweep, "
+            f"{out} already holds {history.recorded} result rows. Pass --resume to finish that sweep, "
             "or --out to write somewhere else; nothing was changed."
         )
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -372,7 +357,7 @@ def _run_locked(
             opts.shared_cache, opts.cache_redis, opts.scratch_root, stream, keep=out
         ) as cache_address,
         ray_session(opts.address),
-        _sigterm_as_interrupt(),
+        sigterm_as_interrupt(),
     ):
         classes = cluster_classes(opts.cpus_per_job)
         if plan is not None:
@@ -443,10 +428,20 @@ def _run_locked(
         )
         scheduler.add(longest_first(todo, history))
         t_dispatch = time.monotonic()
+
+        def tick() -> None:
+            sink.tick()
+            lock.refresh()
+            check_deadline(opts.deadline)
+
         try:
-            scheduler.run(ray, started=progress.started_job, tick=lambda: (sink.tick(), lock.refresh()))
+            check_deadline(opts.deadline)  # Ray's start may have taken what was left
+            scheduler.run(ray, started=progress.started_job, tick=tick)
             sink.close()
-        except (KeyboardInterrupt, WriteRefused) as exc:  # Ctrl-C, SIGTERM, a full or read-only disk
+        except (
+            KeyboardInterrupt,
+            WriteRefused,
+        ) as exc:  # Ctrl-C, SIGTERM, --deadline, a full or read-only disk
             cancelled = scheduler.cancel_all(ray)
             refused = exc if isinstance(exc, WriteRefused) else None
             if refused is None:
@@ -470,8 +465,9 @@ def _run_locked(
                     + (f" ({cancelled} running jobs cancelled)" if cancelled else "")
                 )
                 raise refused.stopped(saved, resume) from None
+            why = "the deadline (--deadline) passed" if isinstance(exc, DeadlineReached) else "interrupted"
             raise SweepInterrupted(
-                f"interrupted: {sink.rows_written} rows of this run are saved in {out}; "
+                f"{why}: {sink.rows_written} rows of this run are saved in {out}; "
                 f"{cancelled} running jobs were cancelled. Resume with:\n  {resume}"
             ) from None
         progress.close()

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiler.hardware import CPU_CLASS
 from workers.job import DeviceKind
 
-CPU_CLASS = "cpu"
 ACCEL_LABEL = "ray.io/accelerator-type"
 ACCEL_RESOURCE_PREFIX = "accelerator_type:"
 

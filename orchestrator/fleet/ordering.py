@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
+from orchestrator.store.fields import HARNESS_ERROR
 from orchestrator.store.schema import read_results
 from orchestrator.store.storage import Target, resolve
 from workers.job import Job
@@ -36,13 +37,18 @@ class History:
         exact: dict[tuple, list[float]] = defaultdict(list)
         loose: dict[tuple, list[float]] = defaultdict(list)
         self.job_ids: set[str] = set()
-        """Every job that has a row in `rows`, whatever its status (`timing_only` rows excluded)."""
+        """Every job that has a result row in `rows`: any status but `harness_error`, a failure of
+        the orchestrator's own environment that `--resume` runs again (`timing_only` rows excluded)."""
         self.sweeps: set[str] = set()
-        """The sweeps those rows belong to (their `sweep` column)."""
+        """The sweeps the rows of `rows` belong to (their `sweep` column)."""
+        self.recorded = 0
+        """How many rows `rows` holds, harness failures included."""
         for own, r in [(True, r) for r in rows] + [(False, r) for r in timing_only]:
             if own and r.get("job_id"):
-                self.job_ids.add(r["job_id"])
+                self.recorded += 1
                 self.sweeps.add(r.get("sweep") or "")
+                if r.get("status") != HARNESS_ERROR:
+                    self.job_ids.add(r["job_id"])
             if r.get("subprocess_s") is None:
                 continue
             exact[(r["hardware"], r["model_id"], r["config"], r["batch_size"])].append(r["subprocess_s"])
@@ -53,7 +59,16 @@ class History:
     @classmethod
     def from_output(cls, out_dir: Target, history_dirs: Iterable[Target] = ()) -> History:
         """Rows of `out_dir`, plus timings (only) from other output directories (paths or URIs)."""
-        columns = ["job_id", "sweep", "hardware", "model_id", "config", "batch_size", "subprocess_s"]
+        columns = [
+            "job_id",
+            "sweep",
+            "status",
+            "hardware",
+            "model_id",
+            "config",
+            "batch_size",
+            "subprocess_s",
+        ]
         extra: list[dict] = []
         for other in history_dirs:
             loc = resolve(other)

@@ -3,7 +3,8 @@
 - One queue and one window of in-flight tasks per hardware class (its slot count), so a slow
   or absent class never holds up the others.
 - A task that fails for a system reason (its worker or node died) is retried on the same class,
-  up to `max_attempts` times in all. A task whose own code raised is not retried.
+  up to `max_attempts` times in all. A task whose own code raised is not retried. Either failure
+  is the harness's, not the model's: its row is `harness_error`, which `--resume` runs again.
 - The inventory is re-read every `recheck_s` seconds and after every system failure. A class
   with no alive nodes left gets `hardware_lost` rows for its queued and running jobs, so the
   sweep finishes instead of waiting forever on tasks Ray cannot place.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.fleet.inventory import HardwareClass
+from orchestrator.store.fields import HARNESS_ERROR
 from orchestrator.store.rows import failure_row, make_row, side_rows
 from workers.job import Job
 
@@ -106,17 +108,16 @@ class Scheduler:
         wall = time.monotonic() - run.submitted
         try:
             result = ray.get(ref)
-        except ray.exceptions.RayTaskError as exc:  # our task's own code raised: a bug, not a fault
-            self.emit(
-                self._failure(run, "crash", f"the job's Ray task raised: {_short(exc)}", wall), run.job, wall
-            )
+        except ray.exceptions.RayTaskError as exc:  # our task's own code raised: the harness, not the model
+            error = f"the job's Ray task raised: {_short(exc)}"
+            self.emit(self._failure(run, HARNESS_ERROR, error, wall), run.job, wall)
             return False
         except Exception as exc:  # worker or node died, object lost: the machine failed, not the job
             if run.attempt < self.max_attempts:
                 self.queues[run.job.hardware].appendleft((run.job, run.attempt + 1))
             else:
                 error = f"Ray task failed {run.attempt} times (worker or node lost); last: {_short(exc)}"
-                self.emit(self._failure(run, "crash", error, wall), run.job, wall)
+                self.emit(self._failure(run, HARNESS_ERROR, error, wall), run.job, wall)
             return True
         row = make_row(run.job, result, run_id=self.run_id, wall_s=wall, attempt=run.attempt)
         self.emit(row, run.job, wall, side_rows(run.job, result, run_id=self.run_id))

@@ -41,7 +41,6 @@ from orchestrator.store.storage import StorageError, is_uri, redact
 EXCLUDES = [
     ".git",
     "runs/",
-    ".devcarry/",
     "__pycache__",
     "*.parquet",
     ".pytest_cache",
@@ -52,7 +51,7 @@ EXCLUDES = [
 """Left out of the job's working_dir (gitignore syntax, as Ray applies it); Ray also honours
 the project's .gitignore files."""
 
-_EXCLUDED_DIRS = {".git", "runs", ".devcarry", "__pycache__", ".pytest_cache", ".ruff_cache"}
+_EXCLUDED_DIRS = {".git", "runs", "__pycache__", ".pytest_cache", ".ruff_cache"}
 
 ADDRESS_ENV_VARS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 """Where Ray's Jobs client looks for the address, in this order."""

@@ -18,8 +18,13 @@ Status = Literal[
     "crash",
     "hardware_lost",
     "unsupported",
+    "harness_error",
 ]
 STATUSES: tuple[str, ...] = get_args(Status)
+HARNESS_ERROR = "harness_error"
+"""A failure of the orchestrator's own environment, not of the model: the job's scratch directory
+could not be made, its Ray task raised, its worker or node was lost on every attempt. Not a
+result: `--resume` runs the job again."""
 
 # (name, type, description). Descriptions are the data dictionary shown by the docs and tests.
 RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [

@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 RATIOS = (("speedup", "eager_ms", "compiled_ms"), ("speedup_vs_baseline", "baseline_ms", "compiled_ms"))
 """(ratio, numerator, denominator) columns of a results row."""
 IDENTITY = ("job_name", "model", "batch_size", "dtype", "config", "baseline_config")
-RESULTS_COLUMNS = (*IDENTITY, "sweep", *dict.fromkeys(c for r in RATIOS for c in r))
+# the columns of a results part that `results_problem` reads (not every column: `RESULT_COLUMNS`)
+INVARIANT_COLUMNS = (*IDENTITY, "sweep", *dict.fromkeys(c for r in RATIOS for c in r))
 KERNEL_CHOICES_COLUMNS = ("job_id", "run_id", "op_index", "is_winner", "time_ms")
 REL_TOL = 1e-9
 
@@ -43,9 +44,9 @@ def negative_count(table: pa.Table) -> str | None:
 def results_problem(table: pa.Table, folder: dict[str, str], present: set[str]) -> str | None:
     """Why the rows of a results part are not ones this tool wrote (`folder`: the partition values
     from its path, e.g. {"hardware": "cpu"}; `present`: the columns its file has), or None."""
-    read = [c for c in RESULTS_COLUMNS if c in table.column_names]
+    read = [c for c in INVARIANT_COLUMNS if c in table.column_names]
     for n, row in enumerate(table.select(read).to_pylist(), 1):
-        row = {**dict.fromkeys(RESULTS_COLUMNS), **row, **folder}
+        row = {**dict.fromkeys(INVARIANT_COLUMNS), **row, **folder}
         name = row["job_name"]
         if name is not None and row["hardware"] is not None:
             cell = f"{row['hardware']}/{row['model']}/bs{row['batch_size']}/{row['dtype']}/{row['config']}"

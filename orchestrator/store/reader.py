@@ -74,7 +74,12 @@ class TableSpec:
     ok_derived: tuple[str, ...] = ()
     """Columns an `ok` row leaves null or holds a positive, finite number in (results only)."""
     unique: str | None = None
-    """A column whose value appears in at most one row of the table (results: job_id)."""
+    """A column whose value appears in at most one row of the table (results: job_id), rows of
+    the `superseded` status aside."""
+    superseded: str | None = None
+    """A status whose row a later row of the same `unique` value replaces (results:
+    `harness_error`, a failure of the harness that `--resume` runs again): the file keeps it, the
+    reader returns it only while its job has no other row."""
     invariant: Callable[[pa.Table, dict[str, str], set[str]], str | None] | None = None
     """Why a part's rows (given its partition values and the columns its file has) break what the
     writer guarantees, or None (`orchestrator.store.invariants`)."""
@@ -173,7 +178,7 @@ def check_table(
                 reason = "listed in the commit ledger, but the file is gone (deleted or renamed)"
                 check.problems.append(_problem(out, rel, "missing", reason))
     if spec.unique:
-        _refuse_duplicates(out, spec.unique, check)
+        _refuse_duplicates(out, spec, check)
     return check
 
 
@@ -215,20 +220,40 @@ def _younger_than(loc: Location, seconds: float) -> bool:
     return mtime is not None and time.time() - mtime.timestamp() < seconds
 
 
-def _refuse_duplicates(out: Location, column: str, check: TableCheck) -> None:
-    """A value of `column` in two parts: both parts are damaged (which one is right is unknown)."""
-    where: dict[str, list[str]] = {}
+def _refuse_duplicates(out: Location, spec: TableSpec, check: TableCheck) -> None:
+    """A value of `spec.unique` in two rows (besides rows of the `superseded` status): both parts
+    are damaged (which one is right is unknown)."""
+    column = spec.unique
+    assert column is not None
+    where: dict[str, list[tuple[str, str | None]]] = {}
     for v in check.good:
-        for value in v.table.column(column).to_pylist():
-            where.setdefault(value, []).append(v.entry.part)
+        values = v.table.column(column).to_pylist()
+        statuses = v.table.column("status").to_pylist() if spec.superseded else [None] * len(values)
+        for value, status in zip(values, statuses, strict=True):
+            where.setdefault(value, []).append((v.entry.part, status))
     bad: dict[str, str] = {}
-    for value, rels in where.items():
+    for value, found in where.items():
+        rels = [rel for rel, status in found if status is None or status != spec.superseded]
         if len(rels) > 1:
             for rel in rels:
                 other = next((r for r in rels if r != rel), rel)
                 bad.setdefault(rel, f"{column} {value} also has a row in {other}")
     check.good = [v for v in check.good if v.entry.part not in bad]
     check.problems += [_problem(out, rel, "damaged", reason) for rel, reason in sorted(bad.items())]
+
+
+def _drop_superseded(table: pa.Table, spec: TableSpec) -> pa.Table:
+    """`table` without the rows of the `superseded` status whose `unique` value has another row."""
+    import pyarrow.compute as pc
+
+    if not spec.superseded or not spec.unique or table.num_rows == 0:
+        return table
+    mine = pc.equal(table.column("status"), spec.superseded).fill_null(False)
+    if not pc.any(mine).as_py():
+        return table
+    others = pc.unique(table.filter(pc.invert(mine)).column(spec.unique))
+    replaced = pc.and_(mine, pc.is_in(table.column(spec.unique), value_set=others))
+    return table.filter(pc.invert(replaced))
 
 
 def conform(
@@ -378,6 +403,7 @@ def read_verified(
     if check.problems:
         raise DamagedOutputError(out, check.problems, fix())
     table = pa.concat_tables([v.table for v in check.good]) if check.good else spec.schema.empty_table()
+    table = _drop_superseded(table, spec)
     return table.select(columns) if columns else table
 
 

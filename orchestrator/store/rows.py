@@ -3,13 +3,43 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Callable, Hashable, Iterable
 from datetime import datetime
 from typing import Any
 
 from compiler import runtime
-from orchestrator.store.schema import RESULT_COLUMNS, SIDE_TABLES, check_row, check_side_row, options_json
+from orchestrator.store.schema import (
+    RESULT_COLUMNS,
+    SIDE_TABLES,
+    SchemaError,
+    check_row,
+    check_side_row,
+    options_json,
+)
 from workers.job import Job
+
+log = logging.getLogger(__name__)
+
+STRICT_ENV = "CO_STRICT_ROWS"
+"""Set (the tests set it): a result key that is no column is an error, not a logged warning."""
+
+
+def _unknown_keys(job: Job, result: dict[str, Any]) -> None:
+    """A key of a job's result that is neither a column nor a side table would vanish from the
+    row: an error under $CO_STRICT_ROWS (the tests), else a logged warning; never silent."""
+    unknown = sorted(set(result) - set(RESULT_COLUMNS) - set(SIDE_TABLES))
+    if not unknown:
+        return
+    message = (
+        f"job {job.name}: its result has keys that are no column of the results table, left out of "
+        f"the row: {unknown} (a misspelled key in the worker? columns are declared in "
+        "orchestrator/store/fields.py)"
+    )
+    if os.environ.get(STRICT_ENV):
+        raise SchemaError(message)
+    log.warning(message)
 
 
 def _timestamp(value: Any) -> datetime | None:
@@ -30,6 +60,7 @@ def make_row(
     attempt: int = 1,
 ) -> dict[str, Any]:
     # What the job measured goes in as it is; the job's identity comes from the job itself.
+    _unknown_keys(job, result)
     row = {k: v for k, v in result.items() if k in RESULT_COLUMNS}
     row.update(
         job_id=job.job_id,

@@ -14,13 +14,21 @@ import sys
 import time
 from collections.abc import Iterable
 from importlib import metadata
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-from orchestrator.spec.sweep import SweepSpec
 from orchestrator.store.storage import StorageError, Target, redact, resolve
 from workers.job import software_stack
 
 RUN_FILE = "run.json"
+
+
+class SweepSpec(Protocol):
+    """What a run's entry records of its sweep (`orchestrator.spec.sweep.SweepSpec`; the store is
+    the floor below the spec, so it names the fields it reads rather than importing the class)."""
+
+    name: str
+    source: Any
+    raw: Any
 
 
 def _versions() -> dict[str, str]:

@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from orchestrator.store.fields import (
+    HARNESS_ERROR,
     KERNEL_CHOICE_FIELDS,
     RESULT_FIELDS,
     STATUSES,
@@ -220,8 +221,9 @@ def table_spec(table: str):
             ok_figures=OK_FIGURES,
             ok_derived=OK_DERIVED,
             unique="job_id",
+            superseded=HARNESS_ERROR,
             invariant=invariants.results_problem,
-            invariant_columns=invariants.RESULTS_COLUMNS,
+            invariant_columns=invariants.INVARIANT_COLUMNS,
             upgrade=upgrade_results,
         )
     if table == "kernel_choices":

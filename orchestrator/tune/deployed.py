@@ -62,8 +62,9 @@ def plan(picks: Picks, make: MakeJob) -> dict[str, PrecisionJobs]:
     and eager under torch's defaults) is timed in processes of its own, with the other stock mode
     beside it where their runtime settings are equal; where the sweep has one stock mode and the
     own precision's candidate is timed beside the stock config, those processes time the stock
-    user. A process keeps its first cuDNN plans, so configs whose runtime settings differ never
-    share one (DESIGN.md)."""
+    user. A process keeps its first cuDNN plan per convolution (its key holds shapes, dtype, layout,
+    `deterministic` and `allow_tf32`, not the benchmark flag), so configs whose runtime settings
+    differ never share one."""
     found: dict[str, PrecisionJobs] = {}
     if picks.own is not None:
         own = picks.own

@@ -121,6 +121,8 @@ class TuneOptions:
     """An earlier run's output whose shared-cache snapshot (`orchestrator.fleet.cache.SNAPSHOT_FILE`)
     the private server starts with: its GEMM/conv timings and Triton configs (`--cache-from`)."""
     argv: list[str] = field(default_factory=list)
+    deadline: float | None = None
+    """`time.monotonic()` at which the tune stops as on Ctrl-C (`SweepOptions.deadline`)."""
 
 
 @dataclass
@@ -345,6 +347,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
                 cache_redis=cache_address,
                 argv=opts.argv,
                 resume_command=resume,
+                deadline=opts.deadline,
             )
             run_sweep(spec, sweep_opts, stream, plan=lambda classes: jobs)
         jobs_run[name] = len(jobs)

