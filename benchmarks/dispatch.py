@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.fleet.driver import SweepOptions, run_sweep  # noqa: E402
 from orchestrator.spec.sweep import parse_spec  # noqa: E402
-from orchestrator.store.schema import read_results  # noqa: E402
+from store.schema import read_results  # noqa: E402
 
 
 def synthetic_job(job_dict, threads, scratch_root=None, extra_path=(), lock_clocks=False):

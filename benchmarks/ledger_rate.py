@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.spec.matrix import expand  # noqa: E402
 from orchestrator.spec.sweep import parse_spec  # noqa: E402
-from orchestrator.store.rows import make_row  # noqa: E402
-from orchestrator.store.schema import read_results  # noqa: E402
-from orchestrator.store.sink import ResultSink  # noqa: E402
+from store.rows import make_row  # noqa: E402
+from store.schema import read_results  # noqa: E402
+from store.sink import ResultSink  # noqa: E402
 
 SPEC = """\
 name: rate

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.fleet.driver import SweepOptions, run_sweep  # noqa: E402
 from orchestrator.spec.sweep import load_spec  # noqa: E402
-from orchestrator.store.runlog import read_runs  # noqa: E402
-from orchestrator.store.schema import read_results  # noqa: E402
+from store.runlog import read_runs  # noqa: E402
+from store.schema import read_results  # noqa: E402
 
 EFFICIENCY_TARGET = 0.85
 UTILIZATION_TARGET = 0.90

@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_sweep(out: Path, cluster: Cluster, first: str, second: str, lost, spare) -> dict[str, Any]:
-    from orchestrator.store.schema import read_results
+    from store.schema import read_results
 
     rows = read_results(out).to_pylist()
     ids = {first: set(), second: set()}

@@ -11,7 +11,7 @@ switches torch has: whether cuDNN may run float32 convolutions on TF32 tensor co
   TF32 tensor cores (sm80+) its convolutions round their inputs to TF32.
 - `fp32-strict`: float32 with TF32 off everywhere (IEEE float32 convolutions and matmuls), for
   users who need it. Before schema version 9 this was what `fp32` meant
-  (`orchestrator.store.schema`: older rows read as `fp32-strict`).
+  (`store.schema`: older rows read as `fp32-strict`).
 - `tf32`: float32 weights, TF32 for matmuls too (`high`) and for convolutions.
 - `bf16`, `fp16`: weights and inputs cast; the float32 switches at torch's defaults.
 

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings of ours (a stray file ignored) as one `warning:` line; others as Python shows them."""
-    from orchestrator.store.integrity import OutputWarning
+    from store.integrity import OutputWarning
 
     if issubclass(category, OutputWarning):
         if str(message) not in _warned:  # once per command, however often the table is read
@@ -135,7 +135,7 @@ def _main(argv: list[str] | None) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     from orchestrator.fleet.cache import CacheAddressError
     from orchestrator.fleet.driver import AddressError
-    from orchestrator.store.storage import StorageError
+    from store.storage import StorageError
 
     _always_show_output_warnings()
     warnings.showwarning = _print_warning
@@ -218,6 +218,6 @@ def _quiet_stdout() -> None:
 def _always_show_output_warnings() -> None:
     """Python shows a warning once per code location; ours name files, so each command shows its
     own (deduplicated by `_print_warning`), not only the first command of a process."""
-    from orchestrator.store.integrity import OutputWarning
+    from store.integrity import OutputWarning
 
     warnings.filterwarnings("always", category=OutputWarning)

@@ -171,7 +171,7 @@ def load(source: Any) -> pa.Table:
     or one packed Parquet file."""
     if isinstance(source, str) and source.endswith(".parquet") and Path(source).is_file():
         return pq.read_table(source)
-    from orchestrator.store.schema import read_results, read_table
+    from store.schema import read_results, read_table
 
     read_results(source, ["job_id"])  # the strict reader: a damaged output is named, not half-read
     return read_table(source, "kernel_choices")

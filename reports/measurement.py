@@ -8,7 +8,7 @@
 - `phase_table` / `clock_table`: where each job's wall time went, and the GPU's clocks and state
   while it timed.
 
-Rows are dicts with the columns of the results table (`orchestrator/store/schema.py`).
+Rows are dicts with the columns of the results table (`store/schema.py`).
 
     python -m reports.measurement --noise noise-resnet.json noise-vit.json \\
         --phases p1.parquet p2.parquet --gpu H100 --notes-file notes.md --out docs/results/h100-measurement.md

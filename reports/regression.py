@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compiler import statistics as cstats
-from orchestrator.store.rows import latest_rows
+from store.rows import latest_rows
 
 KEY = ("hardware", "model", "batch_size", "dtype", "config")
 VERDICTS = ("regression", "watch", "improvement", "unchanged", "new", "missing")

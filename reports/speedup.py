@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from orchestrator.store.storage import Target, resolve
+from store.storage import Target, resolve
 
 REPORT_FILE = "report.md"
 
@@ -44,11 +44,11 @@ def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]
 
 def stock_user_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]]]]:
     """{hardware: (header, rows)}: per (model, batch size), a stock PyTorch user's eager and
-    torch.compile latencies (`orchestrator.store.stock`: the model's fp32 under torch's defaults,
+    torch.compile latencies (`store.stock`: the model's fp32 under torch's defaults,
     the faster stock mode) and, per precision swept, the fastest config's speedup over that
     torch.compile with its error against fp64. Empty where no cell timed a stock user."""
     from compiler.precision import POLICIES
-    from orchestrator.store.stock import stock_user, versus
+    from store.stock import stock_user, versus
 
     cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for row in table.to_pylist():

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from compiler.precision import PRECISIONS
-from orchestrator.store.schema import read_results
-from orchestrator.store.storage import Location, Target, resolve
+from store.schema import read_results
+from store.storage import Location, Target, resolve
 
 # Our model name (the `model` column, in the order of sweeps/vision.yaml) -> the reference's.
 REFERENCE_NAMES: dict[str, str] = {

@@ -25,8 +25,8 @@ from orchestrator.cli import main
 from orchestrator.fleet.support import triage
 from orchestrator.spec.matrix import expand
 from orchestrator.spec.sweep import load_spec
-from orchestrator.store.rows import failure_row
 from orchestrator.tune.space import candidates
+from store.rows import failure_row
 from workers.job import ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -246,8 +246,8 @@ def test_tuner_proposes_nothing_the_class_cannot_run():
 
 
 def test_an_unsupported_cell_is_never_a_regression_nor_an_improvement(table_jobs, make_result):
-    from orchestrator.store.schema import rows_to_table
     from reports.regression import compare
+    from store.schema import rows_to_table
     from tests.test_regression import run_rows
 
     cell = "A100/resnet/bs1/fp32/default"

@@ -12,8 +12,8 @@ from orchestrator.cli import main
 from orchestrator.fleet.inventory import local_classes
 from orchestrator.spec.matrix import expand
 from orchestrator.spec.sweep import load_spec
-from orchestrator.store.rows import make_row
-from orchestrator.store.sink import ResultSink
+from store.rows import make_row
+from store.sink import ResultSink
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "sweeps" / "smoke.yaml"

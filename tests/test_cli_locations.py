@@ -83,8 +83,8 @@ def test_a_local_path_whose_first_name_holds_a_colon_is_read_when_written_with_d
 ):
     from contextlib import closing
 
-    from orchestrator.store.rows import make_row
-    from orchestrator.store.sink import ResultSink
+    from store.rows import make_row
+    from store.sink import ResultSink
 
     monkeypatch.chdir(tmp_path)
     with closing(ResultSink(tmp_path / "runs:x")) as sink:
@@ -144,7 +144,7 @@ def test_the_root_directory_is_refused(capsys, no_ray):
 
 
 def test_an_empty_directory_is_an_output(tmp_path):
-    from orchestrator.store.storage import check_own_output, resolve
+    from store.storage import check_own_output, resolve
 
     check_own_output(resolve(str(tmp_path)))  # nothing raised
     check_own_output(resolve(str(tmp_path / "missing")))
@@ -299,7 +299,7 @@ def test_a_300_character_host_is_one_line(capsys, no_ray):
 
 def test_the_readme_example_output_is_not_refused(tmp_path):
     """`runs/NAME` under a project checkout (a directory with other files) is a new directory."""
-    from orchestrator.store.storage import check_own_output, resolve
+    from store.storage import check_own_output, resolve
 
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
     check_own_output(resolve(str(tmp_path / "runs" / "smoke")))

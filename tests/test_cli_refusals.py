@@ -351,8 +351,8 @@ def two_runs(tmp_path, table_jobs, make_result):
     """Two tiny sweep outputs to compare."""
     from contextlib import closing
 
-    from orchestrator.store.rows import make_row
-    from orchestrator.store.sink import ResultSink
+    from store.rows import make_row
+    from store.sink import ResultSink
 
     for name in ("before", "after"):
         with closing(ResultSink(tmp_path / name)) as sink:

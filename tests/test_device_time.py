@@ -15,10 +15,10 @@ import pytest
 from compiler import statistics as cstats
 from compiler.measure import split_busy
 from orchestrator.cli import main
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import rows_to_table
-from orchestrator.store.sink import ResultSink
 from reports.regression import compare, compare_history, to_markdown
+from store.rows import make_row
+from store.schema import rows_to_table
+from store.sink import ResultSink
 from workers.repeats import device_fields, merge
 
 CALLS, DEVICE_CALLS = 30, 20

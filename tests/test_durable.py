@@ -80,9 +80,9 @@ def test_on_a_store_that_is_not_local_it_is_one_output_stream(tmp_path):
 # Renames that are not a writer's tmp + rename of a whole file, or are not yet moved here.
 ALLOWED = {
     "compiler/durable.py": "the helper itself",
-    "orchestrator/store/lock.py": "takes a stale lock over by renaming it aside, not a write",
+    "store/lock.py": "takes a stale lock over by renaming it aside, not a write",
     "compiler/isa_probe.py": "moves a whole folder of kept probe libraries into place (a cache: a lost one is rebuilt)",
-    "orchestrator/store/sink.py": "the result sink: its own fsync'd rename of a Parquet part (its ledger work is elsewhere)",
+    "store/sink.py": "the result sink: its own fsync'd rename of a Parquet part (its ledger work is elsewhere)",
 }
 
 

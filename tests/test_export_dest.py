@@ -15,8 +15,8 @@ from orchestrator.cli import main
 @pytest.fixture
 def cpu_output(tmp_path, table_jobs, make_result):
     """A sweep output of this machine's stack, whose cpu presets an export here may build."""
-    from orchestrator.store.rows import make_row
-    from orchestrator.store.sink import ResultSink
+    from store.rows import make_row
+    from store.sink import ResultSink
     from tests.tune.test_export_apply import CELLS, local_stack_fields
 
     out = tmp_path / "out"
@@ -50,7 +50,7 @@ def test_an_export_to_s3_is_uploaded_manifest_last_and_reads_back(
     from compiler.apply import MANIFEST, PRESETS
     from compiler.export_files import CACHE_ENV, open_export
     from orchestrator.commands.export import staging_dir
-    from orchestrator.store.storage import resolve
+    from store.storage import resolve
 
     dest, scratch = s3_bucket.uri("exports/cpu"), tmp_path / "scratch"
     staging = staging_dir(resolve(dest), str(scratch))
@@ -82,7 +82,7 @@ def test_an_export_to_s3_is_uploaded_manifest_last_and_reads_back(
 def test_an_s3_dest_that_holds_other_objects_is_refused_before_any_build(
     s3_bucket, cpu_output, tmp_path, capsys
 ):
-    from orchestrator.store.storage import resolve
+    from store.storage import resolve
 
     dest = s3_bucket.uri("taken")
     resolve(dest).join("notes.txt").write_text("someone else's")
@@ -105,8 +105,8 @@ def test_an_s3_dest_in_a_missing_bucket_is_one_line_before_any_build(s3_bucket, 
 def test_an_s3_dest_another_driver_holds_is_refused_naming_it(
     s3_bucket, cpu_output, tmp_path, capsys, monkeypatch
 ):
-    from orchestrator.store import lock as locking
-    from orchestrator.store.lock import OutputLock
+    from store import lock as locking
+    from store.lock import OutputLock
 
     monkeypatch.setattr(locking, "SETTLE_S", 0.1)
     dest = s3_bucket.uri("held")

@@ -14,9 +14,9 @@ import pytest
 
 from compiler.config import CompileConfig
 from compiler.kernels import KernelChoiceRecorder, read_choice_stream
-from orchestrator.store.rows import make_row, side_rows
-from orchestrator.store.schema import read_results, read_table
-from orchestrator.store.sink import ResultSink
+from store.rows import make_row, side_rows
+from store.schema import read_results, read_table
+from store.sink import ResultSink
 from workers.bench import STALL_ENV, choices_stream
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import keep_streamed_choices, run_job

@@ -1,5 +1,7 @@
 """The house rules of the source tree, checked: no import circle between the modules of one
-package (counting imports inside functions: a lazy import still ties two modules together)."""
+package, between the top-level packages (the floors: compiler, workers, store, reports,
+orchestrator), nor between `orchestrator`'s subpackages (counting imports inside functions: a
+lazy import still ties two modules together)."""
 
 from __future__ import annotations
 
@@ -50,7 +52,50 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("package", ["workers", "compiler", "orchestrator", "reports"])
+PACKAGES = ["workers", "compiler", "store", "orchestrator", "reports"]
+
+
+def _floor_graph(modules: dict[str, set[str]], depth: int) -> dict[str, set[str]]:
+    """The module graph collapsed to names of `depth` parts (1: top-level packages)."""
+    floors: dict[str, set[str]] = {}
+    for module, deps in modules.items():
+        floor = ".".join(module.split(".")[:depth])
+        edges = floors.setdefault(floor, set())
+        edges.update(".".join(d.split(".")[:depth]) for d in deps)
+    return {f: {d for d in deps if d != f and d in floors} for f, deps in floors.items()}
+
+
+def _all_imports() -> dict[str, set[str]]:
+    """module -> every module of the project's packages it imports, anywhere in its body."""
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            found = graph.setdefault(name, set())
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    found.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    found.add(node.module)
+    return {m: {d for d in deps if d.split(".")[0] in PACKAGES} for m, deps in graph.items()}
+
+
+def test_no_import_circle_between_top_level_packages():
+    """The store is the floor below the driver and the reports: `reports` reads outputs through
+    it and never imports the driver's package, which imports `reports` to print them."""
+    floors = _floor_graph(_all_imports(), 1)
+    assert _cycle(floors) is None, " -> ".join(_cycle(floors))
+    assert "orchestrator" not in floors["reports"] and "orchestrator" not in floors["store"]
+
+
+def test_no_import_circle_between_orchestrator_subpackages():
+    inside = {m: d for m, d in _all_imports().items() if m.startswith("orchestrator.")}
+    inside = {m: {d for d in deps if d.startswith("orchestrator.")} for m, deps in inside.items()}
+    floors = _floor_graph(inside, 2)
+    assert _cycle(floors) is None, " -> ".join(_cycle(floors))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle_inside_a_package(package):
     assert _cycle(_imports(package)) is None, " -> ".join(_cycle(_imports(package)))
 

@@ -27,8 +27,8 @@ from compiler.measure import (
 )
 from compiler.precision import apply_precision
 from compiler.statistics import ratio_interval, split_groups, summarize
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import rows_to_table
+from store.rows import make_row
+from store.schema import rows_to_table
 from tests.columns import MEASUREMENT_COLUMNS, assert_pinned_or_says_why
 from workers.job import PHASES, Job, MeasureSpec, ModelSpec
 from workers.runner import run_job

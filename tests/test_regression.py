@@ -12,11 +12,11 @@ import pytest
 
 from compiler import statistics as cstats
 from orchestrator.cli import main
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import rows_to_table
-from orchestrator.store.sink import ResultSink
 from reports.html import render_html
 from reports.regression import compare, compare_history, to_markdown
+from store.rows import make_row
+from store.schema import rows_to_table
+from store.sink import ResultSink
 
 PROCESSES, CALLS = 3, 30
 
@@ -336,7 +336,7 @@ def test_report_history_cli(tmp_path, table_jobs, make_result, capsys):
 def test_autotune_winner_changes_are_reasons_and_the_latest_row_wins(table_jobs, make_result):
     import pyarrow as pa
 
-    from orchestrator.store.rows import latest_rows
+    from store.rows import latest_rows
 
     current, baseline = run_rows(table_jobs, make_result, 11), run_rows(table_jobs, make_result, 12)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.spec.sweep import parse_spec
-from orchestrator.store import runlog
-from orchestrator.store.sink import ResultSink
+from store import runlog
+from store.sink import ResultSink
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling.py"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.store.schema import RESULT_COLUMNS, rows_to_table
 from reports import vision_doc
+from store.schema import RESULT_COLUMNS, rows_to_table
 
 REFERENCE_CSV = Path(vision_doc.DEFAULT_REFERENCE)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from orchestrator.store.schema import SIDE_TABLES, read_results, read_table  # noqa: E402
+from store.schema import SIDE_TABLES, read_results, read_table  # noqa: E402
 
 out, dest = sys.argv[1], Path(sys.argv[2])
 table = read_results(out)

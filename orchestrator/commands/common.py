@@ -233,8 +233,8 @@ def drive(run):
     from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted
     from orchestrator.fleet.inventory import MissingHardwareError
     from orchestrator.spec.matrix import NoJobMatches
-    from orchestrator.store.storage import StorageError
     from orchestrator.tune.search import NothingToTune
+    from store.storage import StorageError
 
     try:
         return run(), None

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, scratch_problem, whole
-from orchestrator.store.location import arg as location_arg
+from store.location import arg as location_arg
 
 if TYPE_CHECKING:
-    from orchestrator.store.storage import Location
+    from store.storage import Location
 
 
 def add_parsers(sub) -> None:
@@ -77,8 +77,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_export(args) -> int:
-    from orchestrator.store.storage import StorageError, checked
     from orchestrator.tune.export import ExportError, export
+    from store.storage import StorageError, checked
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -118,8 +118,8 @@ def cmd_export(args) -> int:
 def _remote_lock(text: str):
     """An object-store `--dest`'s lock, held from before it is checked until the last upload
     (`export` itself locks a local DEST, and the staging directory of a remote one)."""
-    from orchestrator.store.lock import holding
-    from orchestrator.store.storage import checked, is_uri
+    from store.lock import holding
+    from store.storage import checked, is_uri
 
     if not is_uri(text) or text.lower().startswith("file://"):
         return contextlib.nullcontext()
@@ -134,8 +134,8 @@ def _dest(text: str, scratch: str | None, resume: bool) -> tuple[Path, Location 
     from pyarrow.lib import ArrowException
 
     from compiler.apply import MANIFEST
-    from orchestrator.store.lock import LOCK_FILE
-    from orchestrator.store.storage import StorageError, check_writable, checked, is_uri
+    from store.lock import LOCK_FILE
+    from store.storage import StorageError, check_writable, checked, is_uri
 
     if not is_uri(text) or text.lower().startswith("file://"):
         return _local_dest(text), None
@@ -177,8 +177,8 @@ def publish(staging: Path, remote: Location, log) -> None:
     from pyarrow.lib import ArrowException
 
     from compiler.apply import MANIFEST
-    from orchestrator.store.storage import StorageError, format_size
     from orchestrator.tune.export import PROGRESS
+    from store.storage import StorageError, format_size
 
     files = [p for p in sorted(staging.rglob("*")) if p.is_file() and p.name not in (MANIFEST, PROGRESS)]
     size = 0
@@ -202,8 +202,8 @@ def _local_dest(text: str) -> Path:
     exists or can be made, and that this process can write (ValueError naming the problem and
     the fix otherwise). Object stores are refused: the packages are built and verified in place."""
     from orchestrator.commands.report import _check_not_output_data
-    from orchestrator.store.location import shown
-    from orchestrator.store.storage import resolve
+    from store.location import shown
+    from store.storage import resolve
 
     dest = resolve(text).local_path
     # realpath, not resolve(): a symbolic link loop is refused below, with what mkdir says

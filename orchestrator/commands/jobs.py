@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, add_only, positive, whole
-from orchestrator.store.location import arg as location_arg
+from store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -102,7 +102,7 @@ def add_parsers(sub) -> None:
 def cmd_submit(args) -> int:
     from orchestrator.fleet import submit as jobs
     from orchestrator.spec.sweep import SpecError
-    from orchestrator.store.storage import redact
+    from store.storage import redact
 
     extra = [*(["--only", args.only] if args.only else []), *(["--resume"] if args.resume else [])]
     extra += ["--timeout-cap", f"{args.timeout_cap:g}"] if args.timeout_cap is not None else []

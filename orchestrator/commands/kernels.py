@@ -6,7 +6,7 @@ import json
 import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT
-from orchestrator.store.location import arg as location_arg
+from store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -26,8 +26,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_kernels(args) -> int:
-    from orchestrator.store.storage import StorageError, checked
     from reports.kernels import autotuned_ops, load, render, summarize
+    from store.storage import StorageError, checked
 
     try:
         rows = load(checked(args.out)).to_pylist()
@@ -68,7 +68,7 @@ def cmd_kernels(args) -> int:
 def _unfinished_compiles(out: str, hardware: str | None) -> str:
     """For `kernels` with no rows: the jobs whose compile never finished (so a config that does
     autotune may have none yet), as a clause; '' when there are none or results cannot be read."""
-    from orchestrator.store.schema import read_results
+    from store.schema import read_results
 
     try:
         results = read_results(out, ["hardware", "status", "error", "mode", "options"]).to_pylist()

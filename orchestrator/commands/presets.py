@@ -6,7 +6,7 @@ import contextlib
 import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, add_budgets, budgets_from_args, print_what_won
-from orchestrator.store.location import arg as location_arg
+from store.location import arg as location_arg
 from workers.runner import plural
 
 
@@ -61,9 +61,9 @@ def _versus(p: dict) -> str:
 
 def cmd_presets(args) -> int:
     from compiler.accuracy import parse_budgets
-    from orchestrator.store.lock import holding
-    from orchestrator.store.storage import StorageError, checked
     from orchestrator.tune.presets import write_presets
+    from store.lock import holding
+    from store.storage import StorageError, checked
 
     try:
         accuracy = None

@@ -18,7 +18,7 @@ from orchestrator.commands.common import (
     sweep_options,
     whole,
 )
-from orchestrator.store.location import arg as location_arg
+from store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -105,9 +105,9 @@ def add_parsers(sub) -> None:
 
 
 def cmd_report(args) -> int:
-    from orchestrator.store.schema import read_results, results_path
-    from orchestrator.store.storage import StorageError, checked
     from reports.speedup import render, write_report
+    from store.schema import read_results, results_path
+    from store.storage import StorageError, checked
 
     try:
         out = checked(args.out)
@@ -149,8 +149,8 @@ def cmd_nightly(args) -> int:
     from compiler.statistics import load_thresholds
     from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.nightly import run_nightly
-    from orchestrator.store.storage import StorageError, check_writable, checked
     from reports.regression import to_markdown
+    from store.storage import StorageError, check_writable, checked
 
     spec = load_sweep(args.sweep)
     if spec is None:
@@ -197,10 +197,10 @@ def _check_history_root(history) -> None:
 
 def _compare_runs(args, out, table) -> int:
     from compiler.statistics import load_thresholds
-    from orchestrator.store.schema import read_results, read_table, results_path
-    from orchestrator.store.storage import StorageError, checked
     from reports.html import render_html
     from reports.regression import compare, to_json_text, to_markdown
+    from store.schema import read_results, read_table, results_path
+    from store.storage import StorageError, checked
 
     try:
         baseline = checked(args.baseline or args.history)

@@ -22,7 +22,7 @@ from orchestrator.commands.common import (
     sweep_options,
     whole,
 )
-from orchestrator.store.location import arg as location_arg
+from store.location import arg as location_arg
 
 
 def add_parsers(sub) -> None:
@@ -116,8 +116,8 @@ def add_parsers(sub) -> None:
 def cmd_sweep(args) -> int:
     from orchestrator.fleet.driver import check_ray_address, run_sweep
     from orchestrator.fleet.progress import format_duration
-    from orchestrator.store.schema import results_path
-    from orchestrator.store.storage import StorageError, check_own_output, check_writable, checked
+    from store.schema import results_path
+    from store.storage import StorageError, check_own_output, check_writable, checked
 
     deadline = deadline_at(args)  # counted from the command's start
     spec = load_sweep(args.sweep)

@@ -25,7 +25,7 @@ from orchestrator.commands.common import (
     scratch_problem,
     whole,
 )
-from orchestrator.store.location import arg as location_arg
+from store.location import arg as location_arg
 from workers.runner import plural
 
 
@@ -193,7 +193,7 @@ def _cache_from(args):
     """The checked --cache-from location, or None; StorageError (one error line, exit 2) where it
     holds no shared-cache snapshot."""
     from orchestrator.fleet.cache import SNAPSHOT_FILE
-    from orchestrator.store.storage import StorageError, checked
+    from store.storage import StorageError, checked
 
     if args.cache_from is None:
         return None
@@ -246,9 +246,9 @@ def cmd_tune(args) -> int:
     from compiler.precision import PRECISIONS, canonical_precision
     from orchestrator.fleet.driver import check_ray_address
     from orchestrator.fleet.progress import format_duration
-    from orchestrator.store.storage import StorageError, check_own_output, check_writable, checked
     from orchestrator.tune.search import TuneOptions, plan_locally, run_tune
     from orchestrator.tune.space import KNOB_NAMES
+    from store.storage import StorageError, check_own_output, check_writable, checked
 
     deadline = deadline_at(args)  # counted from the command's start
     spec = load_sweep(args.sweep)

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import TextIO
 
 from compiler.env import die_with_parent
-from orchestrator.store.location import printable
-from orchestrator.store.storage import Location
+from store.location import printable
+from store.storage import Location
 
 REDIS_SERVER_ENV = "ORCHESTRATE_REDIS_SERVER"
 """Path of the redis-server binary to start (default: `redis-server` on PATH, else the one the

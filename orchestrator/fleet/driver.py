@@ -28,14 +28,14 @@ from orchestrator.fleet.stopping import DeadlineReached, check_deadline, sigterm
 from orchestrator.fleet.support import row_error, triage
 from orchestrator.spec.matrix import expand, select_matching
 from orchestrator.spec.sweep import SweepSpec
-from orchestrator.store import runlog
-from orchestrator.store.location import printable
-from orchestrator.store.lock import OutputLock
-from orchestrator.store.reader import repair
-from orchestrator.store.rows import failure_row
-from orchestrator.store.schema import TABLES, table_spec
-from orchestrator.store.sink import ResultSink
-from orchestrator.store.storage import (
+from store import runlog
+from store.location import printable
+from store.lock import OutputLock
+from store.reader import repair
+from store.rows import failure_row
+from store.schema import TABLES, table_spec
+from store.sink import ResultSink
+from store.storage import (
     Location,
     Target,
     WriteRefused,
@@ -269,7 +269,7 @@ def run_sweep(
     `storage.StorageError`, an output another live driver holds `lock.OutputLocked`, a dead
     `opts.address` `AddressError`, a dead `opts.cache_redis` `cache.CacheAddressError` (when the
     sweep shares its compile cache). With `opts.resume`, damaged part files are moved into
-    `<out>/quarantine/` first, so their jobs run again (`orchestrator.store.integrity`)."""
+    `<out>/quarantine/` first, so their jobs run again (`store.integrity`)."""
     stream = stream or sys.stderr
     out = checked(opts.out_dir)
     check_own_output(out)  # not `/` or a home directory

@@ -22,11 +22,11 @@ from typing import Any, TextIO
 from compiler.statistics import load_thresholds
 from orchestrator.fleet.driver import SweepOptions, SweepSummary, run_sweep
 from orchestrator.spec.sweep import SweepSpec
-from orchestrator.store.integrity import DamagedOutputError, OutputWarning
-from orchestrator.store.schema import read_results, read_table
-from orchestrator.store.storage import Location
 from reports.html import render_html
 from reports.regression import Comparison, compare_history, to_json_text, to_markdown
+from store.integrity import DamagedOutputError, OutputWarning
+from store.schema import read_results, read_table
+from store.storage import Location
 
 RUN_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{6}Z$")
 REPORT_MD = "regression.md"

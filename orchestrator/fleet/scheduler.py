@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.fleet.inventory import HardwareClass
-from orchestrator.store.fields import HARNESS_ERROR
-from orchestrator.store.rows import failure_row, make_row, side_rows
+from store.fields import HARNESS_ERROR
+from store.rows import failure_row, make_row, side_rows
 from workers.job import Job
 
 WAIT_S = 0.25

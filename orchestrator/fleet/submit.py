@@ -35,8 +35,8 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from orchestrator.spec.sweep import SweepSpec, load_spec
-from orchestrator.store.location import check_form, printable
-from orchestrator.store.storage import StorageError, is_uri, redact
+from store.location import check_form, printable
+from store.storage import StorageError, is_uri, redact
 
 EXCLUDES = [
     ".git",

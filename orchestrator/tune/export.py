@@ -41,12 +41,12 @@ from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256
 from compiler.config import CompileConfig, is_eager_preset, preset_runtime
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
 from orchestrator.spec.models import default_name as _default_name
-from orchestrator.store.lock import LOCK_FILE, holding
-from orchestrator.store.runlog import read_runs
-from orchestrator.store.schema import read_results
-from orchestrator.store.storage import Location, Target, resolve
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
 from orchestrator.tune.search import TUNE_FILE
+from store.lock import LOCK_FILE, holding
+from store.runlog import read_runs
+from store.schema import read_results
+from store.storage import Location, Target, resolve
 from workers.job import Job, MeasureSpec, ModelSpec
 
 BUNDLES = "bundles"

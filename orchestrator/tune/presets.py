@@ -1,7 +1,7 @@
 """Presets: for each (hardware class, model, batch size, precision) the fastest config that
 passed its accuracy check within the optional compile-time and memory budgets, a per-class
 default for models never swept, and where they are written (`presets.parquet`, the `presets`
-table of `orchestrator.store.schema`, and `presets.json`, keyed by hardware class and software
+table of `store.schema`, and `presets.json`, keyed by hardware class and software
 stack). `orchestrate presets` derives them from a sweep; `orchestrate tune` from its search."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from compiler import accuracy as acc
 from compiler import durable, runtime
 from compiler import statistics as cstats
 from compiler.accuracy import Budget
-from orchestrator.store.schema import PRESETS_SCHEMA, read_results, results_path
-from orchestrator.store.stock import stock_user, versus
-from orchestrator.store.storage import Location, Target, resolve
 from orchestrator.tune import eager
 from orchestrator.tune.effects import setting_effects, what_won
+from store.schema import PRESETS_SCHEMA, read_results, results_path
+from store.stock import stock_user, versus
+from store.storage import Location, Target, resolve
 
 PRESETS_FILE = "presets.json"
 PRESETS_TABLE_FILE = "presets.parquet"
@@ -197,7 +197,7 @@ def derive_presets(
     table: pa.Table, budgets: Budgets = Budgets(), accuracy: tuple[Budget, ...] = ()
 ) -> dict[str, Any]:
     """Best eligible config per cell (see `eligible`), with its speedup over eager, over the default
-    config and over a stock PyTorch user (`orchestrator.store.stock`); eager instead where that
+    config and over a stock PyTorch user (`store.stock`); eager instead where that
     config's row shows eager faster by the project's rule (`orchestrator.tune.eager`: a row of
     several processes, `measure.repeats`).
 
@@ -367,7 +367,7 @@ def write_presets(
 
 def sweep_accuracy(out: Location) -> tuple[Budget, ...]:
     """The accuracy budgets of the sweep an output's latest run ran (none where it declared none)."""
-    from orchestrator.store.runlog import read_runs
+    from store.runlog import read_runs
 
     for run in reversed(read_runs(out)):
         declared = (run.get("spec") or {}).get("accuracy")

@@ -59,16 +59,16 @@ from orchestrator.fleet.inventory import HardwareClass, cluster_classes
 from orchestrator.fleet.inventory import resolve as resolve_classes
 from orchestrator.spec.matrix import select_matching
 from orchestrator.spec.sweep import SweepSpec
-from orchestrator.store.lock import holding
-from orchestrator.store.rows import latest_rows
-from orchestrator.store.runlog import check_same_sweep
-from orchestrator.store.schema import read_results
-from orchestrator.store.storage import Location, Target, checked, refusal_stops
 from orchestrator.tune import deployed, eager, stages
 from orchestrator.tune.cells import Cell, check_rows_kept
 from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
 from orchestrator.tune.presets import Budgets, durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates, is_base
+from store.lock import holding
+from store.rows import latest_rows
+from store.runlog import check_same_sweep
+from store.schema import read_results
+from store.storage import Location, Target, checked, refusal_stops
 from workers.job import Baseline, Job, MeasureSpec, software_stack
 from workers.runner import plural
 

@@ -203,7 +203,7 @@ def test_a_kept_snapshot_carries_autotune_work_to_the_next_server_but_not_fx_gra
     the autotune entries the first one had, read from OUT/shared-cache.parquet."""
     import redis
 
-    from orchestrator.store.storage import resolve
+    from store.storage import resolve
 
     out = resolve(tmp_path / "out")
     ns = namespace("H100", {"torch": "t"})
@@ -245,7 +245,7 @@ def test_cache_from_seeds_the_next_tunes_server_with_an_earlier_tunes_autotune_w
     timings and Triton configs of EARLIER's snapshot, and keeps them in its own snapshot."""
     import redis
 
-    from orchestrator.store.storage import resolve
+    from store.storage import resolve
 
     earlier, later = resolve(tmp_path / "earlier"), resolve(tmp_path / "later")
     ns = namespace("H100", {"torch": "t"})
@@ -298,7 +298,7 @@ def test_cache_from_is_refused_before_ray_where_it_cannot_seed(tmp_path, capsys,
 
 @needs_redis
 def test_no_snapshot_for_a_named_server_or_without_keep(tmp_path):
-    from orchestrator.store.storage import resolve
+    from store.storage import resolve
 
     out = resolve(tmp_path / "out")
     with (
@@ -316,7 +316,7 @@ import sys, time
 import redis
 from compiler.shared_cache import namespace
 from orchestrator.fleet import cache
-from orchestrator.store.storage import resolve
+from store.storage import resolve
 
 with cache.shared_cache(True, None, sys.argv[1], sys.stderr, keep=resolve(sys.argv[2])) as address:
     c = redis.Redis.from_url(f"redis://{address}")

@@ -29,7 +29,7 @@ from orchestrator.cli import build_parser
 from orchestrator.commands.report import cmd_nightly
 from orchestrator.fleet.inventory import ACCEL_LABEL, ACCEL_RESOURCE_PREFIX, classes_from_nodes
 from orchestrator.spec.sweep import load_spec
-from orchestrator.store.storage import check_uri
+from store.storage import check_uri
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kuberay"

@@ -106,7 +106,7 @@ def test_timing_only_rows_order_jobs_but_do_not_count_as_done():
 
 
 def test_history_from_output_reads_other_directories_for_timing(tmp_path):
-    from orchestrator.store.sink import ResultSink
+    from store.sink import ResultSink
 
     earlier, out = tmp_path / "earlier", tmp_path / "out"
     b = job(config="b")

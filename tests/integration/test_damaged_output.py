@@ -28,14 +28,14 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.fleet.driver import SweepOptions, run_sweep
 from orchestrator.spec.sweep import parse_spec
-from orchestrator.store.reader import LegacyOutputWarning
-from orchestrator.store.runlog import RunLogError, read_runs
-from orchestrator.store.schema import read_results, read_table
+from store.reader import LegacyOutputWarning
+from store.runlog import RunLogError, read_runs
+from store.schema import read_results, read_table
 from tests.integration.test_fleet import fake_kernel_choices
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.filterwarnings("ignore::orchestrator.store.reader.LegacyOutputWarning"),
+    pytest.mark.filterwarnings("ignore::store.reader.LegacyOutputWarning"),
 ]
 
 SWEEP = """\
@@ -78,7 +78,7 @@ def finished(tmp_path_factory):
     import ray
 
     from orchestrator.fleet import driver
-    from orchestrator.store.sink import ResultSink
+    from store.sink import ResultSink
 
     # address="local": a bare ray.init() attaches to any cluster `ray start` left on this machine
     ray.init(

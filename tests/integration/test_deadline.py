@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from orchestrator.store.schema import read_results
+from store.schema import read_results
 from tests.integration.conftest import ROOT, orchestrate
 
 pytestmark = pytest.mark.integration

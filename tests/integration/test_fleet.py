@@ -17,7 +17,7 @@ import pytest
 from orchestrator.fleet.driver import SweepOptions, run_sweep
 from orchestrator.fleet.inventory import MissingHardwareError
 from orchestrator.spec.sweep import parse_spec
-from orchestrator.store.schema import read_results, read_table
+from store.schema import read_results, read_table
 
 pytestmark = pytest.mark.integration
 

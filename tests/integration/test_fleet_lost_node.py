@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.fleet.driver import SweepOptions, run_sweep
 from orchestrator.spec.sweep import parse_spec
-from orchestrator.store.schema import read_results
+from store.schema import read_results
 from tests.integration.test_fleet import SWEEP, make_cluster, task_body
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from orchestrator.store.lock import LOCK_FILE
-from orchestrator.store.schema import read_results
+from store.lock import LOCK_FILE
+from store.schema import read_results
 from tests.integration.conftest import bench_processes, orchestrate, planned_count, start_sweep
 from tests.store.test_full_disk import leftovers
 

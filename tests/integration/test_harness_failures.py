@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.fleet.driver import SweepOptions, run_sweep
 from orchestrator.spec.sweep import parse_spec
-from orchestrator.store.schema import read_results
+from store.schema import read_results
 
 pytestmark = pytest.mark.integration
 

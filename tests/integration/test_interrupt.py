@@ -12,8 +12,8 @@ import time
 import pytest
 
 from compiler.kernels import read_choice_stream
-from orchestrator.store.lock import LOCK_FILE
-from orchestrator.store.schema import read_results, read_table
+from store.lock import LOCK_FILE
+from store.schema import read_results, read_table
 from tests.integration.conftest import bench_processes, start_sweep
 from workers.bench import STALL_ENV
 

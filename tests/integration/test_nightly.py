@@ -25,8 +25,8 @@ from orchestrator.fleet.nightly import (
     run_nightly,
 )
 from orchestrator.spec.sweep import parse_spec
-from orchestrator.store.schema import read_results
-from orchestrator.store.storage import checked
+from store.schema import read_results
+from store.storage import checked
 
 pytestmark = pytest.mark.integration
 

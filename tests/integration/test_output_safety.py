@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.store.schema import read_results
+from store.schema import read_results
 from tests.integration.conftest import bench_processes, orchestrate, planned_count, start_sweep
 
 pytestmark = [
     pytest.mark.integration,
     # the CLI names stray files itself; the tests' own reads of such outputs need not
-    pytest.mark.filterwarnings("ignore::orchestrator.store.integrity.StrayFileWarning"),
+    pytest.mark.filterwarnings("ignore::store.integrity.StrayFileWarning"),
 ]
 
 # The held model's jobs (planned after the MLP's, and run after them) build only once the test

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from orchestrator.store.schema import read_results
-from orchestrator.store.storage import resolve
+from store.schema import read_results
+from store.storage import resolve
 from tests.integration.conftest import orchestrate
 
 pytestmark = pytest.mark.integration

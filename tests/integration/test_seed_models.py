@@ -13,7 +13,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from orchestrator.store.schema import read_results
+from store.schema import read_results
 from tests.columns import MEASUREMENT_COLUMNS
 from tests.integration.conftest import orchestrate
 from workers.zoo import SMALL_IMAGE_SIZE, SMALL_OVERRIDES

@@ -9,7 +9,7 @@ import pytest
 
 from compiler.config import CompileConfig
 from orchestrator.fleet import cache
-from orchestrator.store.schema import read_results
+from store.schema import read_results
 from tests.integration.conftest import orchestrate
 from workers.job import Job, MeasureSpec, ModelSpec, software_stack
 from workers.runner import run_job

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.store.schema import read_results
+from store.schema import read_results
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.store.schema import read_results
+from store.schema import read_results
 from tests.columns import assert_pinned_or_says_why
 from tests.integration.conftest import orchestrate, planned_count
 

@@ -15,11 +15,11 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.fleet.driver import SweepOptions, run_sweep
 from orchestrator.spec.sweep import parse_spec
-from orchestrator.store.lock import LOCK_FILE, OutputLock
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import read_results
-from orchestrator.store.sink import ResultSink
-from orchestrator.store.storage import WriteRefused, format_size
+from store.lock import LOCK_FILE, OutputLock
+from store.rows import make_row
+from store.schema import read_results
+from store.sink import ResultSink
+from store.storage import WriteRefused, format_size
 
 CPU_NAMES = ["cpu/resnet/bs1/fp32/default", "cpu/mlp/bs1/fp32/ro", "cpu/mlp/bs4/fp32/tuned"]
 SWEEP = """\
@@ -142,7 +142,7 @@ def test_a_whole_file_write_that_fails_leaves_no_temporary_file(tmp_path):
 
     child = (
         "import resource, signal, sys\n"
-        "from orchestrator.store.storage import resolve\n"
+        "from store.storage import resolve\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4, 4))\n"
         "try:\n"

@@ -15,17 +15,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.store import runlog
-from orchestrator.store.integrity import (
+from store import runlog
+from store.integrity import (
     DamagedOutputError,
     StrayFileWarning,
     list_parts,
 )
-from orchestrator.store.reader import LegacyOutputWarning, find_damaged, repair
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import TABLES, read_results, table_spec
-from orchestrator.store.sink import ResultSink
-from orchestrator.store.storage import resolve
+from store.reader import LegacyOutputWarning, find_damaged, repair
+from store.rows import make_row
+from store.schema import TABLES, read_results, table_spec
+from store.sink import ResultSink
+from store.storage import resolve
 
 SPECS = [table_spec(t) for t in TABLES]
 

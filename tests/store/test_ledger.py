@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.store import runlog
-from orchestrator.store.integrity import DamagedOutputError
-from orchestrator.store.ledger import LEDGER_DIR, load
-from orchestrator.store.lock import OutputLock
-from orchestrator.store.reader import LedgerWarning, LegacyOutputWarning, find_damaged, repair
-from orchestrator.store.rows import make_row, side_rows
-from orchestrator.store.schema import (
+from store import runlog
+from store.integrity import DamagedOutputError
+from store.ledger import LEDGER_DIR, load
+from store.lock import OutputLock
+from store.reader import LedgerWarning, LegacyOutputWarning, find_damaged, repair
+from store.rows import make_row, side_rows
+from store.schema import (
     RESULTS_SCHEMA,
     SCHEMA_VERSION_KEY,
     TABLES,
@@ -30,8 +30,8 @@ from orchestrator.store.schema import (
     read_table,
     table_spec,
 )
-from orchestrator.store.sink import ResultSink
-from orchestrator.store.storage import StorageError, resolve
+from store.sink import ResultSink
+from store.storage import StorageError, resolve
 
 SPECS = [table_spec(t) for t in TABLES]
 NAMES = ("cpu/mlp/bs1/fp32/default", "cpu/mlp/bs1/fp32/ro", "cpu/mlp/bs4/fp32/default")

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.store import lock as locking
-from orchestrator.store.lock import LOCK_FILE, OutputLock, OutputLocked
+from store import lock as locking
+from store.lock import LOCK_FILE, OutputLock, OutputLocked
 
 REPO = Path(__file__).resolve().parents[2]
 
 HOLDER = """
 import sys, time
-from orchestrator.store.lock import OutputLock
+from store.lock import OutputLock
 OutputLock.acquire(sys.argv[1], ["orchestrate", "sweep", "held.yaml"])
 print("held", flush=True)
 time.sleep(120)

@@ -12,11 +12,11 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.fleet.ordering import History
-from orchestrator.store import runlog
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import RESULT_COLUMNS, read_results
-from orchestrator.store.sink import ResultSink, finished_job_ids
-from orchestrator.store.storage import StorageError, check_uri, check_writable, redact, resolve
+from store import runlog
+from store.rows import make_row
+from store.schema import RESULT_COLUMNS, read_results
+from store.sink import ResultSink, finished_job_ids
+from store.storage import StorageError, check_uri, check_writable, redact, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "sweeps" / "smoke.yaml"

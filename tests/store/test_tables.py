@@ -12,9 +12,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.store import runlog
-from orchestrator.store.rows import failure_row, make_row
-from orchestrator.store.schema import (
+from store import runlog
+from store.rows import failure_row, make_row
+from store.schema import (
     PARTITION_COLUMNS,
     RESULT_COLUMNS,
     RESULTS_FILE_SCHEMA,
@@ -27,7 +27,7 @@ from orchestrator.store.schema import (
     read_table,
     rows_to_table,
 )
-from orchestrator.store.sink import ResultSink, finished_job_ids
+from store.sink import ResultSink, finished_job_ids
 
 MINIMAL = {"job_id": "j1", "run_id": "r1", "hardware": "cpu", "status": "ok"}
 
@@ -186,7 +186,7 @@ def test_sink_writes_a_jobs_kernel_choices_before_its_result_row(tmp_path, rows)
 def test_triton_kernel_rows_travel_from_a_result_to_their_table(tmp_path, table_jobs, make_result):
     """A job's `triton_kernels` (as compiler.kernels.triton_kernel_rows writes them on a GPU) reach
     their table keyed by the job, through side_rows and the sink."""
-    from orchestrator.store.rows import make_row, side_rows
+    from store.rows import make_row, side_rows
 
     job = table_jobs["A100/resnet/bs1/fp32/default"]
     kernel = {
@@ -388,7 +388,7 @@ def test_files_carry_the_schema_version_and_older_files_read_alongside_newer_one
     """History that lasts: a results file of the first schema (no version key, a subset of today's
     columns, as written before the phase, repeats and baseline columns existed) reads together with
     one the sink writes now; the columns it lacks are nulls."""
-    from orchestrator.store.schema import SCHEMA_VERSION, file_schema_version
+    from store.schema import SCHEMA_VERSION, file_schema_version
 
     part = tmp_path / "results" / f"hardware={rows[0]['hardware']}"  # its job's class: job_name says it
     part.mkdir(parents=True)

@@ -9,11 +9,11 @@ import pytest
 
 from compiler.accuracy import Budget
 from compiler.capabilities import known
-from orchestrator.store.rows import make_row
 from orchestrator.tune import stages
 from orchestrator.tune.cells import Cell
 from orchestrator.tune.presets import Budgets
 from orchestrator.tune.space import candidates
+from store.rows import make_row
 from tests.conftest import _result
 from tests.tune.test_tune import RESNET, STOCK, make_job_for, samples
 
@@ -208,9 +208,9 @@ def test_a_budget_that_allows_more_error_never_deploys_a_slower_preset():
 
 
 def test_a_sweeps_presets_are_chosen_per_budget_and_state_their_gain_over_the_stock_user():
-    from orchestrator.store.schema import rows_to_table
     from orchestrator.tune.presets import derive_presets
     from reports.speedup import render
+    from store.schema import rows_to_table
 
     space = {c.key: c for c in candidates(STOCK, RESNET, "cuda", "fp32", ("bf16",), (), (), known("H100"))}
 

@@ -15,13 +15,13 @@ import pytest
 
 from compiler.capabilities import CPU, check_preset_supported, known
 from orchestrator.cli import main
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import PRESETS_SCHEMA
-from orchestrator.store.sink import ResultSink
 from orchestrator.tune.cells import Cell, decide
 from orchestrator.tune.effects import EAGER_SETTING, preset_settings
 from orchestrator.tune.presets import PRESETS_TABLE_FILE, Budgets, read_presets_table
 from orchestrator.tune.space import candidates
+from store.rows import make_row
+from store.schema import PRESETS_SCHEMA
+from store.sink import ResultSink
 from tests.conftest import _result
 from tests.tune.test_export_apply import (
     compile_tuned_in_fresh_process,

@@ -27,10 +27,10 @@ from compiler.apply import (
 )
 from compiler.config import CompileConfig
 from compiler.hardware import accelerator_type, hardware_class, software_stack
-from orchestrator.store.rows import make_row
-from orchestrator.store.sink import ResultSink
 from orchestrator.tune.export import bundle_caveat, export, plan_export
 from orchestrator.tune.presets import class_defaults
+from store.rows import make_row
+from store.sink import ResultSink
 from tests.elf import needed
 from workers import toy
 

@@ -7,11 +7,11 @@ from contextlib import closing
 
 import pytest
 
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import read_results, rows_to_table
-from orchestrator.store.sink import ResultSink
 from orchestrator.tune.presets import PRESET_FORMAT, derive_presets, write_presets
 from reports.speedup import REPORT_FILE, render, speedup_tables, write_report
+from store.rows import make_row
+from store.schema import read_results, rows_to_table
+from store.sink import ResultSink
 
 # (job name, status, eager_ms, compiled_ms)
 CELLS = [

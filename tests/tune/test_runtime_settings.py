@@ -13,7 +13,6 @@ import torch
 from compiler import runtime
 from compiler.config import CompileConfig, config_problems
 from orchestrator.spec.sweep import SpecError, parse_spec
-from orchestrator.store.schema import rows_to_table
 from orchestrator.tune.cells import Cell, combine_helping_knobs, decide
 from orchestrator.tune.effects import (
     CellEffect,
@@ -29,6 +28,7 @@ from orchestrator.tune.effects import (
 from orchestrator.tune.presets import Budgets, derive_presets
 from orchestrator.tune.search import make_job
 from orchestrator.tune.space import BASE_MODES, candidates
+from store.schema import rows_to_table
 from tests.tune.test_tune import MLP, RESNET, STOCK, row, samples
 from workers.job import MeasureSpec
 

@@ -11,8 +11,6 @@ import pytest
 
 from compiler import statistics as cstats
 from compiler.config import CompileConfig
-from orchestrator.store.rows import make_row
-from orchestrator.store.schema import PRESETS_SCHEMA, rows_to_table
 from orchestrator.tune.cells import Cell, decide, promote
 from orchestrator.tune.presets import (
     Budgets,
@@ -23,6 +21,8 @@ from orchestrator.tune.presets import (
 )
 from orchestrator.tune.search import make_job, rung_measure
 from orchestrator.tune.space import KNOB_NAMES, candidates, expanded_options, is_base, knobs_on
+from store.rows import make_row
+from store.schema import PRESETS_SCHEMA, rows_to_table
 from workers.job import MeasureSpec, ModelSpec
 
 RESNET = ModelSpec(id="hf:microsoft/resnet-50", name="resnet")

@@ -1,5 +1,5 @@
 """The data dictionary of a sweep output: every column of every table, with its Arrow type and
-its description (`orchestrator.store.schema` builds the tables' schemas from these lists; a column
+its description (`store.schema` builds the tables' schemas from these lists; a column
 added here is a new `SCHEMA_VERSION` there)."""
 
 from __future__ import annotations

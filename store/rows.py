@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from compiler import runtime
-from orchestrator.store.schema import (
+from store.schema import (
     RESULT_COLUMNS,
     SIDE_TABLES,
     SchemaError,
@@ -35,7 +35,7 @@ def _unknown_keys(job: Job, result: dict[str, Any]) -> None:
     message = (
         f"job {job.name}: its result has keys that are no column of the results table, left out of "
         f"the row: {unknown} (a misspelled key in the worker? columns are declared in "
-        "orchestrator/store/fields.py)"
+        "store/fields.py)"
     )
     if os.environ.get(STRICT_ENV):
         raise SchemaError(message)

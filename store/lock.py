@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from orchestrator.store.storage import Location, StorageError, Target, redact, removed_on_failure, resolve
+from store.storage import Location, StorageError, Target, redact, removed_on_failure, resolve
 
 LOCK_FILE = ".orchestrate.lock"
 HEARTBEAT_S = 30.0
@@ -296,7 +296,7 @@ def _busy_message(
 
 def held_by_live_driver(out: Target) -> bool:
     """Whether a driver that may still be alive holds the lock of `out` (so a part it has written
-    may not be in its commit ledger yet: `orchestrator.store.reader`)."""
+    may not be in its commit ledger yet: `store.reader`)."""
     out = resolve(out)
     with _held_mutex:
         if _key(out) in _held:  # this process's own lock (`presets`, a tune reading its rounds):

@@ -9,8 +9,8 @@ On an object store (s3://, gs://) there is no rename, and none is needed: the fi
 memory and sent as one object under its final, unique name, which becomes visible only whole.
 
 Once the parts of a flush are durable, each is listed in the output's commit ledger with the
-sha256 of its bytes, its row count and its job ids (`orchestrator.store.ledger`); readers trust
-listed parts only (`orchestrator.store.reader`). A crash in between leaves unlisted parts, which
+sha256 of its bytes, its row count and its job ids (`store.ledger`); readers trust
+listed parts only (`store.reader`). A crash in between leaves unlisted parts, which
 `--resume` moves into quarantine and whose jobs it runs again.
 
 A write the filesystem refuses (full, over quota, read-only) raises `storage.WriteRefused`, which
@@ -30,8 +30,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.store.ledger import Entry, LedgerWriter, entry, fsync_path
-from orchestrator.store.schema import (
+from store.ledger import Entry, LedgerWriter, entry, fsync_path
+from store.schema import (
     PARTITION_COLUMNS,
     RESULTS_DIR,
     SIDE_TABLES,
@@ -40,7 +40,7 @@ from orchestrator.store.schema import (
     rows_to_table,
     table_path,
 )
-from orchestrator.store.storage import (
+from store.storage import (
     Location,
     Target,
     WriteRefused,
@@ -203,8 +203,8 @@ def _write_local(part_dir: Path, name: str, data: pa.Buffer) -> None:
 
 def adopt_unlisted(out: Location) -> int:
     """For an output without a ledger: list the parts it has (as they are) and return how many."""
-    from orchestrator.store import ledger as ledgers
-    from orchestrator.store.integrity import list_parts
+    from store import ledger as ledgers
+    from store.integrity import list_parts
 
     if ledgers.load(out) is not None:
         return 0

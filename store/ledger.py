@@ -7,7 +7,7 @@
 Each `ResultSink` appends to a segment of its own, after the parts it lists are durable: locally
 the lines are appended to the file and fsynced (the folder too when the file is new); on an object
 store (s3://, gs://), which cannot append, the segment is PUT again whole. A crash between a part
-and its line leaves an unlisted part, which the strict reader (`orchestrator.store.reader`) names
+and its line leaves an unlisted part, which the strict reader (`store.reader`) names
 and `sweep --resume` moves into quarantine (its job runs again), like rows never written.
 
 A line that does not parse (a torn last line after a power cut) lists nothing; the folder name
@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from orchestrator.store.storage import Location, StorageError
+from store.storage import Location, StorageError
 
 LEDGER_DIR = "_ledger"
 SEGMENT_SUFFIX = ".jsonl"

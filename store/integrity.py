@@ -10,7 +10,7 @@ Anything else found there is classified, never guessed at:
 - any other file that is not `hardware=<class>/<name>.parquet`, and any FIFO, socket or device
   (never opened: a FIFO would wait): a *stray* (a note someone left,
   a copy in the wrong folder), ignored with a warning that names it;
-- a part that fails the strict reader (`orchestrator.store.reader`: not in the commit ledger,
+- a part that fails the strict reader (`store.reader`: not in the commit ledger,
   bytes that differ from it, a page whose CRC fails, columns of the wrong name or type, rows that
   break the table's rules): *damaged*, *foreign* or *missing*. Readers refuse to answer from an
   incomplete table and name the file; `orchestrate sweep --resume` moves it to
@@ -27,7 +27,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from orchestrator.store.storage import Location, StorageError
+from store.storage import Location, StorageError
 
 QUARANTINE_DIR = "quarantine"
 PART_DIR_RE = re.compile(r"^hardware=[^/]+$")
@@ -53,7 +53,7 @@ class DamagedFile:
 
 
 class DamagedOutputError(StorageError):
-    """A table with part files that fail the strict reader (`orchestrator.store.reader`); the
+    """A table with part files that fail the strict reader (`store.reader`); the
     message names them and the fix."""
 
     def __init__(self, out: Location, damaged: list[DamagedFile], fix: str):

@@ -1,5 +1,5 @@
 """The one place every Arrow table of a sweep output is defined (their columns, with types and
-descriptions: `orchestrator.store.fields`).
+descriptions: `store.fields`).
 
 Layout of an output directory::
 
@@ -17,7 +17,7 @@ name, not in the files. Read it with :func:`read_results` (or
 ``pyarrow.dataset.dataset(path, partitioning="hive")``). Files are only ever created complete:
 the sink writes a dot-file, fsyncs it and renames it into place, and hive readers skip dot-files.
 ``<out>`` is a local path or a ``pyarrow.fs`` URI (``s3://bucket/prefix``; see
-:mod:`orchestrator.store.storage`); on an object store each file is one PUT under its final name.
+:mod:`store.storage`); on an object store each file is one PUT under its final name.
 
 Failures are rows: every planned job ends as exactly one row whose ``status`` says how it ended.
 """
@@ -29,15 +29,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from orchestrator.store.fields import (
+from store.fields import (
     HARNESS_ERROR,
     KERNEL_CHOICE_FIELDS,
     RESULT_FIELDS,
     STATUSES,
     TRITON_KERNEL_FIELDS,
 )
-from orchestrator.store.preset_fields import PRESET_FIELDS
-from orchestrator.store.storage import Location, Target, resolve
+from store.preset_fields import PRESET_FIELDS
+from store.storage import Location, Target, resolve
 
 RESULTS_DIR = "results"
 PARTITION_COLUMNS = ("hardware",)
@@ -205,9 +205,9 @@ def results_path(out_dir: Target) -> Location:
 
 
 def table_spec(table: str):
-    """What the strict reader (`orchestrator.store.reader`) checks the parts of `table` against."""
-    from orchestrator.store import invariants
-    from orchestrator.store.reader import TableSpec
+    """What the strict reader (`store.reader`) checks the parts of `table` against."""
+    from store import invariants
+    from store.reader import TableSpec
 
     common = (table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)
     if table == RESULTS_DIR:
@@ -241,12 +241,12 @@ def table_spec(table: str):
 def read_table(out_dir: Target, table: str, columns: list[str] | None = None) -> pa.Table:
     """Every row of one table of an output directory (a local path or a URI), in its canonical
     schema (empty if none), from part files the strict reader verified
-    (`orchestrator.store.reader`: listed in the commit ledger with these bytes, exact schema, sound
+    (`store.reader`: listed in the commit ledger with these bytes, exact schema, sound
     rows). Dot-files (a local write in progress) are skipped; stray files are ignored with a
     `StrayFileWarning`; any part that fails raises `DamagedOutputError` naming it and the fix,
     rather than answering from part of the table."""
-    from orchestrator.store.reader import read_verified
-    from orchestrator.store.runlog import read_runs
+    from store.reader import read_verified
+    from store.runlog import read_runs
 
     out = resolve(out_dir)
     read_runs(out)  # a damaged run.json: `RunLogError`, one line (the output is damaged, if not its rows)
@@ -265,7 +265,7 @@ def _sweep_file(out: Location) -> str:
     """The sweep file of the newest run in `out`'s run.json, for a command to suggest; else SWEEP."""
     import contextlib
 
-    from orchestrator.store.runlog import RunLogError, read_runs
+    from store.runlog import RunLogError, read_runs
 
     with contextlib.suppress(RunLogError, OSError):
         for run in reversed(read_runs(out)):

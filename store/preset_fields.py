@@ -1,4 +1,4 @@
-"""The columns of the `presets` table (`orchestrator.store.schema.PRESETS_SCHEMA`): one row per
+"""The columns of the `presets` table (`store.schema.PRESETS_SCHEMA`): one row per
 hardware class, model, batch size, precision and accuracy budget, with its type and description."""
 
 from __future__ import annotations

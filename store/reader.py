@@ -2,7 +2,7 @@
 
 A table is answered from part files that pass every check, or not at all:
 
-- **ledger**: a part must be listed in the commit ledger (`orchestrator.store.ledger`) with the
+- **ledger**: a part must be listed in the commit ledger (`store.ledger`) with the
   sha256 of its bytes. An unlisted part is *foreign* (a copy, a rename, a file someone added); a
   listed part whose bytes differ is *damaged*; a listed part that is gone is *missing*. An output
   without a ledger (written before ledgers existed) is read with a one-line note.
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from orchestrator.store import ledger as ledgers
-from orchestrator.store.integrity import (
+from store import ledger as ledgers
+from store.integrity import (
     MAX_REASON_CHARS,
     DamagedFile,
     DamagedOutputError,
@@ -40,9 +40,9 @@ from orchestrator.store.integrity import (
     quarantine,
     warn_strays,
 )
-from orchestrator.store.invariants import negative_count
-from orchestrator.store.lock import held_by_live_driver
-from orchestrator.store.storage import Location
+from store.invariants import negative_count
+from store.lock import held_by_live_driver
+from store.storage import Location
 
 
 class LegacyOutputWarning(OutputWarning):
@@ -57,7 +57,7 @@ class LedgerWarning(OutputWarning):
 
 @dataclass(frozen=True)
 class TableSpec:
-    """What `check_table` needs to know about one table (built by `orchestrator.store.schema`)."""
+    """What `check_table` needs to know about one table (built by `store.schema`)."""
 
     name: str
     schema: pa.Schema
@@ -82,7 +82,7 @@ class TableSpec:
     reader returns it only while its job has no other row."""
     invariant: Callable[[pa.Table, dict[str, str], set[str]], str | None] | None = None
     """Why a part's rows (given its partition values and the columns its file has) break what the
-    writer guarantees, or None (`orchestrator.store.invariants`)."""
+    writer guarantees, or None (`store.invariants`)."""
     invariant_columns: tuple[str, ...] = ()
     """The columns `invariant` reads (always read, whatever a command asks for)."""
     upgrade: Callable[[pa.Table, int], pa.Table] | None = None
@@ -408,7 +408,7 @@ def read_verified(
 
 
 def _sweeps(out: Location) -> set[str]:
-    from orchestrator.store.runlog import recorded_sweeps
+    from store.runlog import recorded_sweeps
 
     return set(recorded_sweeps(out))
 

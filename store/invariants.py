@@ -1,5 +1,5 @@
 """What the rows of a table always satisfy when this tool wrote them, so the strict reader
-(`orchestrator.store.reader`) refuses a part whose rows break it, with or without a commit ledger:
+(`store.reader`) refuses a part whose rows break it, with or without a commit ledger:
 a part edited or moved by hand, a copy from another output, a file of an output from before
 ledgers. Each check is one the writer guarantees by construction; none is a judgement of whether a
 figure is plausible.

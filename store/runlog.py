@@ -1,7 +1,7 @@
 """`<out>/run.json`: one entry per `orchestrate sweep` invocation with spec, versions and host.
 
 Read, changed and written whole: locally through a dot-file renamed into place, on an object
-store (s3://, gs://) as one PUT. `<out>` is a local path or a URI (`orchestrator.store.storage`)."""
+store (s3://, gs://) as one PUT. `<out>` is a local path or a URI (`store.storage`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from importlib import metadata
 from typing import Any, Protocol, TextIO
 
-from orchestrator.store.storage import StorageError, Target, redact, resolve
+from store.storage import StorageError, Target, redact, resolve
 from workers.job import software_stack
 
 RUN_FILE = "run.json"
@@ -127,7 +127,7 @@ def check_same_sweep(out_dir: Target, spec: SweepSpec, row_sweeps: Iterable[str 
 
 def set_aside_if_damaged(out_dir: Target, stream: TextIO, stamp: str) -> None:
     """A damaged run.json (it only describes runs) is moved into quarantine, so a new one can start."""
-    from orchestrator.store.integrity import quarantine
+    from store.integrity import quarantine
 
     try:
         read_runs(out_dir)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit, urlunsplit
 
-from orchestrator.store.location import (  # noqa: F401  (callers import these from here)
+from store.location import (  # noqa: F401  (callers import these from here)
     _SCHEME_LIKE,
     BUCKET_SCHEMES,
     SCHEMES,
@@ -425,7 +425,7 @@ OUTPUT_MARKERS = frozenset({"run.json", ".orchestrate.lock", "tune.json", "quara
 folder (`results/`, ...) holding a `hardware=` partition."""
 
 TABLES = frozenset({"results", "kernel_choices", "triton_kernels"})
-"""The table folders of an output (`orchestrator.store.schema.TABLES`)."""
+"""The table folders of an output (`store.schema.TABLES`)."""
 
 
 TUNE_MARKERS = frozenset({"tune.json", "rung0", "rung1", "confirm"})
