@@ -44,6 +44,7 @@ from store.storage import (
     refusal_stops,
 )
 from workers.job import Job
+from workers.runner import plural
 
 
 class OutputExistsError(RuntimeError):
@@ -466,9 +467,11 @@ def _run_locked(
                 )
                 raise refused.stopped(saved, resume) from None
             why = "the deadline (--deadline) passed" if isinstance(exc, DeadlineReached) else "interrupted"
+            rows, stopped = sink.rows_written, cancelled
             raise SweepInterrupted(
-                f"{why}: {sink.rows_written} rows of this run are saved in {out}; "
-                f"{cancelled} running jobs were cancelled. Resume with:\n  {resume}"
+                f"{why}: {plural(rows, 'row')} of this run {'is' if rows == 1 else 'are'} saved in {out}; "
+                f"{plural(stopped, 'running job')} {'was' if stopped == 1 else 'were'} cancelled. "
+                f"Resume with:\n  {resume}"
             ) from None
         progress.close()
         dispatch_s = time.monotonic() - t_dispatch

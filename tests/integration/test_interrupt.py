@@ -70,7 +70,7 @@ def test_ctrl_c_cancels_running_jobs_keeps_rows_and_says_how_to_resume(sweep_fil
         pytest.fail(f"the driver did not exit within 90 s of Ctrl-C; its stacks:\n{stderr}")
     assert driver.returncode == 130, stderr
     assert "interrupted" in stderr and "--resume" in stderr and str(out) in stderr
-    assert "1 running jobs were cancelled" in stderr
+    assert "1 running job was cancelled" in stderr
 
     table = read_results(out)
     assert table.num_rows == 1 and table.column("config").to_pylist() == ["dynamo"]
