@@ -117,6 +117,45 @@ def deadline_at(args) -> float | None:
     return None if args.deadline is None else time.monotonic() + args.deadline
 
 
+def add_cluster_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """Where and how a run's jobs go (`sweep`, `tune`, `nightly`), declared once."""
+    p.add_argument(
+        "--address",
+        type=ray_address,
+        metavar="ADDR",
+        help=f"Ray cluster to use (e.g. ray://head:10001 or auto); default: start a private local Ray "
+        f"for this {what} and stop it at the end",
+    )
+    p.add_argument(
+        "--cpus-per-job",
+        type=whole(1),
+        metavar="N",
+        help="cores each job on a CPU node reserves, and its OMP/compile thread count (default: all cores "
+        "of the node, one job at a time, so jobs do not disturb each other's timings)",
+    )
+    p.add_argument(
+        "--scratch",
+        metavar="DIR",
+        help="where job processes keep caches and logs, on each node (created if missing; default: temp dir). "
+        "On this machine it is tried before Ray starts: a path where no directory can be made (a file, a "
+        "read-only mount) is refused with exit 2; a node that cannot make it records harness_error rows, "
+        "which --resume runs again",
+    )
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="when the sweep names hardware classes the cluster lacks, run the ones present instead of "
+        "refusing to start",
+    )
+    p.add_argument(
+        "--timeout-cap",
+        type=positive,
+        metavar="SECONDS",
+        help="lower every job's time limit to at most this (for a run that must end within a window); "
+        "jobs that hit it become `timeout` rows",
+    )
+
+
 def add_only(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only",

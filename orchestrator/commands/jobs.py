@@ -99,21 +99,39 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_logs)
 
 
+FORWARDED = (
+    "--only",
+    "--resume",
+    "--timeout-cap",
+    "--cpus-per-job",
+    "--allow-missing",
+    "--max-attempts",
+    "--lock-clocks",
+    "--shared-cache",
+    "--cache-redis",
+)
+"""The flags `submit` takes as `sweep` does and passes on to the `orchestrate sweep` it runs."""
+
+
+def forwarded(args) -> list[str]:
+    """The `orchestrate sweep` arguments for the FORWARDED flags the user gave."""
+    extra: list[str] = []
+    for flag in FORWARDED:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is True:
+            extra.append(flag)
+        elif value is not None and value is not False and value != "":
+            extra += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return extra
+
+
 def cmd_submit(args) -> int:
     from orchestrator.fleet import submit as jobs
     from orchestrator.spec.sweep import SpecError
     from store.storage import redact
 
-    extra = [*(["--only", args.only] if args.only else []), *(["--resume"] if args.resume else [])]
-    extra += ["--timeout-cap", f"{args.timeout_cap:g}"] if args.timeout_cap is not None else []
-    extra += ["--cpus-per-job", str(args.cpus_per_job)] if args.cpus_per_job is not None else []
-    extra += ["--allow-missing"] if args.allow_missing else []
-    extra += ["--lock-clocks"] if args.lock_clocks else []
-    extra += ["--shared-cache"] if args.shared_cache else []
-    extra += ["--cache-redis", args.cache_redis] if args.cache_redis else []
-    extra += ["--max-attempts", str(args.max_attempts)] if args.max_attempts is not None else []
     try:
-        sub = jobs.prepare(args.sweep, args.out, extra)
+        sub = jobs.prepare(args.sweep, args.out, forwarded(args))
         address = jobs.resolve_address(args.address)
         job_id = jobs.submit_prepared(sub, address)
     except (SpecError, jobs.SubmitError) as exc:

@@ -8,15 +8,13 @@ from pathlib import Path
 
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
+    add_cluster_flags,
     add_only,
     check_plan_locally,
     drive,
     load_sweep,
-    positive,
-    ray_address,
     scratch_problem,
     sweep_options,
-    whole,
 )
 from store.location import arg as location_arg
 
@@ -89,16 +87,7 @@ def add_parsers(sub) -> None:
         metavar="DIR",
         help="where the dated runs live (path or URI)",
     )
-    p.add_argument(
-        "--address",
-        type=ray_address,
-        metavar="ADDR",
-        help="Ray cluster to use; default: a private local Ray",
-    )
-    p.add_argument("--cpus-per-job", type=whole(1), metavar="N", help="as for `sweep`")
-    p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
-    p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
-    p.add_argument("--timeout-cap", type=positive, metavar="SECONDS", help="as for `sweep`")
+    add_cluster_flags(p, "nightly")
     p.add_argument("--thresholds", metavar="FILE", help="as for `report --baseline`")
     add_only(p)
     p.set_defaults(func=cmd_nightly)

@@ -9,6 +9,7 @@ from pathlib import Path
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
     add_cache_redis,
+    add_cluster_flags,
     add_deadline,
     add_only,
     cache_redis_address,
@@ -16,8 +17,6 @@ from orchestrator.commands.common import (
     deadline_at,
     drive,
     load_sweep,
-    positive,
-    ray_address,
     scratch_problem,
     sweep_options,
     whole,
@@ -35,33 +34,12 @@ def add_parsers(sub) -> None:
         help="output directory (default: runs/<sweep name>): a local path, or a URI every node can reach, "
         "e.g. s3://BUCKET/PREFIX, gs://BUCKET/PREFIX (quote a URI with ?options in the shell)",
     )
-    p.add_argument(
-        "--address",
-        type=ray_address,
-        metavar="ADDR",
-        help="Ray cluster to use (e.g. ray://head:10001 or auto); default: start a private local Ray "
-        "for this sweep and stop it at the end",
-    )
+    add_cluster_flags(p, "sweep")
     p.add_argument(
         "--resume",
         action="store_true",
         help="continue a sweep in an output directory that already has rows: jobs with a row are "
         "skipped, so no job gets a second row (without it, a non-empty --out is refused)",
-    )
-    p.add_argument(
-        "--cpus-per-job",
-        type=whole(1),
-        metavar="N",
-        help="cores each job on a CPU node reserves, and its OMP/compile thread count (default: all cores "
-        "of the node, one job at a time, so jobs do not disturb each other's timings)",
-    )
-    p.add_argument(
-        "--scratch",
-        metavar="DIR",
-        help="where job processes keep caches and logs, on each node (created if missing; default: temp dir). "
-        "On this machine it is tried before Ray starts: a path where no directory can be made (a file, a "
-        "read-only mount) is refused with exit 2; a node that cannot make it records harness_error rows, "
-        "which --resume runs again",
     )
     p.add_argument(
         "--lock-clocks",
@@ -80,24 +58,11 @@ def add_parsers(sub) -> None:
         "(repeatable); its rows are read for timing only and never count as done",
     )
     p.add_argument(
-        "--allow-missing",
-        action="store_true",
-        help="when the sweep names hardware classes the cluster lacks, run the ones present instead of "
-        "refusing to start",
-    )
-    p.add_argument(
         "--max-attempts",
         type=whole(1),
         default=3,
         metavar="N",
         help="tries per job when its Ray worker or node dies (default 3); a job's own failure is never retried",
-    )
-    p.add_argument(
-        "--timeout-cap",
-        type=positive,
-        metavar="SECONDS",
-        help="lower every job's time limit to at most this (for a run that must end within a window); "
-        "jobs that hit it become `timeout` rows",
     )
     p.add_argument(
         "--shared-cache",

@@ -10,6 +10,7 @@ from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
     add_budgets,
     add_cache_redis,
+    add_cluster_flags,
     add_deadline,
     add_only,
     budgets_from_args,
@@ -19,9 +20,7 @@ from orchestrator.commands.common import (
     drive,
     load_sweep,
     not_empty,
-    positive,
     print_what_won,
-    ray_address,
     scratch_problem,
     whole,
 )
@@ -78,12 +77,7 @@ def add_parsers(sub) -> None:
         metavar="DIR",
         help="output directory (default: runs/<sweep name>-tune); a path or URI",
     )
-    p.add_argument(
-        "--address",
-        type=ray_address,
-        metavar="ADDR",
-        help="Ray cluster to use; default: a private local Ray",
-    )
+    add_cluster_flags(p, "tune")
     p.add_argument(
         "--resume", action="store_true", help="finish a tune in --out: jobs already recorded are skipped"
     )
@@ -147,10 +141,6 @@ def add_parsers(sub) -> None:
         "its confirmation timed eager faster (tune.json still records that check, as eager_check)",
     )
     add_budgets(p)
-    p.add_argument("--cpus-per-job", type=whole(1), metavar="N", help="as for `sweep`")
-    p.add_argument("--scratch", metavar="DIR", help="as for `sweep`")
-    p.add_argument("--allow-missing", action="store_true", help="as for `sweep`")
-    p.add_argument("--timeout-cap", type=positive, metavar="SECONDS", help="as for `sweep`")
     p.add_argument(
         "--no-shared-cache",
         action="store_true",

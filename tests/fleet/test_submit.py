@@ -343,3 +343,18 @@ def test_authentication_errors_say_what_to_set(monkeypatch):
     with pytest.raises(jobs.SubmitError) as wrong, jobs._cluster_errors("http://head:8265"):
         raise AuthenticationError("Authentication failed: Forbidden: Invalid authentication token")
     assert "rejected the token" in str(wrong.value) and "is set, but" not in str(wrong.value)
+
+
+def test_submit_passes_on_every_sweep_flag_it_takes():
+    """The flags `submit` shares with `sweep` reach the `orchestrate sweep` it runs, from one table."""
+    from orchestrator.cli import build_parser
+    from orchestrator.commands.jobs import FORWARDED, forwarded
+
+    given = [
+        "--only", "*/bs1/*", "--resume", "--timeout-cap", "60", "--cpus-per-job", "2", "--allow-missing",
+        "--max-attempts", "2", "--lock-clocks", "--shared-cache", "--cache-redis", "head:6379",
+    ]  # fmt: skip
+    args = build_parser().parse_args(["submit", "s.yaml", *given])
+    assert forwarded(args) == given
+    assert {f for f in given if f.startswith("--")} == set(FORWARDED)
+    assert forwarded(build_parser().parse_args(["submit", "s.yaml"])) == []
