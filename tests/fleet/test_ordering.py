@@ -132,3 +132,17 @@ def test_history_from_output_reads_other_directories_for_timing(tmp_path):
     history = History.from_output(out, [earlier])
     assert history.job_ids == set()
     assert history.expected_s(b) == 42.0
+
+
+def test_a_harness_failure_is_not_done_and_a_models_failure_is():
+    """`--resume` runs a job whose only row is `harness_error` (its scratch could not be made, its
+    Ray task raised, its worker was lost) again; a model's own failure is a result, never rerun.
+    The rows still count as recorded: a run into that output without --resume is refused."""
+    rows = [
+        {"job_id": "a", "sweep": "s", "status": "harness_error"},
+        {"job_id": "b", "sweep": "s", "status": "runtime_error"},
+        {"job_id": "c", "sweep": "s", "status": "harness_error"},
+        {"job_id": "c", "sweep": "s", "status": "ok"},  # run again by an earlier --resume
+    ]
+    history = History(rows)
+    assert history.job_ids == {"b", "c"} and history.recorded == 4 and history.sweeps == {"s"}

@@ -34,7 +34,7 @@ def test_a_sweep_stops_at_its_deadline_keeps_its_rows_and_resume_finishes(sweep_
     hold = tmp_path / "hold"
     hold.touch()  # the held job runs until the test lets it go: surely running at the deadline
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "sweep", str(sweep), "--out", str(out), "--deadline", "25"],
+        [sys.executable, "-m", "orchestrator", "sweep", str(sweep), "--out", str(out), "--deadline", "15"],
         cwd=ROOT,
         capture_output=True,
         text=True,

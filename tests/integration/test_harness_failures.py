@@ -60,8 +60,3 @@ def test_a_harness_failure_is_run_again_by_resume_and_a_models_failure_is_not(tm
     assert sorted(r["status"] for r in raw) == ["harness_error", "harness_error", "ok", "runtime_error"]
     rows = {r["model"]: r for r in read_results(out).to_pylist()}
     assert {m: r["status"] for m, r in rows.items()} == {"mlp": "ok", "raising": "runtime_error"}
-
-    # the model's own failure is a result: a second --resume runs nothing
-    log = resume(spec, out, tmp_path / "s")
-    assert "2 already done, 0 to run" in log, log
-    assert read_results(out).num_rows == 2
