@@ -43,7 +43,6 @@ NVML_NAMES = {
     "A100": "NVIDIA A100-SXM4-80GB",
     "V100": "Tesla V100-SXM2-16GB",
     "T4": "Tesla T4",
-    "H100": "NVIDIA H100 80GB HBM3",
 }
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -328,7 +327,6 @@ def test_project_inventory_sees_one_class_per_group(cluster, with_label):
     classes = classes_from_nodes(nodes)
     assert {name: (hw.device, hw.slots, hw.cpus_per_job) for name, hw in classes.items()} == {
         "A100": ("cuda", 1, 12),
-        "H100": ("cuda", 1, 16),
         "T4": ("cuda", 1, 6),
         "V100": ("cuda", 1, 6),
     }

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG_PATH = ROOT / "ray_cluster.yaml"
 PROJECT_MOUNT = "/home/ray/compile-orchestrator"
 
-# The stack the cluster image must carry: the Ray and Python versions this project is developed
+# The stack the cluster image must hold: the Ray and Python versions this project is developed
 # and tested with (Ray 2.60.0 on Python 3.11).
 IMAGE_RAY_VERSION = "2.60.0"
 IMAGE_PYTHON_TAG = "py311"
