@@ -183,7 +183,7 @@ BROKEN_CLUSTERS = {
         "'one' does not match",
     ),
     "container-without-name": (
-        lambda c: _container(_worker(c, 3)).pop("name"),
+        lambda c: _container(_worker(c, 2)).pop("name"),
         "'name' is a required property",
     ),
     "env-from-secret-misspelled": (
