@@ -12,7 +12,9 @@ A table is answered from part files that pass every check, or not at all:
   refused; unknown and missing columns are named (a file of an older version may lack the
   columns added since; it must have the identity columns).
 - **rows**: identity columns are never null or empty, a status is one of the known ones, an `ok` row has
-  its figures, and a `job_id` has at most one results row in the whole table.
+  its figures, and a `job_id` has at most one results row in the whole table, besides
+  `harness_error` rows (failures of the harness that `--resume` ran again; a table read leaves
+  such a row out once its job has another).
 
 `repair` is what `sweep --resume` does with what these checks find: moves every failing file into
 `<out>/quarantine/<time>/` (never deletes), and writes a ledger that lists exactly the parts kept.
@@ -233,7 +235,7 @@ def _refuse_duplicates(out: Location, spec: TableSpec, check: TableCheck) -> Non
             where.setdefault(value, []).append((v.entry.part, status))
     bad: dict[str, str] = {}
     for value, found in where.items():
-        rels = [rel for rel, status in found if status is None or status != spec.superseded]
+        rels = [rel for rel, status in found if status != spec.superseded]
         if len(rels) > 1:
             for rel in rels:
                 other = next((r for r in rels if r != rel), rel)

@@ -59,11 +59,11 @@ _pattern = not_empty("pattern", "'*/bs1/*'", "every job")
 ray_address = not_empty("address", "head:6379 or ray://head:10001", "a private local Ray")
 
 
-def scratch_problem(text: str | None, address: str | None = None) -> str | None:
-    """The error line for a --scratch under which the jobs' scratch directories cannot be made (a
-    file, a read-only mount, /proc), checked by making and removing one there; None where they can
-    or where the jobs run on a cluster's nodes (--address), each of which makes it for itself."""
-    if not text or address not in (None, "local"):
+def scratch_problem(text: str | None) -> str | None:
+    """The error line for a --scratch under which this machine's jobs cannot make their scratch
+    directories (a file, a read-only mount, /proc), checked by making and removing one there; None
+    where they can. (A cluster's nodes each make it for themselves: `check_plan_locally`.)"""
+    if not text:
         return None
     import contextlib
     import os
@@ -244,8 +244,8 @@ def check_plan_locally(spec, args, plan=None) -> bool:
     """For a run on this machine (no --address, or `local`): --only, the sweep's hardware and
     --cpus-per-job checked against the classes its private Ray will have, before Ray starts (a
     typo cost Ray's start, 10-40 s on a loaded 2-core machine). `plan` makes the jobs from those
-    classes (default: the sweep's matrix; `tune` gives its candidates). False, after printing why,
-    when nothing would run."""
+    classes (default: the sweep's matrix; `tune` gives its candidates), and --scratch tried. False,
+    after printing why, when nothing would run or the jobs could not make their scratch."""
     from orchestrator.fleet.driver import plan_jobs
     from orchestrator.fleet.inventory import MissingHardwareError, local_classes
     from orchestrator.spec.matrix import NoJobMatches
@@ -253,6 +253,9 @@ def check_plan_locally(spec, args, plan=None) -> bool:
 
     if args.address not in (None, "local"):
         return True
+    if problem := scratch_problem(args.scratch):
+        print(f"error: {problem}", file=sys.stderr)
+        return False
     if plan is None:
 
         def plan(classes):

@@ -13,7 +13,6 @@ from orchestrator.commands.common import (
     check_plan_locally,
     drive,
     load_sweep,
-    scratch_problem,
     sweep_options,
 )
 from store.location import arg as location_arg
@@ -152,9 +151,6 @@ def cmd_nightly(args) -> int:
         thresholds = load_thresholds(args.thresholds)
     except (StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if problem := scratch_problem(args.scratch, args.address):
-        print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if not check_plan_locally(spec, args):
         return EXIT_BAD_INPUT

@@ -17,7 +17,6 @@ from orchestrator.commands.common import (
     deadline_at,
     drive,
     load_sweep,
-    scratch_problem,
     sweep_options,
     whole,
 )
@@ -89,9 +88,6 @@ def cmd_sweep(args) -> int:
     if spec is None:
         return EXIT_BAD_INPUT
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
-    if problem := scratch_problem(args.scratch, args.address):
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     cache_redis = cache_redis_address(args, args.shared_cache, "a sweep uses only with --shared-cache")
     try:
         out = checked(args.out or str(Path("runs") / spec.name))

@@ -21,7 +21,6 @@ from orchestrator.commands.common import (
     load_sweep,
     not_empty,
     print_what_won,
-    scratch_problem,
     whole,
 )
 from store.location import arg as location_arg
@@ -245,7 +244,7 @@ def cmd_tune(args) -> int:
     if spec is None:
         return EXIT_BAD_INPUT
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
-    problems = [p for p in [scratch_problem(args.scratch, args.address)] if p]
+    problems = []
     precisions = None if args.precisions is None else []
     for name in filter(None, (p.strip() for p in (args.precisions or "").split(","))):
         canon = canonical_precision(name)

@@ -439,10 +439,8 @@ def _run_locked(
             check_deadline(opts.deadline)  # Ray's start may have taken what was left
             scheduler.run(ray, started=progress.started_job, tick=tick)
             sink.close()
-        except (
-            KeyboardInterrupt,
-            WriteRefused,
-        ) as exc:  # Ctrl-C, SIGTERM, --deadline, a full or read-only disk
+        # Ctrl-C, SIGTERM, --deadline (all KeyboardInterrupt), a full or read-only disk
+        except (KeyboardInterrupt, WriteRefused) as exc:
             cancelled = scheduler.cancel_all(ray)
             refused = exc if isinstance(exc, WriteRefused) else None
             if refused is None:
@@ -467,10 +465,10 @@ def _run_locked(
                 )
                 raise refused.stopped(saved, resume) from None
             why = "the deadline (--deadline) passed" if isinstance(exc, DeadlineReached) else "interrupted"
-            rows, stopped = sink.rows_written, cancelled
+            kept = sink.rows_written
             raise SweepInterrupted(
-                f"{why}: {plural(rows, 'row')} of this run {'is' if rows == 1 else 'are'} saved in {out}; "
-                f"{plural(stopped, 'running job')} {'was' if stopped == 1 else 'were'} cancelled. "
+                f"{why}: {plural(kept, 'row')} of this run {'is' if kept == 1 else 'are'} saved in {out}; "
+                f"{plural(cancelled, 'running job')} {'was' if cancelled == 1 else 'were'} cancelled. "
                 f"Resume with:\n  {resume}"
             ) from None
         progress.close()

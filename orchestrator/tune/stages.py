@@ -166,7 +166,7 @@ def decide(
     )
     candidates = sum(1 for _, r in run.measured if r is not None and r.get("status") == "ok")
     log["budgets"] = {}
-    decided: list[tuple[Budget, str, dict[str, Any] | None, dict[str, Any] | None]] = []
+    decided: list[tuple[Budget, str, dict[str, Any] | None]] = []
     for budget in budgets:
         blog: dict[str, Any] = {}
         options = []
@@ -184,12 +184,11 @@ def decide(
         options.append((own, own_why))
         entry, why = choose(options, user, stock, mine)
         log["budgets"][budget.name] = blog
-        if entry is None:
-            decided.append((budget, why, None, None))
-            continue
-        done = deployed.finish({**entry, "decision": why}, budget, state, user, mine, candidates)
-        decided.append((budget, why, entry, done))
-    for budget, why, done in looser_never_slower(decided, state, user, mine, candidates):
+        done = None
+        if entry is not None:
+            done = deployed.finish({**entry, "decision": why}, budget, state, user, mine, candidates)
+        decided.append((budget, why, done))
+    for budget, why, done in looser_never_slower(decided, state):
         blog = log["budgets"][budget.name]
         name = cell.name if len(budgets) == 1 else f"{cell.name} ({budget.name} budget)"
         found.decisions[name] = blog["decision"] = why
@@ -214,14 +213,17 @@ def decide(
     return found
 
 
-def looser_never_slower(decided, state: tb.CellBudgets, user, rows, candidates):
+def looser_never_slower(
+    decided: list[tuple[Budget, str, dict[str, Any] | None]], state: tb.CellBudgets
+) -> list[tuple[Budget, str, dict[str, Any] | None]]:
     """Per budget, (budget, why, finished entry or None), where a budget takes the preset of one
     that allows less error when that one's is faster over the stock user's torch.compile (medians):
     what is within a tighter tolerance is within a looser one. On an H100 detr's bf16 budget was
     `undetermined` (its box output nearly constant, less than bf16's 5% could erase) and kept fp32
     at 1.00x, while its stock budget, judged at a 1.3e-2 tolerance, deployed tf32 at 1.23x. A
     preset in the cell's own precision qualifies under any budget; another precision only from a
-    determined budget whose tolerance is no larger."""
+    determined budget whose tolerance is no larger. The preset taken keeps its figures and the
+    judgement that admitted it."""
 
     def allowed_under(budget: Budget, other: Budget, done: dict[str, Any]) -> bool:
         if done.get("precision") == state.own:
@@ -239,10 +241,10 @@ def looser_never_slower(decided, state: tb.CellBudgets, user, rows, candidates):
         return value if isinstance(value, (int, float)) and value == value else float("-inf")
 
     out = []
-    for budget, why, _, done in decided:
+    for budget, why, done in decided:
         better = [
-            (o, oentry, odone)
-            for o, _, oentry, odone in decided
+            (o, odone)
+            for o, _, odone in decided
             if o is not budget
             and odone is not None
             and speed(odone) > speed(done)
@@ -252,8 +254,7 @@ def looser_never_slower(decided, state: tb.CellBudgets, user, rows, candidates):
         if not better:
             out.append((budget, why, done))
             continue
-        other, oentry, odone = max(better, key=lambda b: speed(b[2]))
-        theirs = state.judgements[other.name]
+        other, odone = max(better, key=lambda b: speed(b[1]))
         mine = (
             "no preset"
             if done is None
@@ -264,12 +265,12 @@ def looser_never_slower(decided, state: tb.CellBudgets, user, rows, candidates):
             f"({odone['precision']}) at {speed(odone):.3g}x over stock torch.compile beats {mine}; "
             f"{other.name}: {odone['decision']}"
         )
-        moved = deployed.finish({**oentry, "decision": moved_why}, budget, state, user, rows, candidates)
-        moved.update(
-            accuracy_rule=theirs.rule,
-            accuracy_decision=theirs.decision,
-            accuracy_why=f"judged under the {other.name} budget: {theirs.why}",
-        )
+        moved = {
+            **odone,
+            "budget": budget.name,
+            "decision": moved_why,
+            "accuracy_why": f"judged under the {other.name} budget: {odone['accuracy_why']}",
+        }
         out.append((budget, moved_why, moved))
     return out
 
