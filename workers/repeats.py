@@ -154,67 +154,99 @@ def merge(
     `later` (the repeats, warm compiles, in order) and `warm` (the separate warm-compile process of
     a job with one repeat and `warm_compile`, if it ran)."""
     row = dict(first)
-    processes = [first, *later, *([warm] if warm else [])]
+    repeats = [first, *later]
+    _add_process_totals(row, [*repeats, *([warm] if warm else [])])
+    row["repeat_compile_s"] = [p.get("compile_s") for p in repeats if p.get("compile_s") is not None]
+    _keep_worst_accuracy(row, repeats)
+    timed = [
+        p
+        for p in repeats
+        if p.get("status") == "ok" and p.get("eager_samples_ms") and p.get("compiled_samples_ms")
+    ]
+    if len(timed) > 1:
+        _merge_latency(row, timed)
+        _merge_host(row, timed)
+    _add_warm_compile(row, later, warm)
+    _add_repeat_outcomes(row, later)
+    return row
+
+
+def _add_process_totals(row: dict[str, Any], processes: list[dict[str, Any]]) -> None:
+    """How many processes the job ran, their wall time and each phase's, summed."""
     row["job_processes"] = len(processes)
     row["subprocess_s"] = sum(p.get("subprocess_s") or 0.0 for p in processes)
     for phase in PHASES:
         row[f"phase_{phase}_s"] = _phase_sum(processes, phase)
-    row["repeat_compile_s"] = [p.get("compile_s") for p in [first, *later] if p.get("compile_s") is not None]
+
+
+def _keep_worst_accuracy(row: dict[str, Any], repeats: list[dict[str, Any]]) -> None:
+    """Each of `ACCURACY_KEYS` as the worst (largest) any process measured."""
     for key in ACCURACY_KEYS:
-        measured = [p[key] for p in [first, *later] if p.get(key) is not None]
+        measured = [p[key] for p in repeats if p.get(key) is not None]
         if measured:
             row[key] = max(measured)
 
-    timed = [
-        p
-        for p in [first, *later]
-        if p.get("status") == "ok" and p.get("eager_samples_ms") and p.get("compiled_samples_ms")
-    ]
-    if len(timed) > 1:
-        baseline = [p["baseline_samples_ms"] for p in timed if p.get("baseline_samples_ms")]
+
+def _merge_latency(row: dict[str, Any], timed: list[dict[str, Any]]) -> None:
+    """The latency columns over the samples of every process that timed (the baseline's too,
+    where each of them timed it), the device-time columns, each side's median back-to-back
+    latency, and TFLOP/s from the first process's FLOPs and the medians over all."""
+    baseline = [p["baseline_samples_ms"] for p in timed if p.get("baseline_samples_ms")]
+    row.update(
+        latency_fields(
+            [p["eager_samples_ms"] for p in timed],
+            [p["compiled_samples_ms"] for p in timed],
+            baseline if len(baseline) == len(timed) else None,
+        )
+    )
+    _merge_device(row, timed)
+    for side in ("eager", "compiled"):
+        b2b = [p[f"{side}_b2b_ms"] for p in timed if p.get(f"{side}_b2b_ms") is not None]
+        row[f"{side}_b2b_ms"] = stdstats.median(b2b) if b2b else None
+    flops = row.get("flops")
+    for side in ("eager", "compiled"):
+        ms = row.get(f"{side}_ms")
+        if flops and ms:
+            row[f"{side}_tflops"] = flops / (ms * 1e-3) / 1e12
+
+
+def _merge_device(row: dict[str, Any], timed: list[dict[str, Any]]) -> None:
+    """The device-time columns over every timed process, against the merged wall medians; all
+    of them None where some process has no device time (a note says how many had it)."""
+    device = [p for p in timed if p.get("eager_device_samples_ms") and p.get("compiled_device_samples_ms")]
+    if len(device) == len(timed):
         row.update(
-            latency_fields(
-                [p["eager_samples_ms"] for p in timed],
-                [p["compiled_samples_ms"] for p in timed],
-                baseline if len(baseline) == len(timed) else None,
+            device_fields(
+                [p["eager_device_samples_ms"] for p in device],
+                [p["compiled_device_samples_ms"] for p in device],
+                row.get("eager_ms"),
+                row.get("compiled_ms"),
             )
         )
-        device = [
-            p for p in timed if p.get("eager_device_samples_ms") and p.get("compiled_device_samples_ms")
-        ]
-        if len(device) == len(timed):
-            row.update(
-                device_fields(
-                    [p["eager_device_samples_ms"] for p in device],
-                    [p["compiled_device_samples_ms"] for p in device],
-                    row.get("eager_ms"),
-                    row.get("compiled_ms"),
-                )
-            )
-        else:
-            for key in DEVICE_KEYS:
-                row[key] = None
-            if device:
-                row["notes"] = _join_notes(
-                    row.get("notes"),
-                    f"device time measured in {len(device)} of {len(timed)} processes: left out",
-                )
-        for side in ("eager", "compiled"):
-            b2b = [p[f"{side}_b2b_ms"] for p in timed if p.get(f"{side}_b2b_ms") is not None]
-            row[f"{side}_b2b_ms"] = stdstats.median(b2b) if b2b else None
-        flops = row.get("flops")
-        for side in ("eager", "compiled"):
-            ms = row.get(f"{side}_ms")
-            if flops and ms:
-                row[f"{side}_tflops"] = flops / (ms * 1e-3) / 1e12
-    if len(timed) > 1:
-        row.update(combine_summaries([{k: p.get(k) for k in CLOCK_KEYS} for p in timed]))
-        row["host_probe_us"] = [x for p in timed for x in p.get("host_probe_us") or []]
-        for key in ("host_cpu_mhz", "host_load_1m", "timing_gc_collections"):
-            row[key] = [x for p in timed for x in p.get(key) or []]
-        steal = [p["host_steal_share"] for p in timed if p.get("host_steal_share") is not None]
-        row["host_steal_share"] = max(steal) if steal else None
+        return
+    for key in DEVICE_KEYS:
+        row[key] = None
+    if device:
+        row["notes"] = _join_notes(
+            row.get("notes"),
+            f"device time measured in {len(device)} of {len(timed)} processes: left out",
+        )
 
+
+def _merge_host(row: dict[str, Any], timed: list[dict[str, Any]]) -> None:
+    """The clocks' summary over every timed process (`compiler.clocks.combine_summaries`), their
+    host probes, clocks, loads and garbage collections in process order, and the worst CPU steal."""
+    row.update(combine_summaries([{k: p.get(k) for k in CLOCK_KEYS} for p in timed]))
+    row["host_probe_us"] = [x for p in timed for x in p.get("host_probe_us") or []]
+    for key in ("host_cpu_mhz", "host_load_1m", "timing_gc_collections"):
+        row[key] = [x for p in timed for x in p.get(key) or []]
+    steal = [p["host_steal_share"] for p in timed if p.get("host_steal_share") is not None]
+    row["host_steal_share"] = max(steal) if steal else None
+
+
+def _add_warm_compile(row: dict[str, Any], later: list[dict[str, Any]], warm: dict[str, Any] | None) -> None:
+    """`warm_compile_s` (the repeats' median, else the warm-compile process's) and the first warm
+    compile's FX-graph cache hits and misses; a note where the warm-compile process failed."""
     warm_compiles = [p for p in later if p.get("compile_s") is not None]
     if warm_compiles:
         row["warm_compile_s"] = stdstats.median(p["compile_s"] for p in warm_compiles)
@@ -230,6 +262,10 @@ def merge(
                 row.get("notes"), f"warm compile {warm.get('status')}: {(warm.get('error') or '')[:300]}"
             )
 
+
+def _add_repeat_outcomes(row: dict[str, Any], later: list[dict[str, Any]]) -> None:
+    """Each repeat's notes, prefixed with its number; and the first repeat that failed in a row
+    that is `ok` makes the row's status and error its own."""
     total = 1 + len(later)
     for k, p in enumerate(later, start=2):
         if p.get("notes"):
@@ -237,4 +273,3 @@ def merge(
         if p.get("status") != "ok" and row.get("status") == "ok":
             row["status"] = p.get("status", "crash")
             row["error"] = f"repeat {k} of {total} (a fresh process compiling warm): {p.get('error') or ''}"
-    return row

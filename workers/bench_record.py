@@ -1,0 +1,105 @@
+"""What a job process records (`workers.bench`): RESULT.json, the phase it is in, and the
+wall time of each phase.
+
+`JobRecord` holds the job, `result` (every field measured so far, the row-to-be) and `notes`.
+Each phase starts with `enter(phase)`: that ends the previous phase (its wall time is added to
+`phase_<name>_s`) and rewrites RESULT.json, so a crash or a timeout still leaves what was
+measured before it and says where it happened. `fail` turns an exception (or a reason) into the
+result's status and error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import traceback
+from contextlib import suppress
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from compiler import durable
+from workers.bench_calls import rotating
+from workers.job import PHASES
+
+SPAWNED_AT_ENV = "CO_SPAWNED_AT"
+ERROR_CHARS = 4000
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: message`, cut to `ERROR_CHARS` (its head and its tail)."""
+    text = f"{type(exc).__name__}: {exc}"
+    if len(text) > ERROR_CHARS:
+        text = text[: ERROR_CHARS // 2] + "\n...\n" + text[-ERROR_CHARS // 2 :]
+    return text
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether `exc` says the device or the host ran out of memory."""
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    text = str(exc).lower()
+    # CUDA: "CUDA out of memory"; CPU allocator: "DefaultCPUAllocator: can't allocate memory"
+    return any(m in text for m in ("out of memory", "can't allocate memory", "cannot allocate memory"))
+
+
+class JobRecord:
+    """One job process's record: `job`, `result` (every field measured so far), `notes`, and
+    `shared_cache` (`compiler.shared_cache.SharedCache`, once the compile stack is loaded)."""
+
+    def __init__(self, job_path: Path, result_path: Path):
+        from workers.job import Job
+
+        self.job = Job.from_dict(json.loads(job_path.read_text()))
+        self.result_path = result_path
+        self.notes: list[str] = []
+        self.shared_cache = None  # compiler.shared_cache.SharedCache, once the compile stack is loaded
+        self.result: dict[str, Any] = {
+            "started_at": datetime.now(timezone.utc).isoformat(),
+            "python_version": platform.python_version(),
+            "phase": "start",
+        }
+        self._phase_t0 = time.perf_counter()
+        spawned = os.environ.get(SPAWNED_AT_ENV)
+        if spawned:  # interpreter start and this module's imports, from the runner's clock
+            with suppress(ValueError):
+                self.result["phase_start_s"] = max(0.0, time.time() - float(spawned))
+
+    def save(self, final: bool = False) -> None:
+        """Rewrite RESULT.json (atomically) with the result and the notes so far."""
+        self.result["final"] = final
+        if self.notes:
+            self.result["notes"] = "; ".join(self.notes)
+        durable.write_text(self.result_path, json.dumps(self.result, default=str))
+
+    def enter(self, phase: str) -> None:
+        """Record the phase before starting it, so a crash or timeout says where it happened; the
+        phase it ends gets its wall time (`phase_<name>_s`)."""
+        self.close_phase()
+        self.result["phase"] = phase
+        self.save()
+
+    def close_phase(self) -> None:
+        """Add the wall time since the current phase began to its `phase_<name>_s`."""
+        now = time.perf_counter()
+        previous = self.result.get("phase")
+        if previous in PHASES and previous not in ("start", "exit"):
+            key = f"phase_{previous}_s"
+            self.result[key] = self.result.get(key, 0.0) + now - self._phase_t0
+        self._phase_t0 = now
+
+    def fail(self, status: str, exc: BaseException | str) -> None:
+        """End the job with `status` (`oom` instead, where `exc` ran out of memory) and the error,
+        an exception's with its traceback."""
+        self.result["status"] = "oom" if isinstance(exc, BaseException) and is_oom(exc) else status
+        self.result["error"] = exc if isinstance(exc, str) else error_text(exc)
+        if isinstance(exc, BaseException):
+            self.result["traceback"] = "".join(traceback.format_exception(exc))[-ERROR_CHARS:]
+
+    def rotating(self, fn, input_sets, mark_step: bool = False):
+        """`workers.bench_calls.rotating` on this job's device."""
+        return rotating(fn, input_sets, self.job.device, mark_step)
