@@ -15,7 +15,7 @@ import signal
 import sys
 import warnings
 
-from orchestrator.commands import export, jobs, kernels, presets, report, spec, sweep, tune
+from orchestrator.commands import export, jobs, kernels, nightly, presets, report, spec, sweep, tune
 from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 DESCRIPTION = """\
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # in this order: `orchestrate --help` lists the commands as they are added
-    for group in (spec, sweep, report, presets, tune, export, kernels, jobs):
+    for group in (spec, sweep, report, nightly, presets, tune, export, kernels, jobs):
         group.add_parsers(sub)
     return parser
 

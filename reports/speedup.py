@@ -8,9 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from store.layout import REPORT_FILE
 from store.storage import Target, resolve
-
-REPORT_FILE = "report.md"
 
 
 def _cell(row: dict[str, Any] | None) -> str:

@@ -27,9 +27,9 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from store.layout import QUARANTINE_DIR
 from store.storage import Location, StorageError
 
-QUARANTINE_DIR = "quarantine"
 PART_DIR_RE = re.compile(r"^hardware=[^/]+$")
 MAX_REASON_CHARS = 200
 

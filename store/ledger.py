@@ -24,9 +24,9 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from store.layout import LEDGER_DIR
 from store.storage import Location, StorageError
 
-LEDGER_DIR = "_ledger"
 SEGMENT_SUFFIX = ".jsonl"
 MAX_SEGMENT_BYTES = 256 * 2**20
 """A segment larger than this is not read (no sink writes one; 10k one-row commits are ~2 MiB)."""

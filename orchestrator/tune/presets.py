@@ -22,12 +22,11 @@ from compiler import statistics as cstats
 from compiler.accuracy import Budget
 from orchestrator.tune import eager
 from orchestrator.tune.effects import setting_effects, what_won
+from store.layout import PRESETS_FILE, PRESETS_TABLE_FILE
 from store.schema import PRESETS_SCHEMA, read_results, results_path
 from store.stock import stock_user, versus
 from store.storage import Location, Target, resolve
 
-PRESETS_FILE = "presets.json"
-PRESETS_TABLE_FILE = "presets.parquet"
 PRESET_FORMAT = 5
 """2: adds `defaults` (per hardware class and dtype, for models never swept) and `stacks`.
 3: adds `classes` (hardware class -> software stack -> its presets and defaults), the budgets,

@@ -26,7 +26,7 @@ from ray.scripts.scripts import start as ray_start
 
 from compiler.hardware import accelerator_type
 from orchestrator.cli import build_parser
-from orchestrator.commands.report import cmd_nightly
+from orchestrator.commands.nightly import cmd_nightly
 from orchestrator.fleet.inventory import ACCEL_LABEL, ACCEL_RESOURCE_PREFIX, classes_from_nodes
 from orchestrator.spec.sweep import load_spec
 from store.storage import check_uri

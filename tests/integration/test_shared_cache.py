@@ -10,6 +10,7 @@ import pytest
 from compiler.config import CompileConfig
 from orchestrator.fleet import cache
 from store.schema import read_results
+from store.storage import resolve
 from tests.integration.conftest import orchestrate
 from workers.job import Job, MeasureSpec, ModelSpec, software_stack
 from workers.runner import run_job
@@ -91,58 +92,6 @@ def _job(hardware: str, config: dict) -> Job:
     )
 
 
-def test_autotune_shared_within_a_class_not_across_classes_and_not_by_cold_sweeps(sweep_file, tmp_path):
-    import redis
-
-    sweep = sweep_file(AUTOTUNE)
-    with cache.embedded_redis(str(tmp_path)) as address:
-        client = redis.Redis(host=address.host, port=address.port)
-        shared = tmp_path / "shared"
-        orchestrate(
-            "sweep", str(sweep), "--out", str(shared), "--shared-cache", "--cache-redis", str(address)
-        )
-        rows = _rows(shared)
-        assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
-        first, second = sorted(rows, key=lambda r: r["gemm_cache_hits"])
-        # the first candidate benchmarked the MLP's three GEMMs and shared every timing as it went;
-        # the second found them all and benchmarked none
-        assert first["gemm_cache_misses"] == 3 and first["gemm_cache_hits"] == 0
-        assert first["gemm_cache_shared"] >= 3 and not first["compile_from_cache"]
-        assert second["gemm_cache_hits"] == 3 and second["gemm_cache_misses"] == 0
-        assert second["gemm_cache_shared"] == 0 and second["compile_from_cache"]
-        [ns_cpu] = {r["cache_namespace"] for r in rows}
-        timings = client.hlen(f"{ns_cpu}gemm-autotune")
-        assert timings == first["gemm_cache_shared"]
-
-        # another hardware class, same stack and shapes: its own namespace, nothing found
-        other = run_job(
-            _job("fake-T4", {"name": "mat", "options": {"max_autotune": True}, "freezing": True}),
-            threads=1,
-            scratch_root=str(tmp_path),
-            shared_cache=str(address),
-        )
-        assert other["status"] == "ok", other.get("error")
-        assert other["cache_namespace"].startswith("co:fake-T4:")
-        assert other["cache_namespace"].split(":")[2] == ns_cpu.split(":")[2]  # same stack hash
-        assert (other["gemm_cache_hits"], other["gemm_cache_misses"]) == (0, 3)
-        keys = {k.decode() for k in client.scan_iter(count=1000)}
-        assert keys == {f"{ns_cpu}gemm-autotune", f"{other['cache_namespace']}gemm-autotune"}, keys
-        assert all(k.startswith("co:") for k in keys)  # nothing outside our namespaces
-
-        # the sweep's default measures cold compiles: the same job does not read the cache
-        before = {k: client.hgetall(k) for k in client.scan_iter(count=1000)}
-        cold = tmp_path / "cold"
-        orchestrate("sweep", str(sweep), "--out", str(cold), "--only", "*/mat")
-        [row] = _rows(cold)
-        assert row["status"] == "ok", row["error"]
-        assert row["compile_cache"] == "off" and row["compile_from_cache"] is False
-        assert row["fx_cache_hits"] == 0 and row["fx_cache_misses"] >= 1
-        assert row["gemm_cache_hits"] is None and row["autotune_cache_hits"] is None
-        assert row["job_id"] == next(r["job_id"] for r in rows if r["config"] == "mat")  # same job
-        assert {k: client.hgetall(k) for k in client.scan_iter(count=1000)} == before
-        client.close()
-
-
 def test_sweep_runs_without_the_cache_when_redis_cannot_start(sweep_file, tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setenv(cache.REDIS_SERVER_ENV, str(tmp_path / "missing" / "redis-server"))
@@ -156,12 +105,15 @@ def test_sweep_runs_without_the_cache_when_redis_cannot_start(sweep_file, tmp_pa
     assert row["status"] == "ok" and row["compile_cache"] == "off", json.dumps(row, default=str)[:2000]
 
 
-def test_a_resumed_sweep_and_a_retune_on_new_servers_keep_the_autotune_work(sweep_file, tmp_path):
-    """The driver's own Redis dies with the sweep; OUT/shared-cache.parquet carries its GEMM
-    timings to the server of the `--resume` (as a tune cut at a device deadline and resumed on a
-    fresh machine), so the other candidate of the cell benchmarks none of them again. And
-    `orchestrate tune --cache-from OUT`: a re-tune into a new output starts its own Redis with
-    the timings OUT kept, so its max-autotune job benchmarks none of them either."""
+def test_autotune_work_is_shared_within_a_class_kept_across_servers_and_never_read_cold(sweep_file, tmp_path):
+    """One max-autotune candidate benchmarks the MLP's three GEMMs and shares the timings; the
+    driver's own Redis dies with the sweep, and OUT/shared-cache.parquet carries them to the
+    server of the `--resume` (as a tune cut at a device deadline and resumed on a fresh machine),
+    so the cell's other candidate benchmarks none of them. Another hardware class finds nothing
+    in its own namespace; a sweep measuring cold compiles reads nothing; and `orchestrate tune
+    --cache-from OUT` seeds a re-tune's own Redis with what OUT kept."""
+    import redis
+
     sweep = sweep_file(AUTOTUNE)
     out = tmp_path / "out"
     # one thread a job, as the tune below: the CPU GEMM templates (and so the keys of their
@@ -170,13 +122,48 @@ def test_a_resumed_sweep_and_a_retune_on_new_servers_keep_the_autotune_work(swee
     orchestrate("sweep", str(sweep), "--out", str(out), *one, "--only", "*/mat")
     [first] = _rows(out)
     assert first["status"] == "ok", first["error"]
-    assert first["gemm_cache_misses"] == 3 and first["gemm_cache_shared"] >= 3
-    assert (out / cache.SNAPSHOT_FILE).is_file()
+    assert (first["gemm_cache_hits"], first["gemm_cache_misses"]) == (0, 3)
+    assert first["gemm_cache_shared"] >= 3 and not first["compile_from_cache"]
+    snapshot = out / cache.SNAPSHOT_FILE
+    assert snapshot.is_file()
     proc = orchestrate("sweep", str(sweep), "--out", str(out), *one, "--resume")
     assert "autotune entries from" in proc.stdout + proc.stderr
     second = next(r for r in _rows(out) if r["config"] == "mat-cd")
     assert second["status"] == "ok", second["error"]
     assert (second["gemm_cache_hits"], second["gemm_cache_misses"]) == (3, 0)
+    assert second["gemm_cache_shared"] == 0 and second["compile_from_cache"]
+    [ns_cpu] = {first["cache_namespace"], second["cache_namespace"]}
+
+    # another hardware class, same stack and shapes, on a server holding the CPU class's timings:
+    # its own namespace, nothing found
+    with cache.embedded_redis(str(tmp_path)) as address:
+        assert cache.restore(address, resolve(snapshot)) >= 3
+        other = run_job(
+            _job("fake-T4", {"name": "mat", "options": {"max_autotune": True}, "freezing": True}),
+            threads=1,
+            scratch_root=str(tmp_path),
+            shared_cache=str(address),
+        )
+        assert other["status"] == "ok", other.get("error")
+        assert other["cache_namespace"].startswith("co:fake-T4:")
+        assert other["cache_namespace"].split(":")[2] == ns_cpu.split(":")[2]  # same stack hash
+        assert (other["gemm_cache_hits"], other["gemm_cache_misses"]) == (0, 3)
+        client = redis.Redis(host=address.host, port=address.port)
+        keys = {k.decode() for k in client.scan_iter(count=1000)}
+        assert client.hlen(f"{ns_cpu}gemm-autotune") == first["gemm_cache_shared"]
+        client.close()
+        assert keys == {f"{ns_cpu}gemm-autotune", f"{other['cache_namespace']}gemm-autotune"}, keys
+
+    # the sweep's default measures cold compiles: the same job reads no cache
+    cold = tmp_path / "cold"
+    orchestrate("sweep", str(sweep), "--out", str(cold), "--cpus-per-job", "1", "--only", "*/mat")
+    [row] = _rows(cold)
+    assert row["status"] == "ok", row["error"]
+    assert row["compile_cache"] == "off" and row["compile_from_cache"] is False
+    assert row["fx_cache_hits"] == 0 and row["fx_cache_misses"] >= 1
+    assert row["gemm_cache_hits"] is None and row["autotune_cache_hits"] is None
+    assert row["job_id"] == first["job_id"]  # the same job
+    assert not (cold / cache.SNAPSHOT_FILE).exists()
 
     # the re-tune of the one max-autotune config (the sweep's `mat`: the same GEMM shapes and
     # stack), seeded from the sweep's output; rung 0 is that config's job alone
@@ -185,7 +172,7 @@ def test_a_resumed_sweep_and_a_retune_on_new_servers_keep_the_autotune_work(swee
     proc = orchestrate(
         "tune", str(sweep_file(ONE_AUTOTUNED)), "--out", str(later), "--cache-from", str(out), *flags
     )
-    assert f"autotune entries from {out / cache.SNAPSHOT_FILE} (--cache-from)" in proc.stdout + proc.stderr
+    assert f"autotune entries from {snapshot} (--cache-from)" in proc.stdout + proc.stderr
     [seeded] = _rows(later / "rung0")
     assert seeded["status"] == "ok", seeded["error"]
     assert (seeded["gemm_cache_hits"], seeded["gemm_cache_misses"]) == (3, 0)
