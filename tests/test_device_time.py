@@ -14,6 +14,7 @@ import pytest
 
 from compiler import statistics as cstats
 from compiler.measure import split_busy
+from compiler.thresholds import _ADDED_IN_V2, _ADDED_IN_V3
 from orchestrator.cli import main
 from reports.regression import compare, compare_history, to_markdown
 from store.rows import make_row
@@ -123,7 +124,7 @@ def test_a_borrowed_process_spread_widens_a_one_process_interval():
 
 def test_a_version_1_thresholds_file_reads_with_the_new_keys_defaulted(tmp_path):
     old = tmp_path / "t.json"
-    added = {**cstats._ADDED_IN_V2, **cstats._ADDED_IN_V3}
+    added = {**_ADDED_IN_V2, **_ADDED_IN_V3}
     data = {k: v for k, v in vars(cstats.load_thresholds()).items() if k not in added}
     old.write_text(json.dumps({**data, "version": 1}))
     t = cstats.load_thresholds(old)

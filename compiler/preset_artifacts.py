@@ -1,0 +1,140 @@
+"""The compiled artifacts an exported preset names, in the process `compiler.apply.compile_tuned`
+serves it in: its compile-cache bundle, installed into torch's local caches before the preset
+compiles (`PresetArtifacts.install_bundle`), and its AOTInductor package (`compiler.aoti`),
+loaded with the model's own weights and checked against eager (`PresetArtifacts.packaged`).
+
+Each file is read through `ExportFiles.verified`: exactly the bytes the manifest's sha256 names
+(bundles are unpickled on load: a file that does not match is refused, never loaded). A refused
+file raises `ExportError` under `strict`, else warns and the preset compiles without it; what
+happened goes into `Applied` (`bundle`, `package` and their files).
+
+This module imports neither Ray nor the orchestrator package."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from compiler.applied import Applied
+from compiler.export_files import ExportError, ExportFiles
+
+
+class PresetArtifacts:
+    """The bundle and package of the preset `entry` of `export`, for one `compile_tuned` call:
+    `warn` is that call's warning (`PresetFallbackWarning`, recorded in `applied`)."""
+
+    def __init__(
+        self,
+        export: ExportFiles,
+        entry: dict[str, Any],
+        applied: Applied,
+        *,
+        strict: bool,
+        warn: Callable[[str], None],
+    ):
+        self.export = export
+        self.entry = entry
+        self.applied = applied
+        self.strict = strict
+        self.warn = warn
+
+    def refused(self, exc: ExportError, instead: str) -> None:
+        """A file of the preset that cannot be used: raise under `strict`, else warn."""
+        if self.strict:
+            raise exc
+        self.warn(f"compile_tuned: {exc}; {instead}")
+
+    def file(self, rel: str, instead: str) -> bytes | None:
+        """The verified bytes of the preset's file `rel`, or None (refused, with a warning)."""
+        try:
+            return self.export.verified(rel)
+        except ExportError as exc:
+            self.refused(exc, instead)
+            return None
+
+    def install_bundle(self) -> None:
+        import torch
+
+        bundle = self.entry.get("bundle")
+        if not bundle or self.applied.bundle != "none":
+            return
+        self.applied.bundle_file = self.export.where(bundle)
+        data = self.file(bundle, "compiling without the bundle")
+        if data is None:
+            self.applied.bundle = "refused"
+            return
+        info = torch.compiler.load_cache_artifacts(data)
+        if info is None:  # torch could not read the bytes (it logged why: "checksum does not match")
+            self.applied.bundle = "refused"
+            self.refused(
+                ExportError(f"{bundle}: torch refused the compile-cache bundle (its warning above says why)"),
+                "compiling without the bundle",
+            )
+            return
+        self.applied.bundle = "loaded"
+        self.applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}
+
+    def packaged(
+        self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], compile_preset: Callable[[], Any]
+    ) -> Any:
+        """The preset's package loaded with the weights of `model` and checked against it on the
+        example inputs (`args`, `kwargs`, in the preset's dtype), or None (with `applied.package`
+        and a warning saying why) to compile instead. `compile_preset` compiles the preset for an
+        input signature the package was not built for."""
+        import torch
+
+        from compiler import aoti
+        from compiler.measure import compare_outputs
+
+        applied, entry = self.applied, self.entry
+        if aoti.signature(args, kwargs) != entry.get("package_inputs"):
+            applied.package = "skipped"
+            return None
+        applied.package_file = self.export.where(entry["package"])
+        with torch.no_grad():  # the reference the package must reproduce
+            reference = model(*args, **kwargs)
+        device = next((t.device for t in aoti.tensors(reference)), None)
+        t0 = time.perf_counter()
+        data = self.file(entry["package"], "compiling the preset instead")
+        if data is None:
+            applied.package = "refused"
+            return None
+        try:
+            with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
+                path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
+                path.write_bytes(data)
+                packaged = aoti.PackagedModel.load(
+                    path,
+                    model,
+                    entry["package_inputs"],
+                    # CUDA graphs only where the model runs on CUDA: an export written before
+                    # build_package knew this marked CPU reduce-overhead packages for them too
+                    bool(entry.get("package_cudagraphs")) and device is not None and device.type == "cuda",
+                    compile_preset,
+                )
+            packaged.capture(args, kwargs)
+            with torch.no_grad():
+                out = packaged(*args, **kwargs)
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - t0
+        except Exception as exc:  # a package that will not load here: the preset compiles instead
+            applied.package = "failed"
+            self.warn(
+                f"compile_tuned: {applied.package_file}: {type(exc).__name__}: {exc}; compiling the preset instead"
+            )
+            return None
+        cmp = compare_outputs(aoti.tensors(reference), aoti.tensors(out), applied.precision or "fp32")
+        if not cmp.ok:
+            applied.package = "failed"
+            self.warn(
+                f"compile_tuned: {applied.package_file}: its outputs differ from eager ({cmp.detail}); compiling "
+                "the preset instead"
+            )
+            return None
+        applied.package = "loaded"
+        applied.compile_s = elapsed
+        return packaged

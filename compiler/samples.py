@@ -1,0 +1,57 @@
+"""Latency samples as a row stores them: a summary (median, p10, p90), the spread of one figure
+measured several times, and the flat sample list cut back into the groups of the processes that
+measured it (`split_groups`). Part of the one statistics module (`compiler.statistics`); the
+intervals over these groups are `compiler.intervals`.
+
+Standard library only."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    samples_ms: tuple[float, ...]
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile of an already sorted list, q in [0, 100]."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(samples_ms: Sequence[float]) -> LatencySummary:
+    s = sorted(samples_ms)
+    return LatencySummary(statistics.median(s), percentile(s, 10), percentile(s, 90), tuple(samples_ms))
+
+
+def spread(values: Sequence[float]) -> float:
+    """max / min - 1 of positive figures (the same cell measured several times): 0.05 is 5%."""
+    return max(values) / min(values) - 1.0
+
+
+def split_groups(samples: Sequence[float], sizes: Sequence[int] | None) -> list[list[float]]:
+    """A flat sample list as stored in a row, cut into its per-process groups.
+
+    `sizes` is the row's `samples_per_repeat` (how many samples each process contributed, in
+    order); None (a row written before repeats existed) means one process."""
+    samples = list(samples)
+    if not sizes:
+        return [samples] if samples else []
+    if sum(sizes) != len(samples):
+        raise ValueError(f"samples_per_repeat {list(sizes)} sums to {sum(sizes)}, not {len(samples)} samples")
+    groups, start = [], 0
+    for n in sizes:
+        groups.append(samples[start : start + n])
+        start += n
+    return [g for g in groups if g]
