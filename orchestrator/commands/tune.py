@@ -39,31 +39,48 @@ def _mode_names() -> list[str]:
     return sorted(inductor_modes())
 
 
+_HELP = (
+    "search beyond the stock modes per cell; keep a tuned config only where it is faster by a margin "
+    "the statistics support"
+)
+_DESCRIPTION = (
+    "Per (hardware class, model, batch size) cell and accuracy budget (--accuracy, or the sweep's "
+    "accuracy:, default stock), the fastest configuration within the budget that beats a stock PyTorch user "
+    "(the model's dtype under torch's defaults, eager or torch.compile in its faster stock mode). The bases "
+    "are the sweep's configs (the stock modes) and, on GPU classes, torch's max-autotune modes (--bases), "
+    "under every precision policy a budget lets the class search (--precisions narrows them; `orchestrate "
+    "plan` lists them); each base may get one knob turned (--knobs: Inductor options, freezing, "
+    "channels-last, and runtime settings such as cudnn_benchmark). Rounds across the cluster, precision "
+    "first: every base measured cheaply (rung0), the knobs on each budget's fastest base (knobs), the best "
+    "1/eta and the knobs that each helped turned together (rung1), then in fresh processes the stock user "
+    "and per precision chosen its fastest candidate against its stock mode, in the same processes where "
+    "their runtime settings are equal (confirm). In the cell's own precision a candidate wins only if the "
+    "95% interval of stock/candidate lies above 1; in another, the faster config that beats the stock user "
+    "by that rule; eager (do not compile) where the same processes timed eager faster, unless --no-eager. "
+    "Random-weight outputs that cannot judge precision keep the cell's own. Every candidate must pass the "
+    "fp64 accuracy check and the limits. Jobs share compile and autotune work through Redis unless "
+    "--no-shared-cache. Writes OUT/rung0, OUT/knobs, OUT/rung1, OUT/confirm (sweep outputs), OUT/tune.json "
+    "(every decision, what each setting gained), OUT/presets.{parquet,json} (a preset per cell and budget, "
+    "for `export`) and OUT/deployed.json (each preset's speedup over stock eager and stock torch.compile, "
+    "with its error against fp64); prints them and, per class, what won."
+)
+
+
 def add_parsers(sub) -> None:
-    p = sub.add_parser(
-        "tune",
-        help="search beyond the stock modes per cell; keep a tuned config only where it is faster by a margin "
-        "the statistics support",
-        description="Per (hardware class, model, batch size) cell and accuracy budget (--accuracy, or the sweep's "
-        "accuracy:, default stock), the fastest configuration within the budget that beats a stock PyTorch user "
-        "(the model's dtype under torch's defaults, eager or torch.compile in its faster stock mode). The bases "
-        "are the sweep's configs (the stock modes) and, on GPU classes, torch's max-autotune modes (--bases), "
-        "under every precision policy a budget lets the class search (--precisions narrows them; `orchestrate "
-        "plan` lists them); each base may get one knob turned (--knobs: Inductor options, freezing, "
-        "channels-last, and runtime settings such as cudnn_benchmark). Rounds across the cluster, precision "
-        "first: every base measured cheaply (rung0), the knobs on each budget's fastest base (knobs), the best "
-        "1/eta and the knobs that each helped turned together (rung1), then in fresh processes the stock user "
-        "and per precision chosen its fastest candidate against its stock mode, in the same processes where "
-        "their runtime settings are equal (confirm). In the cell's own precision a candidate wins only if the "
-        "95% interval of stock/candidate lies above 1; in another, the faster config that beats the stock user "
-        "by that rule; eager (do not compile) where the same processes timed eager faster, unless --no-eager. "
-        "Random-weight outputs that cannot judge precision keep the cell's own. Every candidate must pass the "
-        "fp64 accuracy check and the limits. Jobs share compile and autotune work through Redis unless "
-        "--no-shared-cache. Writes OUT/rung0, OUT/knobs, OUT/rung1, OUT/confirm (sweep outputs), OUT/tune.json "
-        "(every decision, what each setting gained), OUT/presets.{parquet,json} (a preset per cell and budget, "
-        "for `export`) and OUT/deployed.json (each preset's speedup over stock eager and stock torch.compile, "
-        "with its error against fp64); prints them and, per class, what won.",
-    )
+    """`tune`'s flags, in the order --help lists them."""
+    p = sub.add_parser("tune", help=_HELP, description=_DESCRIPTION)
+    _add_run_flags(p)
+    _add_search_space_flags(p)
+    _add_round_flags(p)
+    add_budgets(p)
+    _add_cache_flags(p)
+    add_deadline(p, "tune")
+    add_only(p)
+    p.set_defaults(func=cmd_tune)
+
+
+def _add_run_flags(p) -> None:
+    """What to tune, where its output goes, on which cluster, and --resume."""
     p.add_argument(
         "sweep",
         type=Path,
@@ -80,6 +97,10 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--resume", action="store_true", help="finish a tune in --out: jobs already recorded are skipped"
     )
+
+
+def _add_search_space_flags(p) -> None:
+    """What the search may try: accuracy budgets, precisions, knobs, bases, and --prune-from."""
     p.add_argument(
         "--accuracy",
         type=not_empty("list of accuracy budgets", "stock,bf16", "the sweep's accuracy:, else stock"),
@@ -119,6 +140,10 @@ def add_parsers(sub) -> None:
         help="an earlier tune's --out: the knobs it measured to gain nothing (or to hurt) on every cell of a hardware class are left out "
         "of that class's search (tune.json says which, and why)",
     )
+
+
+def _add_round_flags(p) -> None:
+    """How the rounds keep and confirm candidates: --eta, --confirm-repeats, --no-eager."""
     p.add_argument(
         "--eta",
         type=whole(2),
@@ -139,7 +164,10 @@ def add_parsers(sub) -> None:
         help="never make a cell's preset eager (do not compile): keep the compiled config chosen even where "
         "its confirmation timed eager faster (tune.json still records that check, as eager_check)",
     )
-    add_budgets(p)
+
+
+def _add_cache_flags(p) -> None:
+    """The shared compile cache: --no-shared-cache, --cache-from, --cache-redis."""
     p.add_argument(
         "--no-shared-cache",
         action="store_true",
@@ -159,9 +187,6 @@ def add_parsers(sub) -> None:
         "--no-shared-cache",
     )
     add_cache_redis(p)
-    add_deadline(p, "tune")
-    add_only(p)
-    p.set_defaults(func=cmd_tune)
 
 
 def _cache_from_conflict(args) -> str | None:
@@ -231,57 +256,48 @@ def _print_deployed(document: dict) -> None:
 
 
 def cmd_tune(args) -> int:
-    from compiler.accuracy import parse_budgets
-    from compiler.precision import PRECISIONS, canonical_precision
-    from orchestrator.fleet.driver import check_ray_address
-    from orchestrator.fleet.progress import format_duration
-    from orchestrator.tune.search import TuneOptions, plan_locally, run_tune
-    from orchestrator.tune.space import KNOB_NAMES
-    from store.storage import StorageError, check_own_output, check_writable, checked
+    """Resolve and check the options, check the plan on this machine, run the tune, print it."""
+    from orchestrator.fleet.address import check_ray_address
+    from orchestrator.tune.plan import plan_locally
+    from orchestrator.tune.search import run_tune
 
     deadline = deadline_at(args)  # counted from the command's start
     spec = load_sweep(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
     check_ray_address(args.address)  # seconds, not Ray's minute of retries
-    problems = []
-    precisions = None if args.precisions is None else []
-    for name in filter(None, (p.strip() for p in (args.precisions or "").split(","))):
-        canon = canonical_precision(name)
-        if canon is None:
-            problems.append(f"--precisions: unknown policy {name!r}; valid: {', '.join(PRECISIONS)}")
-        else:
-            precisions.append(canon)
-    accuracy = ()
-    if args.accuracy is not None:
-        try:
-            accuracy = parse_budgets(filter(None, (a.strip() for a in args.accuracy.split(","))))
-        except ValueError as exc:
-            problems.append(f"--accuracy: {exc}")
+    opts = _tune_options(args, spec, deadline)
+    if opts is None:
+        return EXIT_BAD_INPUT
+    if not check_plan_locally(spec, args, plan_locally(spec, opts)):
+        return EXIT_BAD_INPUT
+    summary, code = drive(lambda: run_tune(spec, opts))
+    if summary is None:
+        return code
+    _print_summary(summary, opts.out_dir)
+    return 0
+
+
+def _tune_options(args, spec, deadline: float | None):
+    """`TuneOptions` from the flags, or None after printing every problem with them (one
+    `error:` line each) or with the locations they name."""
+    from orchestrator.tune.plan import TuneOptions
+    from store.storage import StorageError, check_own_output, check_writable, checked
+
+    problems: list[str] = []
+    precisions = _precisions(args, problems)
+    accuracy = _accuracy(args, problems)
     cache_redis = cache_redis_address(args, not args.no_shared_cache, "--no-shared-cache turns off")
     conflict = _cache_from_conflict(args)
     if conflict:
         problems.append(conflict)
-    knobs = KNOB_NAMES
-    if args.knobs is not None:
-        knobs = tuple(filter(None, (k.strip() for k in args.knobs.split(","))))
-        problems += [
-            f"--knobs: unknown knob {k!r}; valid: {', '.join(KNOB_NAMES)}"
-            for k in knobs
-            if k not in KNOB_NAMES
-        ]
-    bases = None
-    if args.bases is not None:
-        modes = _mode_names()
-        bases = tuple(filter(None, (b.strip() for b in args.bases.split(","))))
-        problems += [
-            f"--bases: unknown mode {b!r}; valid: {', '.join(modes)}" for b in bases if b not in modes
-        ]
+    knobs = _knobs(args, problems)
+    bases = _bases(args, problems)
     budgets = budgets_from_args(args)
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return None
     try:
         out = checked(args.out or str(Path("runs") / f"{spec.name}-tune"))
         check_own_output(out, "tune")
@@ -290,14 +306,14 @@ def cmd_tune(args) -> int:
         cache_from = _cache_from(args)
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    opts = TuneOptions(
+        return None
+    return TuneOptions(
         out_dir=out,
         address=args.address,
         resume=args.resume,
         only=args.only,
         accuracy=accuracy,
-        precisions=tuple(precisions) if precisions is not None else None,
+        precisions=precisions,
         knobs=knobs,
         bases=bases,
         prune_from=prune_from,
@@ -315,11 +331,69 @@ def cmd_tune(args) -> int:
         argv=sys.argv,
         deadline=deadline,
     )
-    if not check_plan_locally(spec, args, plan_locally(spec, opts)):
-        return EXIT_BAD_INPUT
-    summary, code = drive(lambda: run_tune(spec, opts))
-    if summary is None:
-        return code
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """The names of a comma-separated flag, blanks dropped."""
+    return tuple(filter(None, (v.strip() for v in value.split(","))))
+
+
+def _precisions(args, problems: list[str]) -> tuple[str, ...] | None:
+    """--precisions, canonical (None: not given); an unknown policy goes into `problems`."""
+    from compiler.precision import PRECISIONS, canonical_precision
+
+    if args.precisions is None:
+        return None
+    precisions = []
+    for name in _names(args.precisions):
+        canon = canonical_precision(name)
+        if canon is None:
+            problems.append(f"--precisions: unknown policy {name!r}; valid: {', '.join(PRECISIONS)}")
+        else:
+            precisions.append(canon)
+    return tuple(precisions)
+
+
+def _accuracy(args, problems: list[str]) -> tuple:
+    """--accuracy's budgets (empty: not given); a bad one goes into `problems`."""
+    from compiler.accuracy import parse_budgets
+
+    if args.accuracy is None:
+        return ()
+    try:
+        return parse_budgets(_names(args.accuracy))
+    except ValueError as exc:
+        problems.append(f"--accuracy: {exc}")
+        return ()
+
+
+def _knobs(args, problems: list[str]) -> tuple[str, ...]:
+    """--knobs (default: every knob); an unknown one goes into `problems`."""
+    from orchestrator.tune.space import KNOB_NAMES
+
+    if args.knobs is None:
+        return KNOB_NAMES
+    knobs = _names(args.knobs)
+    problems += [
+        f"--knobs: unknown knob {k!r}; valid: {', '.join(KNOB_NAMES)}" for k in knobs if k not in KNOB_NAMES
+    ]
+    return knobs
+
+
+def _bases(args, problems: list[str]) -> tuple[str, ...] | None:
+    """--bases (None: not given); an unknown mode goes into `problems`."""
+    if args.bases is None:
+        return None
+    modes = _mode_names()
+    bases = _names(args.bases)
+    problems += [f"--bases: unknown mode {b!r}; valid: {', '.join(modes)}" for b in bases if b not in modes]
+    return bases
+
+
+def _print_summary(summary, out) -> None:
+    """What the tune decided, its presets against a stock user, and where its presets are."""
+    from orchestrator.fleet.progress import format_duration
+
     for cell, why in summary.decisions.items():
         print(f"{cell}: {why}")
     _print_deployed(summary.deployed)
@@ -336,4 +410,3 @@ def cmd_tune(args) -> int:
         + ("--budget NAME " if len(summary.budgets) > 1 else "")
         + "--dest DIR)"
     )
-    return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,7 +125,11 @@ def decide(
     becomes eager where the row its figures come from shows eager faster (`eager.reconsider`,
     unless not `eager_presets`, or `eager_veto(row)` gives a reason why eager of that row may not
     be the preset, such as its error over an accuracy budget; the check goes into
-    `log["eager_check"]`)."""
+    `log["eager_check"]`).
+
+    The steps: the fastest eligible stock config and other candidate of rung 1 (`best_pair`); with
+    only one side, that side (`_uncontested`); a confirmation that cannot judge keeps the stock
+    config (`_unconfirmed`); else the confirmation's interval decides (`_confirmed`)."""
 
     def reconsider(entry, why, row, side, stock=None):
         veto = None if eager_presets else "eager presets are off (--no-eager)"
@@ -135,46 +140,80 @@ def decide(
     stock, tuned, n = best_pair(rung1, budgets)
     if stock is None and tuned is None:
         return None, "no candidate passed its accuracy check within the budgets"
+    if stock is None or tuned is None:
+        return reconsider(*_uncontested(cell, stock, tuned, n), "compiled")
+    row, apart = _confirmation_rows(confirmation)
+    why = _unconfirmed(stock[0], tuned[0], row, apart)
+    if why is not None:
+        entry = preset_entry(stock[1], cell.dtype, source="stock", decision=why, **_stock_fields(stock, n))
+        return reconsider(entry, why, stock[1], "compiled")
+    return _confirmed(cell, stock, tuned, n, row, apart, reconsider)
+
+
+Ranked = tuple[Candidate, dict[str, Any]]
+"""A candidate and its row."""
+
+
+def _stock_fields(stock: Ranked, n: int) -> dict[str, Any]:
+    """What a stock preset chosen without a confirmation's figures says of the stock config."""
+    s_cand, s_row = stock
+    return {"stock_config": s_cand.config.name, "stock_ms": s_row["compiled_ms"], "candidates": n}
+
+
+def _uncontested(
+    cell: Cell, stock: Ranked | None, tuned: Ranked | None, n: int
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """(entry, why, its row) where rung 1 left one side eligible: the fastest other candidate where
+    no stock config was, else the fastest stock config; no confirmation to weigh."""
     if stock is None:
+        assert tuned is not None
         c, r = tuned
         why = f"no stock config was eligible; {c.config.name} ({c.dtype}) is the fastest of {n} eligible"
-        entry = preset_entry(r, cell.dtype, source="tuned", decision=why, candidates=n)
-        return reconsider(entry, why, r, "compiled")
-    s_cand, s_row = stock
-    stock_fields = {"stock_config": s_cand.config.name, "stock_ms": s_row["compiled_ms"], "candidates": n}
-    if tuned is None:
-        why = f"stock: no other candidate was eligible in rung 1 ({n} eligible)"
-        entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields)
-        return reconsider(entry, why, s_row, "compiled")
-    c, r = tuned
+        return preset_entry(r, cell.dtype, source="tuned", decision=why, candidates=n), why, r
+    why = f"stock: no other candidate was eligible in rung 1 ({n} eligible)"
+    entry = preset_entry(stock[1], cell.dtype, source="stock", decision=why, **_stock_fields(stock, n))
+    return entry, why, stock[1]
+
+
+def _confirmation_rows(
+    confirmation: tuple[Candidate, Candidate, dict[str, Any] | None] | None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the candidate's or the pair's row, the stock config's row where it ran apart) of `decide`'s
+    `confirmation`."""
     row = confirmation[2] if confirmation else None
     apart = confirmation[3] if confirmation and len(confirmation) > 3 else None
+    return row, apart
+
+
+def _unconfirmed(
+    s_cand: Candidate, c: Candidate, row: dict[str, Any] | None, apart: dict[str, Any] | None
+) -> str | None:
+    """Why the confirmation of `c` against the stock config `s_cand` cannot judge them (not run, a
+    job not ok, a paired job without the stock side's samples), in words; None where it can."""
     failed = next(
         (x for x in (row, apart) if x is not None and x["status"] != "ok"),
         None,
     )
-    if row is None or failed or (apart is None and not row.get("baseline_samples_ms")):
-        bad = failed or row
-        status = "not run" if bad is None else f"{bad['status']}: {(bad.get('error') or '')[:200]}"
-        why = f"stock: the confirmation of {c.config.name} against {s_cand.config.name} failed ({status})"
-        entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **stock_fields)
-        return reconsider(entry, why, s_row, "compiled")
-    if apart is None:
-        iv = cstats.paired_speedup(
-            row["baseline_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
-        )
-        stock_ms, how = row["baseline_ms"], "processes"
-        stock_side: tuple[dict[str, Any], str] = (row, "baseline")
-        scope = f"paired: both interleaved in the same {iv.processes} processes (job {row['job_id']})"
-    else:  # a runtime setting differs: never timed in one process (compiler.runtime)
-        iv = cstats.ratio_interval(
-            cstats.split_groups(apart["compiled_samples_ms"], apart["samples_per_repeat"]),
-            cstats.split_groups(row["compiled_samples_ms"], row["samples_per_repeat"]),
-            paired=False,
-        )
-        stock_ms, how = apart["compiled_ms"], "processes each, apart (they differ in a runtime setting)"
-        stock_side = (apart, "compiled")
-        scope = f"unpaired: jobs {apart['job_id']} and {row['job_id']} (they differ in a runtime setting)"
+    if not (row is None or failed or (apart is None and not row.get("baseline_samples_ms"))):
+        return None
+    bad = failed or row
+    status = "not run" if bad is None else f"{bad['status']}: {(bad.get('error') or '')[:200]}"
+    return f"stock: the confirmation of {c.config.name} against {s_cand.config.name} failed ({status})"
+
+
+def _confirmed(
+    cell: Cell,
+    stock: Ranked,
+    tuned: Ranked,
+    n: int,
+    row: dict[str, Any],
+    apart: dict[str, Any] | None,
+    reconsider: Callable[..., tuple[dict[str, Any] | None, str]],
+) -> tuple[dict[str, Any] | None, str]:
+    """The preset where the confirmation ran: the candidate where its interval of stock / candidate
+    lies above 1 (`cstats.beats`), else the stock config, timed beside it."""
+    (s_cand, s_row), (c, r) = stock, tuned
+    iv, stock_ms, how, stock_side, scope = _interval(row, apart)
     figures = (
         f"{c.config.name} ({c.dtype}) vs {s_cand.config.name}: {iv.estimate:.3f}x "
         f"[{iv.low:.3f}, {iv.high:.3f}] over {iv.processes} {how}"
@@ -203,6 +242,29 @@ def decide(
     entry["speedup_vs_stock_ci_low"] = entry["speedup_vs_stock_ci_high"] = None
     entry["speedup_vs_stock_from"] = None
     return reconsider(entry, why, *stock_side, best_stock)
+
+
+def _interval(
+    row: dict[str, Any], apart: dict[str, Any] | None
+) -> tuple[Any, float, str, tuple[dict[str, Any], str], str]:
+    """(interval of stock / candidate, the stock side's ms, how it was timed, (the stock side's row,
+    its side), the scope in words) of a confirmation: paired where both ran in the same processes
+    (`row` holds both), else unpaired between `apart` (the stock config's) and `row`."""
+    if apart is None:
+        iv = cstats.paired_speedup(
+            row["baseline_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
+        )
+        scope = f"paired: both interleaved in the same {iv.processes} processes (job {row['job_id']})"
+        return iv, row["baseline_ms"], "processes", (row, "baseline"), scope
+    # a runtime setting differs: never timed in one process (compiler.runtime)
+    iv = cstats.ratio_interval(
+        cstats.split_groups(apart["compiled_samples_ms"], apart["samples_per_repeat"]),
+        cstats.split_groups(row["compiled_samples_ms"], row["samples_per_repeat"]),
+        paired=False,
+    )
+    how = "processes each, apart (they differ in a runtime setting)"
+    scope = f"unpaired: jobs {apart['job_id']} and {row['job_id']} (they differ in a runtime setting)"
+    return iv, apart["compiled_ms"], how, (apart, "compiled"), scope
 
 
 def combine_helping_knobs(

@@ -31,6 +31,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,8 @@ from compiler.config import CompileConfig, is_eager_preset, preset_runtime
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
 from orchestrator.spec.models import default_name as _default_name
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
-from orchestrator.tune.search import TUNE_FILE
-from store.lock import LOCK_FILE, holding
+from store.layout import LOCK_FILE, TUNE_FILE
+from store.lock import holding
 from store.runlog import read_runs
 from store.schema import read_results
 from store.storage import Location, Target, resolve
@@ -259,10 +260,45 @@ def _export(
     log: Callable[[str], None],
     budget: str | None = None,
 ) -> dict[str, Any]:
-    from workers.runner import build_bundle
-
+    """The export's steps: plan it and refuse what this node cannot build; pick up an interrupted
+    export's progress; a bundle (and package) per preset; presets.json; the manifest, last."""
     entries, defaults, stack = plan_export(out, hardware, budget)
     device = "cpu" if hardware == "cpu" else "cuda"
+    _check_this_node(hardware, device, stack)
+    check_supported(entries, defaults, hardware)
+    specs = _model_specs(out)
+    dest = Path(dest)
+    key = {
+        "source": str(out),
+        "hardware": hardware,
+        "packages": packages,
+        **({"budget": budget} if budget else {}),
+    }
+    done = _resumed(dest, key, resume, len(entries), log)
+    (dest / BUNDLES).mkdir(parents=True, exist_ok=True)
+    if packages:
+        (dest / PACKAGES).mkdir(parents=True, exist_ok=True)
+    run = _Run(
+        hardware=hardware,
+        device=device,
+        dest=dest,
+        key=key,
+        specs=specs,
+        threads=threads or max(1, os.cpu_count() or 1),
+        scratch_root=scratch_root,
+        packages=packages,
+        log=log,
+        total=len(entries),
+    )
+    for i, entry in enumerate(entries, 1):
+        entries[i - 1] = _export_preset(run, i, entry, done)
+    _write_presets(dest, hardware, stack, entries, defaults)
+    return _write_manifest(dest, out, hardware, stack, entries)
+
+
+def _check_this_node(hardware: str, device: str, stack: dict[str, Any]) -> None:
+    """Refuse an export on a node of another class than `hardware`, or on another stack than the
+    presets were measured on: a bundle only loads where it was built."""
     here = hardware_class(device if device == "cpu" else None)
     if here != hardware:
         raise ExportError(
@@ -275,103 +311,134 @@ def _export(
             f"the {hardware} presets were measured on another stack than this one: {', '.join(differs)}; export "
             "on the stack that ran the sweep (a bundle only loads on the stack that built it)"
         )
-    check_supported(entries, defaults, hardware)
-    specs = _model_specs(out)
-    dest = Path(dest)
-    key = {
-        "source": str(out),
-        "hardware": hardware,
-        "packages": packages,
-        **({"budget": budget} if budget else {}),
-    }
-    done: dict[str, dict[str, Any]] = {}
-    if dest.exists() and any(p.name != LOCK_FILE for p in dest.iterdir()):  # the lock is ours
-        progress = dest / PROGRESS
-        if not resume or not progress.exists() or (dest / MANIFEST).exists():
-            what = "a finished export" if (dest / MANIFEST).exists() else "not an interrupted export"
-            hint = "" if resume else ", or add --resume if an export into it was interrupted"
-            raise ExportError(
-                f"{dest} is not empty ({what}); export into a new directory{hint} (nothing there was changed)"
-            )
-        saved = json.loads(progress.read_text())
-        if saved.get("key") != key:
-            raise ExportError(
-                f"{progress}: that export was of {saved.get('key')}, this one is of {key}; resume it with the "
-                "same arguments, or export into a new directory"
-            )
-        done = {_cell(e): e for e in saved.get("entries", [])}
-        log(f"resuming the export into {dest}: {len(done)} of {len(entries)} presets already done")
-    (dest / BUNDLES).mkdir(parents=True, exist_ok=True)
-    if packages:
-        (dest / PACKAGES).mkdir(parents=True, exist_ok=True)
-    threads = threads or max(1, os.cpu_count() or 1)
-    t_start = time.monotonic()
-    finished: list[dict[str, Any]] = []
-    crashed = ""  # a package load that killed its process: this stack cannot serve packages
 
-    def save_progress() -> None:
-        durable.write_text(dest / PROGRESS, json.dumps({"key": key, "entries": finished}, default=str))
 
-    for i, entry in enumerate(entries, 1):
-        if _cell(entry) in done:
-            entries[i - 1] = entry = done[_cell(entry)]
-            finished.append(entry)
-            continue
-        if is_eager_preset(entry):
-            entry["bundle"] = entry["package"] = None
-            log(
-                f"[{i}/{len(entries)}] {_cell(entry)}: eager (do not compile: compiled "
-                f"{entry.get('eager_over_config')} was slower), no bundle or package; runtime "
-                f"{preset_runtime(entry) or 'torch defaults'}"
-            )
-            finished.append(entry)
-            save_progress()
-            continue
-        if entry.get("model_spec"):
-            spec = ModelSpec(**entry["model_spec"])
-        else:
-            spec = specs.get(entry["model"]) or ModelSpec(id=entry["model_id"], name=entry["model"])
-        config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
-        job = Job(
-            sweep="export",
-            hardware=hardware,
-            device=device,
-            model=spec,
-            batch_size=entry["batch_size"],
-            dtype=entry.get("precision") or entry["dtype"],
-            config=config,
-            measure=MeasureSpec(),
-            timeout_s=config.effective_timeout(None),
+def _resumed(
+    dest: Path, key: dict[str, Any], resume: bool, total: int, log: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    """The presets an interrupted export into `dest` finished (`PROGRESS`), by cell; {} for an empty
+    `dest`. Refuses a `dest` with anything else in it, or one of another export (`key`)."""
+    if not dest.exists() or not any(p.name != LOCK_FILE for p in dest.iterdir()):  # the lock is ours
+        return {}
+    progress = dest / PROGRESS
+    if not resume or not progress.exists() or (dest / MANIFEST).exists():
+        what = "a finished export" if (dest / MANIFEST).exists() else "not an interrupted export"
+        hint = "" if resume else ", or add --resume if an export into it was interrupted"
+        raise ExportError(
+            f"{dest} is not empty ({what}); export into a new directory{hint} (nothing there was changed)"
         )
-        rel = _bundle_name(entry)
-        package = _bundle_name(entry, PACKAGES, ".pt2") if packages and not crashed else None
-        result = _bundle_outcome(
-            build_bundle(job, dest / rel, threads, scratch_root, dest / package if package else None),
-            dest / rel,
+    saved = json.loads(progress.read_text())
+    if saved.get("key") != key:
+        raise ExportError(
+            f"{progress}: that export was of {saved.get('key')}, this one is of {key}; resume it with the "
+            "same arguments, or export into a new directory"
         )
-        if LOADER_CRASHED in (result.get("package_error") or ""):
-            crashed = result["package_error"]
-        cell = _cell(entry)
-        entry["model_spec"] = dataclasses.asdict(spec)
-        if result.get("status") == "ok":
-            entry["bundle"] = rel
-            entry["bundle_compile_s"] = result.get("compile_s")
-            entry["bundle_artifacts"] = result.get("bundle_artifacts")
-            log(
-                f"[{i}/{len(entries)}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
-                f"{result.get('compile_s', 0):.1f} s"
-                + _package_line(entry, package, result, crashed if package is None else "")
-                + f" (elapsed {time.monotonic() - t_start:.0f} s)"
-                + bundle_caveat(config, result.get("bundle_artifacts") or {})
-            )
-        else:
-            entry["bundle"] = None
-            entry["bundle_error"] = (
-                f"{result.get('status')}: {(result.get('error') or '').splitlines()[0][:300]}"
-            )
-            log(f"[{i}/{len(entries)}] {cell}: no bundle ({entry['bundle_error']})")
-        finished.append(entry)
-        save_progress()
+    done = {_cell(e): e for e in saved.get("entries", [])}
+    log(f"resuming the export into {dest}: {len(done)} of {total} presets already done")
+    return done
+
+
+@dataclass
+class _Run:
+    """What each preset's step of one export needs, and what it has finished so far."""
+
+    hardware: str
+    device: str
+    dest: Path
+    key: dict[str, Any]
+    """What the export is of (source, class, packages, budget): `--resume` must match it."""
+    specs: dict[str, ModelSpec]
+    threads: int
+    scratch_root: str | None
+    packages: bool
+    log: Callable[[str], None]
+    total: int
+    started: float = field(default_factory=time.monotonic)
+    finished: list[dict[str, Any]] = field(default_factory=list)
+    crashed: str = ""
+    """A package load that killed its process: this stack cannot serve packages."""
+
+    def save_progress(self) -> None:
+        durable.write_text(
+            self.dest / PROGRESS, json.dumps({"key": self.key, "entries": self.finished}, default=str)
+        )
+
+
+def _export_preset(
+    run: _Run, i: int, entry: dict[str, Any], done: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The `i`th preset's step: taken as an earlier try finished it, recorded as eager (nothing to
+    compile), or its bundle (and package) built; returns its entry, saved in the progress."""
+    if _cell(entry) in done:
+        entry = done[_cell(entry)]
+        run.finished.append(entry)
+        return entry
+    if is_eager_preset(entry):
+        entry["bundle"] = entry["package"] = None
+        run.log(
+            f"[{i}/{run.total}] {_cell(entry)}: eager (do not compile: compiled "
+            f"{entry.get('eager_over_config')} was slower), no bundle or package; runtime "
+            f"{preset_runtime(entry) or 'torch defaults'}"
+        )
+    else:
+        _bundle_preset(run, i, entry)
+    run.finished.append(entry)
+    run.save_progress()
+    return entry
+
+
+def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
+    """Build the preset's bundle (and package) in a fresh process; record the outcome in `entry`."""
+    from workers.runner import build_bundle
+
+    if entry.get("model_spec"):
+        spec = ModelSpec(**entry["model_spec"])
+    else:
+        spec = run.specs.get(entry["model"]) or ModelSpec(id=entry["model_id"], name=entry["model"])
+    config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
+    job = Job(
+        sweep="export",
+        hardware=run.hardware,
+        device=run.device,
+        model=spec,
+        batch_size=entry["batch_size"],
+        dtype=entry.get("precision") or entry["dtype"],
+        config=config,
+        measure=MeasureSpec(),
+        timeout_s=config.effective_timeout(None),
+    )
+    dest = run.dest
+    rel = _bundle_name(entry)
+    package = _bundle_name(entry, PACKAGES, ".pt2") if run.packages and not run.crashed else None
+    result = _bundle_outcome(
+        build_bundle(job, dest / rel, run.threads, run.scratch_root, dest / package if package else None),
+        dest / rel,
+    )
+    if LOADER_CRASHED in (result.get("package_error") or ""):
+        run.crashed = result["package_error"]
+    cell = _cell(entry)
+    entry["model_spec"] = dataclasses.asdict(spec)
+    if result.get("status") == "ok":
+        entry["bundle"] = rel
+        entry["bundle_compile_s"] = result.get("compile_s")
+        entry["bundle_artifacts"] = result.get("bundle_artifacts")
+        run.log(
+            f"[{i}/{run.total}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
+            f"{result.get('compile_s', 0):.1f} s"
+            + _package_line(entry, package, result, run.crashed if package is None else "")
+            + f" (elapsed {time.monotonic() - run.started:.0f} s)"
+            + bundle_caveat(config, result.get("bundle_artifacts") or {})
+        )
+    else:
+        entry["bundle"] = None
+        entry["bundle_error"] = f"{result.get('status')}: {(result.get('error') or '').splitlines()[0][:300]}"
+        run.log(f"[{i}/{run.total}] {cell}: no bundle ({entry['bundle_error']})")
+
+
+def _write_presets(
+    dest: Path, hardware: str, stack: dict[str, Any], entries: list[dict[str, Any]], defaults: dict[str, Any]
+) -> None:
+    """DEST/presets.json: every preset, as exported, and the class defaults."""
     presets = {
         "format": EXPORT_FORMAT,
         "hardware": hardware,
@@ -381,6 +448,13 @@ def _export(
         "defaults": defaults,
     }
     durable.write_text(dest / PRESETS, json.dumps(presets, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def _write_manifest(
+    dest: Path, out: Target, hardware: str, stack: dict[str, Any], entries: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """DEST/manifest.json, written last (the export is finished), with the sha256 of every other
+    file; an earlier try's stray temporary files and the progress file go. Returns the manifest."""
     for stray in [p for p in dest.rglob(".*") if p.is_file() and p.name not in (PROGRESS, LOCK_FILE)]:
         stray.unlink()  # the temporary file of a job killed mid-write, on an earlier try
     files = {

@@ -38,6 +38,13 @@ from the jobs already recorded. OUT also gets `tune.json` (every cell's candidat
 judgements and decisions), the presets (`presets.parquet`, `presets.json`; `orchestrate export`
 reads them) and `deployed.json` (per cell and budget, the speedup over stock eager and stock
 `torch.compile`, and the error against fp64).
+
+In code, `_run_tune` is the list of stages, each a function taking the `TuneContext` (what every
+round needs: the sweep, the options, OUT, the cache's address, the stack) and what the stage
+before it produced: `run_rung0` → `run_knobs` → `run_rung1` → `run_confirm` (each a `Round`: its
+jobs and rows, run by `run_round`), then `decide` → `write` → `summarize`. The plan they draw
+from (options, cells, candidates, each round's jobs) is `orchestrator.tune.plan`; what each stage
+does per cell is `orchestrator.tune.stages`.
 """
 
 from __future__ import annotations
@@ -47,82 +54,38 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from compiler.accuracy import STOCK_BUDGET, Budget, searched
-from compiler.capabilities import known
+from compiler.accuracy import Budget
 from orchestrator.fleet.cache import SNAPSHOT_FILE, check_address, shared_cache
-from orchestrator.fleet.driver import OutputExistsError, SweepOptions, ray_session, run_sweep
-from orchestrator.fleet.inventory import HardwareClass, cluster_classes
-from orchestrator.fleet.inventory import resolve as resolve_classes
-from orchestrator.spec.matrix import select_matching
+from orchestrator.fleet.driver import SweepOptions, ray_session, run_sweep
+from orchestrator.fleet.existing import OutputExistsError
+from orchestrator.fleet.inventory import cluster_classes
 from orchestrator.spec.sweep import SweepSpec
+from orchestrator.tune import budgets as tb
 from orchestrator.tune import deployed, eager, stages
 from orchestrator.tune.cells import Cell, check_rows_kept
-from orchestrator.tune.effects import dropped_knobs, effects_document, setting_effects, what_won
-from orchestrator.tune.presets import Budgets, durable_write, preset_document, write_preset_files
-from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates, is_base
+from orchestrator.tune.effects import effects_document, setting_effects, what_won
+from orchestrator.tune.plan import (
+    TuneOptions,
+    make_job,
+    plan_space,
+    pruned_knobs,
+    rung0_jobs,
+    rung_measure,
+    tune_budgets,
+)
+from orchestrator.tune.presets import durable_write, preset_document, write_preset_files
+from orchestrator.tune.space import Candidate
+from store.layout import DEPLOYED_FILE, ROUNDS, TUNE_FILE
 from store.lock import holding
 from store.rows import latest_rows
 from store.runlog import check_same_sweep
 from store.schema import read_results
-from store.storage import Location, Target, checked, refusal_stops
-from workers.job import Baseline, Job, MeasureSpec, software_stack
+from store.storage import Location, checked, refusal_stops
+from workers.job import Job, software_stack
 from workers.runner import plural
-
-TUNE_FILE = "tune.json"
-DEPLOYED_FILE = "deployed.json"
-ROUNDS = ("rung0", "knobs", "rung1", "confirm")
-DEFAULT_ETA = 3
-DEFAULT_CONFIRM_REPEATS = 3
-
-
-class NothingToTune(ValueError):
-    """The selection left no cell to tune."""
-
-
-@dataclass
-class TuneOptions:
-    out_dir: Target
-    address: str | None = None
-    resume: bool = False
-    only: str | None = None
-    accuracy: tuple[Budget, ...] = ()
-    """Accuracy budgets (`compiler.accuracy`; --accuracy): each cell gets a preset per budget, the
-    fastest config within it. Empty: the sweep's `accuracy:`, else `stock`."""
-    precisions: tuple[str, ...] | None = None
-    """The precision policies the search may use (--precisions; the cell's own always): None, every
-    one the budgets let a class search."""
-    knobs: tuple[str, ...] = KNOB_NAMES
-    bases: tuple[str, ...] | None = None
-    """Torch modes added as bases (candidates with knobs of their own) where the sweep lacks them;
-    None: `max-autotune` and `max-autotune-no-cudagraphs` on GPU classes, none on CPU."""
-    prune_from: Target | None = None
-    """An earlier tune's output: knobs it measured to gain nothing (or to hurt) on every cell of a class are left out of that
-    class's search (`orchestrator.tune.effects.dropped_knobs`)."""
-    budgets: Budgets = field(default_factory=Budgets)
-    eta: int = DEFAULT_ETA
-    """Rung 0 keeps the best 1/eta of each cell's candidates (at least one) for rung 1."""
-    confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
-    eager_presets: bool = True
-    """A cell's preset may be eager where its row timed eager faster (`orchestrator.tune.eager`);
-    False (`--no-eager`) keeps the compiled config and only records the check."""
-    cpus_per_job: int | None = None
-    timeout_cap_s: float | None = None
-    allow_missing: bool = False
-    scratch_root: str | None = None
-    shared_cache: bool = True
-    """Share compile and autotune work between the tune's jobs through Redis (see the module doc)."""
-    cache_redis: str | None = None
-    """HOST:PORT of an existing Redis server; None starts a private one for the tune."""
-    cache_from: Location | None = None
-    """An earlier run's output whose shared-cache snapshot (`orchestrator.fleet.cache.SNAPSHOT_FILE`)
-    the private server starts with: its GEMM/conv timings and Triton configs (`--cache-from`)."""
-    argv: list[str] = field(default_factory=list)
-    deadline: float | None = None
-    """`time.monotonic()` at which the tune stops as on Ctrl-C (`SweepOptions.deadline`)."""
 
 
 @dataclass
@@ -146,162 +109,6 @@ class TuneSummary:
     """The accuracy budgets the presets were decided under (a preset per cell and budget)."""
 
 
-def rung_measure(
-    measure: MeasureSpec, rung: str, confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
-) -> MeasureSpec:
-    """How each round measures: rung 0 cheaply (a quarter of the timed calls, in few rounds),
-    rung 1 as the sweep says, the confirmation in `confirm_repeats` processes (at least 2, so
-    its interval covers the spread between processes). One process each before that; FLOPs are
-    not counted (the tuner compares latencies)."""
-    one = dataclasses.replace(measure, flops=False, warm_compile=False, repeats=1)
-    if rung == "rung0":
-        return dataclasses.replace(
-            one, iterations=max(10, measure.iterations // 4), rounds=max(2, min(measure.rounds, 4))
-        )
-    if rung == "rung1":
-        return one
-    return dataclasses.replace(one, repeats=max(2, confirm_repeats))
-
-
-def plan_cells(spec: SweepSpec, hardware: dict[str, HardwareClass]) -> list[Cell]:
-    return [
-        Cell(hw, cls.device, model, bs, dtype)
-        for hw, cls in hardware.items()
-        for model in spec.models
-        for bs in spec.batch_sizes
-        for dtype in spec.dtypes
-    ]
-
-
-def make_job(
-    spec: SweepSpec,
-    cell: Cell,
-    cand: Candidate,
-    measure: MeasureSpec,
-    timeout_cap_s: float | None,
-    baseline: Candidate | None = None,
-    stack: dict[str, str] | None = None,
-) -> Job:
-    timeout = cell.model.timeout_s or cand.config.effective_timeout(spec.timeout_s)
-    if baseline is not None:  # two cold compiles in the first process
-        timeout += cell.model.timeout_s or baseline.config.effective_timeout(spec.timeout_s)
-    if timeout_cap_s:
-        timeout = min(timeout, timeout_cap_s)
-    return Job(
-        sweep=spec.name,
-        hardware=cell.hardware,
-        device=cell.device,  # type: ignore[arg-type]
-        model=cell.model,
-        batch_size=cell.batch_size,
-        dtype=cand.dtype,
-        config=cand.config,
-        measure=measure,
-        timeout_s=timeout,
-        stack=software_stack() if stack is None else stack,
-        baseline=Baseline(baseline.config, baseline.dtype) if baseline is not None else None,
-    )
-
-
-def _bases(bases: tuple[str, ...] | None, device: str) -> tuple[str, ...]:
-    if bases is not None:
-        return bases
-    return BASE_MODES if device == "cuda" else ()  # a CPU max-autotune compile takes minutes
-
-
-def _pruned(prune_from: Target | None) -> dict[str, dict[str, str]]:
-    """hardware class -> knob -> why, from an earlier tune's tune.json (see TuneOptions.prune_from)."""
-    if prune_from is None:
-        return {}
-    where = checked(prune_from).join(TUNE_FILE)
-    if not where.exists():
-        raise NothingToTune(f"--prune-from: {where} does not exist (give the --out of an earlier tune)")
-    try:
-        document = json.loads(where.read_text()).get("setting_effects") or {}
-    except ValueError as exc:
-        raise NothingToTune(f"--prune-from: {where} is not valid JSON ({exc})") from None
-    return {hw: knobs for hw, knobs in dropped_knobs(document).items() if knobs}
-
-
-def _latest(out: Location) -> dict[str, dict[str, Any]]:
-    return latest_rows(read_results(out).to_pylist(), lambda r: r["job_id"])
-
-
-def plan_space(
-    spec: SweepSpec, classes: dict[str, HardwareClass], opts: TuneOptions, pruned: dict[str, dict[str, str]]
-) -> dict[Cell, list[Candidate]]:
-    """Every candidate of every cell on `classes` (`orchestrator.tune.space.candidates`): the
-    precisions the accuracy budgets let each class search (`compiler.accuracy.searched`), the
-    knobs asked for that an earlier tune did not prune. A class the sweep names that is missing
-    raises `MissingHardwareError`."""
-    hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
-    budgets = tune_budgets(spec, opts)
-    return {
-        cell: candidates(
-            spec.configs,
-            cell.model,
-            cell.device,
-            cell.dtype,
-            tuple(searched(budgets, known(cell.hardware), cell.dtype, opts.precisions)),
-            tuple(k for k in opts.knobs if k not in pruned.get(cell.hardware, {})),
-            _bases(opts.bases, cell.device),
-            known(cell.hardware),
-        )
-        for cell in plan_cells(spec, hardware)
-    }
-
-
-def rung0_jobs(
-    spec: SweepSpec,
-    space: dict[Cell, list[Candidate]],
-    opts: TuneOptions,
-    stack: dict[str, str] | None = None,
-) -> tuple[dict[tuple[Cell, Candidate], Job], dict[Cell, list[Candidate]]]:
-    """The bases of every cell (`space.is_base`: no knob turned), as rung 0 measures them, and the
-    space left to search: the candidates `opts.only` selects by job name, with the bases their
-    knobs are turned on. The tune's plan, made from the cluster's classes, or before Ray starts
-    from this machine's (`commands.common.check_plan_locally`). An --only that selects nothing
-    raises `NoJobMatches`."""
-    measure0 = rung_measure(spec.measure, "rung0")
-    every = {
-        (cell, cand): make_job(spec, cell, cand, measure0, opts.timeout_cap_s, stack=stack)
-        for cell, cands in space.items()
-        for cand in cands
-    }
-    chosen = {
-        j.job_id for j in select_matching(every.values(), opts.only, "the tune's {n} candidate jobs", "")
-    }
-    kept: dict[Cell, list[Candidate]] = {}
-    for (cell, cand), j in every.items():
-        if j.job_id in chosen:
-            kept.setdefault(cell, []).append(cand)
-    for cell, cands in kept.items():  # a knob chosen alone still needs its base measured
-        names = {(c.config.name, c.dtype) for c in cands}
-        cands += [
-            c
-            for c in space[cell]
-            if is_base(c)
-            and (c.config.name, c.dtype) not in names
-            and any(k.base_name == c.config.name and k.dtype == c.dtype for k in cands)
-        ]
-    jobs0 = {(cell, c): every[cell, c] for cell, cands in kept.items() for c in cands if is_base(c)}
-    if not jobs0:
-        hardware = sorted({cell.hardware for cell in space})
-        raise NothingToTune(f"no candidate job to run on {', '.join(hardware) or 'no hardware class'}")
-    return jobs0, kept
-
-
-def tune_budgets(spec: SweepSpec, opts: TuneOptions) -> tuple[Budget, ...]:
-    """The accuracy budgets a tune decides under: --accuracy, else the sweep's, else `stock`."""
-    return opts.accuracy or spec.accuracy or (Budget(STOCK_BUDGET),)
-
-
-def plan_locally(spec: SweepSpec, opts: TuneOptions) -> Callable[[dict[str, HardwareClass]], list[Job]]:
-    """The tune's rung-0 plan from given classes, for the check before Ray starts."""
-    return lambda classes: list(
-        rung0_jobs(spec, plan_space(spec, classes, opts, _pruned(opts.prune_from)), opts)[0].values()
-    )
-
-
 def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -> TuneSummary:
     """Run the search (see the module docstring) into `opts.out_dir`; return what it decided.
 
@@ -318,6 +125,31 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
 
 
 def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, stream: TextIO) -> TuneSummary:
+    """The tune's stages, in order; the four rounds run inside one shared compile cache and Ray."""
+    check_output(spec, opts, out)
+    pruned = pruned_knobs(opts.prune_from)  # a bad --prune-from is refused before Ray starts
+    started = time.monotonic()
+    check_cache(opts, stream)
+    seed = opts.cache_from.join(SNAPSHOT_FILE) if opts.cache_from else None
+    with (
+        shared_cache(
+            opts.shared_cache, opts.cache_redis, opts.scratch_root, stream, keep=out, seed=seed
+        ) as cache,
+        ray_session(opts.address),
+    ):
+        ctx = TuneContext.open(spec, opts, out, resume, stream, cache, pruned, started)
+        runs, rung0 = run_rung0(ctx)
+        knobs = run_knobs(ctx, runs, rung0)
+        rung1 = run_rung1(ctx, runs, knobs)
+        confirmed = run_confirm(ctx, runs, rung1)
+    decided = decide(ctx, runs, confirmed)
+    won = write(ctx, runs, decided, rung0, knobs)
+    return summarize(ctx, runs, decided, won)
+
+
+def check_output(spec: SweepSpec, opts: TuneOptions, out: Location) -> None:
+    """Before anything runs: refuse an OUT that holds a tune unless --resume (`OutputExistsError`),
+    and one whose rounds hold another sweep's rows (`check_same_sweep`)."""
     if not opts.resume:
         found = [r for r in ROUNDS if read_results(out.join(r), columns=["job_id"]).num_rows]
         if found or out.join(TUNE_FILE).exists():
@@ -327,34 +159,10 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
             )
     for name in ROUNDS:  # each rung's sweep checks its rows too, once its damage is repaired
         check_same_sweep(out.join(name), spec)
-    pruned = _pruned(opts.prune_from)  # a bad --prune-from is refused before Ray starts
-    t0 = time.monotonic()
-    jobs_run: dict[str, int] = {}
-    log: dict[str, dict[str, Any]] = {}
 
-    def run_round(name: str, jobs: list[Job], what: str) -> dict[str, dict[str, Any]]:
-        where = out.join(name)
-        print(f"tune {name}: {what}", file=stream, flush=True)
-        if jobs:
-            sweep_opts = SweepOptions(
-                out_dir=where,
-                address=opts.address,
-                resume=True,
-                cpus_per_job=opts.cpus_per_job,
-                allow_missing=opts.allow_missing,
-                scratch_root=opts.scratch_root,
-                shared_cache=cache_address is not None,
-                cache_redis=cache_address,
-                argv=opts.argv,
-                resume_command=resume,
-                deadline=opts.deadline,
-            )
-            run_sweep(spec, sweep_opts, stream, plan=lambda classes: jobs)
-        jobs_run[name] = len(jobs)
-        rows = _latest(where)
-        check_rows_kept(name, where, jobs, rows, resume)
-        return rows
 
+def check_cache(opts: TuneOptions, stream: TextIO) -> None:
+    """Check --cache-redis's address, and note what --max-compile-s judges with a shared cache."""
     if opts.shared_cache and opts.cache_redis:
         check_address(opts.cache_redis)
     if opts.shared_cache and opts.budgets.max_compile_s is not None:
@@ -364,121 +172,261 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
             "where the budget must judge cold compiles",
             file=stream,
         )
-    budgets = tune_budgets(spec, opts)
-    stock_names = {c.name for c in spec.configs}
-    with (
-        shared_cache(
-            opts.shared_cache,
-            opts.cache_redis,
-            opts.scratch_root,
-            stream,
-            keep=out,
-            seed=opts.cache_from.join(SNAPSHOT_FILE) if opts.cache_from else None,
-        ) as cache_address,
-        ray_session(opts.address),
-    ):
-        stack = software_stack()
-        space = plan_space(spec, cluster_classes(opts.cpus_per_job), opts, pruned)
-        jobs0, space = rung0_jobs(spec, space, opts, stack)
-        runs = {cell: stages.CellRun(cell, space[cell]) for cell, _ in jobs0}
-        for run in runs.values():
-            log[run.cell.name] = run.log
 
-        def job(cell: Cell, cand: Candidate, rung: str, baseline: Candidate | None = None) -> Job:
-            measure = rung_measure(spec.measure, rung, opts.confirm_repeats)
-            return make_job(spec, cell, cand, measure, opts.timeout_cap_s, baseline, stack)
 
-        def results(
-            rows: dict[str, Any], jobs: dict[tuple[Cell, Candidate], Job], cell: Cell
-        ) -> stages.tb.Results:
-            return [(c, rows.get(j.job_id)) for (ce, c), j in jobs.items() if ce == cell]
+@dataclass
+class TuneContext:
+    """What every round of one tune needs, made once the shared cache and Ray are up."""
 
-        cells = list(runs)
-        rows0 = run_round(
-            "rung0",
-            list(jobs0.values()),
-            f"{plural(len(jobs0), 'base')} over {plural(len(cells), 'cell')} in "
-            f"{plural(len({c.dtype for _, c in jobs0}), 'precision')}, measured cheaply",
+    spec: SweepSpec
+    opts: TuneOptions
+    out: Location
+    resume: str
+    """The command that resumes the tune, for the messages that stop it."""
+    stream: TextIO
+    sweep: SweepOptions
+    """Every round's sweep options; a round's are these with its folder (`round_options`)."""
+    stack: dict[str, str]
+    """This driver's software stack, every job's."""
+    budgets: tuple[Budget, ...]
+    """The accuracy budgets the tune decides under (`tune_budgets`)."""
+    stock_names: set[str]
+    """The sweep's configs: the stock modes to beat."""
+    pruned: dict[str, dict[str, str]]
+    """Knobs left out of a class's search (--prune-from): hardware class -> knob -> why."""
+    started: float
+    """`time.monotonic()` at the tune's start, for its wall time."""
+    jobs_run: dict[str, int] = field(default_factory=dict)
+    """Jobs each round ran, by round name."""
+
+    @classmethod
+    def open(
+        cls,
+        spec: SweepSpec,
+        opts: TuneOptions,
+        out: Location,
+        resume: str,
+        stream: TextIO,
+        cache_address: str | None,
+        pruned: dict[str, dict[str, str]],
+        started: float,
+    ) -> TuneContext:
+        """The context of a tune whose shared compile cache is at `cache_address` (None: none);
+        the rounds' sweep options are made here, once."""
+        sweep = SweepOptions(
+            out_dir=out,
+            address=opts.address,
+            resume=True,
+            cpus_per_job=opts.cpus_per_job,
+            allow_missing=opts.allow_missing,
+            scratch_root=opts.scratch_root,
+            shared_cache=cache_address is not None,
+            cache_redis=cache_address,
+            argv=opts.argv,
+            resume_command=resume,
+            deadline=opts.deadline,
         )
-        jobs_k = {
-            (cell, cand): job(cell, cand, "rung0")
-            for cell, run in runs.items()
-            for cand in stages.judge(run, results(rows0, jobs0, cell), budgets, opts.budgets)
-        }
-        rows_k = run_round(
-            "knobs",
-            list(jobs_k.values()),
-            f"{plural(len(jobs_k), 'knob')} turned on each cell's fastest bases (its own precision's, and each "
-            "budget's), measured cheaply",
+        return cls(
+            spec=spec,
+            opts=opts,
+            out=out,
+            resume=resume,
+            stream=stream,
+            sweep=sweep,
+            stack=software_stack(),
+            budgets=tune_budgets(spec, opts),
+            stock_names={c.name for c in spec.configs},
+            pruned=pruned,
+            started=started,
         )
-        for cell, run in runs.items():
-            stages.promote(run, results(rows_k, jobs_k, cell), opts.budgets, opts.eta, stock_names)
-        jobs1 = {
-            (cell, c): job(cell, c, "rung1")
-            for cell, run in runs.items()
-            for c in stages.rung1(run, opts.budgets, stock_names)
-        }
-        rows1 = run_round(
-            "rung1",
-            list(jobs1.values()),
-            f"{plural(len(jobs1), 'candidate')} of {plural(len({cell for cell, _ in jobs1}), 'cell')} measured "
-            "with the sweep's settings (the survivors where they are more than the confirmation times, "
-            "else the knobs turned together)",
-        )
-        jobs2: list[Job] = []
-        for cell, run in runs.items():
-            results1 = stages.rung1_results(run, results(rows1, jobs1, cell))
-            made = stages.confirm(
-                run, results1, opts.budgets, stock_names, lambda c, b, cell=cell: job(cell, c, "confirm", b)
-            )
-            jobs2 += [j for j in made if j.job_id not in {k.job_id for k in jobs2}]
-        rows2 = run_round("confirm", jobs2, stages.confirm_summary(runs.values(), opts.confirm_repeats))
 
-    entries, missing, decisions = [], [], {}
+    def round_options(self, name: str) -> SweepOptions:
+        """The sweep options of round `name`: the tune's, into OUT/<name>."""
+        return dataclasses.replace(self.sweep, out_dir=self.out.join(name))
+
+    def job(self, cell: Cell, cand: Candidate, rung: str, baseline: Candidate | None = None) -> Job:
+        """`cand`'s job on `cell` as round `rung` measures it (`rung_measure`), beside `baseline`."""
+        measure = rung_measure(self.spec.measure, rung, self.opts.confirm_repeats)
+        return make_job(self.spec, cell, cand, measure, self.opts.timeout_cap_s, baseline, self.stack)
+
+
+@dataclass
+class Round:
+    """A round's jobs by (cell, candidate), and the rows its folder holds by job id."""
+
+    jobs: dict[tuple[Cell, Candidate], Job]
+    rows: dict[str, dict[str, Any]]
+
+    def results(self, cell: Cell) -> tb.Results:
+        """`cell`'s candidates of the round, each with its row (None: it has none)."""
+        return [(c, self.rows.get(j.job_id)) for (ce, c), j in self.jobs.items() if ce == cell]
+
+
+def run_round(ctx: TuneContext, name: str, jobs: list[Job], what: str) -> dict[str, dict[str, Any]]:
+    """Run `jobs` as a sweep into OUT/<name> (resuming: the jobs recorded there are skipped), after
+    a progress line saying `what`; return the rows that folder holds, by job id (`RowsLost` where a
+    job of `jobs` has none)."""
+    where = ctx.out.join(name)
+    print(f"tune {name}: {what}", file=ctx.stream, flush=True)
+    if jobs:
+        run_sweep(ctx.spec, ctx.round_options(name), ctx.stream, plan=lambda classes: jobs)
+    ctx.jobs_run[name] = len(jobs)
+    rows = latest_rows(read_results(where).to_pylist(), lambda r: r["job_id"])
+    check_rows_kept(name, where, jobs, rows, ctx.resume)
+    return rows
+
+
+def run_rung0(ctx: TuneContext) -> tuple[dict[Cell, stages.CellRun], Round]:
+    """Stage 1, rung0. Takes the context; plans the search on the cluster's classes (`plan_space`,
+    `rung0_jobs`: --only, the knobs --prune-from left) and measures every cell's bases cheaply.
+    Produces a `stages.CellRun` per cell with a base to measure, and the round."""
+    space = plan_space(ctx.spec, cluster_classes(ctx.opts.cpus_per_job), ctx.opts, ctx.pruned)
+    jobs, space = rung0_jobs(ctx.spec, space, ctx.opts, ctx.stack)
+    runs = {cell: stages.CellRun(cell, space[cell]) for cell, _ in jobs}
+    what = (
+        f"{plural(len(jobs), 'base')} over {plural(len(runs), 'cell')} in "
+        f"{plural(len({c.dtype for _, c in jobs}), 'precision')}, measured cheaply"
+    )
+    return runs, Round(jobs, run_round(ctx, "rung0", list(jobs.values()), what))
+
+
+def run_knobs(ctx: TuneContext, runs: dict[Cell, stages.CellRun], rung0: Round) -> Round:
+    """Stage 2, knobs. Takes rung 0's round; judges each cell's accuracy per budget from it
+    (`stages.judge`) and measures, cheaply, each knob on the bases it picks. Produces the round."""
+    jobs = {
+        (cell, cand): ctx.job(cell, cand, "rung0")
+        for cell, run in runs.items()
+        for cand in stages.judge(run, rung0.results(cell), ctx.budgets, ctx.opts.budgets)
+    }
+    what = (
+        f"{plural(len(jobs), 'knob')} turned on each cell's fastest bases (its own precision's, and each "
+        "budget's), measured cheaply"
+    )
+    return Round(jobs, run_round(ctx, "knobs", list(jobs.values()), what))
+
+
+def run_rung1(ctx: TuneContext, runs: dict[Cell, stages.CellRun], knobs: Round) -> Round:
+    """Stage 3, rung1. Takes the knobs round; promotes each cell's survivors (`stages.promote`) and
+    measures those `stages.rung1` picks with the sweep's settings. Produces the round."""
+    for cell, run in runs.items():
+        stages.promote(run, knobs.results(cell), ctx.opts.budgets, ctx.opts.eta, ctx.stock_names)
+    jobs = {
+        (cell, c): ctx.job(cell, c, "rung1")
+        for cell, run in runs.items()
+        for c in stages.rung1(run, ctx.opts.budgets, ctx.stock_names)
+    }
+    what = (
+        f"{plural(len(jobs), 'candidate')} of {plural(len({cell for cell, _ in jobs}), 'cell')} measured "
+        "with the sweep's settings (the survivors where they are more than the confirmation times, "
+        "else the knobs turned together)"
+    )
+    return Round(jobs, run_round(ctx, "rung1", list(jobs.values()), what))
+
+
+def run_confirm(
+    ctx: TuneContext, runs: dict[Cell, stages.CellRun], rung1: Round
+) -> dict[str, dict[str, Any]]:
+    """Stage 4, confirm. Takes rung 1's round; plans each cell's confirmation (`stages.confirm`: the
+    stock user and per precision chosen its fastest candidate against its stock mode) and runs it
+    in --confirm-repeats fresh processes. Produces the round's rows by job id."""
+    jobs: list[Job] = []
+    for cell, run in runs.items():
+        results1 = stages.rung1_results(run, rung1.results(cell))
+        made = stages.confirm(
+            run,
+            results1,
+            ctx.opts.budgets,
+            ctx.stock_names,
+            lambda c, b, cell=cell: ctx.job(cell, c, "confirm", b),
+        )
+        jobs += [j for j in made if j.job_id not in {k.job_id for k in jobs}]
+    return run_round(ctx, "confirm", jobs, stages.confirm_summary(runs.values(), ctx.opts.confirm_repeats))
+
+
+@dataclass
+class Decided:
+    """What the tune decided, over every cell."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    """Preset entries, one per cell and budget that got a preset."""
+    missing: list[dict[str, Any]] = field(default_factory=list)
+    """Cells without a preset in their own precision, and why (the candidates' statuses)."""
+    decisions: dict[str, str] = field(default_factory=dict)
+    """Per cell (and budget), the decision in words."""
+
+
+def decide(
+    ctx: TuneContext, runs: dict[Cell, stages.CellRun], confirmed: dict[str, dict[str, Any]]
+) -> Decided:
+    """Stage 5, decide. Takes the confirmation's rows; per cell and budget, the preset
+    (`stages.decide`), with its model entry and how many candidates were over a limit. Produces
+    the decisions; each cell's log gets its first budget's preset."""
+    found = Decided()
     for run in runs.values():
-        decided = stages.decide(run, budgets, rows2, opts.budgets, opts.eager_presets, stock_names)
-        decisions.update(decided.decisions)
+        decided = stages.decide(
+            run, ctx.budgets, confirmed, ctx.opts.budgets, ctx.opts.eager_presets, ctx.stock_names
+        )
+        found.decisions.update(decided.decisions)
         if decided.missing is not None:
-            missing.append(decided.missing)
+            found.missing.append(decided.missing)
         for entry in decided.entries:
             entry["model_spec"] = dataclasses.asdict(run.cell.model)
             entry["over_budget"] = sum(
                 1 for v in run.log.get("candidates", {}).values() if v.get("over_budget")
             )
-            entries.append(entry)
+            found.entries.append(entry)
         if decided.entries:
             first = decided.entries[0]
             run.log["preset"] = {k: first[k] for k in ("config", "precision", "source")}
+    return found
 
+
+def write(
+    ctx: TuneContext, runs: dict[Cell, stages.CellRun], decided: Decided, rung0: Round, knobs: Round
+) -> list[dict[str, Any]]:
+    """Stage 6, write. Takes the decisions and the cheap rounds' rows (what each setting gained,
+    `setting_effects`); writes the presets, deployed.json and tune.json into OUT. Produces the
+    what-won table."""
+    log = {run.cell.name: run.log for run in runs.values()}
     checks = [c["eager_check"] for c in log.values() if "eager_check" in c]
     checks += [
         b["eager_check"] for c in log.values() for b in c.get("budgets", {}).values() if "eager_check" in b
     ]
-    effects = eager.add_effects(setting_effects([*rows0.values(), *rows_k.values()]), checks)
-    won = what_won(entries, effects)
-    data = preset_document(entries, missing, list(rows0.values()), opts.budgets)
+    effects = eager.add_effects(setting_effects([*rung0.rows.values(), *knobs.rows.values()]), checks)
+    won = what_won(decided.entries, effects)
+    data = preset_document(decided.entries, decided.missing, list(rung0.rows.values()), ctx.opts.budgets)
     data["what_won"] = won
-    with refusal_stops(out, f"every job's row is saved, but not the presets nor {TUNE_FILE}", resume):
+    out = ctx.out
+    with refusal_stops(out, f"every job's row is saved, but not the presets nor {TUNE_FILE}", ctx.resume):
         write_preset_files(out, data)
-        durable_write(out.join(DEPLOYED_FILE), json.dumps(deployed.summary(entries), indent=1, default=str))
+        durable_write(
+            out.join(DEPLOYED_FILE), json.dumps(deployed.summary(decided.entries), indent=1, default=str)
+        )
         document = stages.tune_document(
-            spec, opts, budgets, pruned, effects_document(effects), won, jobs_run, log
+            ctx.spec, ctx.opts, ctx.budgets, ctx.pruned, effects_document(effects), won, ctx.jobs_run, log
         )
         durable_write(out.join(TUNE_FILE), json.dumps(document, indent=1, default=str))
-    sources = [e["source"] for e in entries]
-    summary = deployed.summary(entries)
+    return won
+
+
+def summarize(
+    ctx: TuneContext, runs: dict[Cell, stages.CellRun], decided: Decided, won: list[dict[str, Any]]
+) -> TuneSummary:
+    """What the tune decided, for the command to print."""
+    sources = [e["source"] for e in decided.entries]
+    summary = deployed.summary(decided.entries)
     return TuneSummary(
-        out_dir=out,
-        cells=len(cells),
+        out_dir=ctx.out,
+        cells=len(runs),
         tuned=sources.count("tuned"),
         stock=sources.count("stock"),
-        no_preset=len(missing),
+        no_preset=len(decided.missing),
         eager=sources.count("eager"),
-        jobs=jobs_run,
-        wall_s=time.monotonic() - t0,
-        decisions=decisions,
+        jobs=ctx.jobs_run,
+        wall_s=time.monotonic() - ctx.started,
+        decisions=decided.decisions,
         what_won=won,
-        pruned=pruned,
+        pruned=ctx.pruned,
         deployed=summary,
-        budgets=[b.name for b in budgets],
+        budgets=[b.name for b in ctx.budgets],
     )

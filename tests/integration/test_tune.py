@@ -22,7 +22,7 @@ from compiler import statistics as cstats
 from compiler.apply import MANIFEST, PRESETS, sha256_file
 from orchestrator.cli import main
 from orchestrator.tune.presets import read_presets_table
-from orchestrator.tune.search import TUNE_FILE
+from store.layout import TUNE_FILE
 from store.schema import read_results
 from tests.elf import package_needed
 from workers import toy

@@ -25,8 +25,8 @@ from orchestrator.tune.effects import (
     what_won,
     what_won_markdown,
 )
+from orchestrator.tune.plan import make_job
 from orchestrator.tune.presets import Budgets, derive_presets
-from orchestrator.tune.search import make_job
 from orchestrator.tune.space import BASE_MODES, candidates
 from store.schema import rows_to_table
 from tests.tune.test_tune import MLP, RESNET, STOCK, row, samples

@@ -12,6 +12,7 @@ import pytest
 from compiler import statistics as cstats
 from compiler.config import CompileConfig
 from orchestrator.tune.cells import Cell, decide, promote
+from orchestrator.tune.plan import make_job, rung_measure
 from orchestrator.tune.presets import (
     Budgets,
     derive_presets,
@@ -19,7 +20,6 @@ from orchestrator.tune.presets import (
     stack_key,
     write_preset_files,
 )
-from orchestrator.tune.search import make_job, rung_measure
 from orchestrator.tune.space import KNOB_NAMES, candidates, expanded_options, is_base, knobs_on
 from store.rows import make_row
 from store.schema import PRESETS_SCHEMA, rows_to_table
