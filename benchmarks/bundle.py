@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +159,8 @@ def bytecode_note() -> str:
     )
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line: the export directory and the table's flags (a child's --child MODE INDEX)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export_dir")
     p.add_argument("--repeats", type=int, default=1, help="fresh-process pairs per preset (default 1)")
@@ -174,13 +176,19 @@ def main() -> int:
         help="only presets whose cell (model/bsN/dtype/config) contains one of these comma-separated words",
     )
     p.add_argument("--child", nargs=2, metavar=("MODE", "INDEX"), help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> int:
+    """A child process's one measurement (--child), or the table: per preset with a bundle (those
+    --cells names), its fresh processes, then its line; the JSON saved after every preset."""
+    args = parse_args()
     if args.child:
         child(args.child[0], args.export_dir, int(args.child[1]), args.iterations)
         return 0
     presets = json.loads((Path(args.export_dir) / "presets.json").read_text())
     entries = [e for e in presets["presets"] if e.get("bundle")]
-    rows = []
+    rows: list[dict] = []
     note = bytecode_note()
     if note:
         print(note, file=sys.stderr, flush=True)
@@ -194,72 +202,111 @@ def main() -> int:
         cell = f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
         if args.cells and not any(word in cell for word in args.cells.split(",")):
             continue
-        modes = ("cold", "bundle", "package") if entry.get("package") else ("cold", "bundle")
-        got: dict[str, list[float]] = {m: [] for m in modes}
-        info = {}
-        preset_ms: list[float] = []
-        package_ms: list[float] = []
-        sizes: list[int] = []
-        for _ in range(args.repeats):
-            for mode in modes:
-                with tempfile.TemporaryDirectory() as cache:
-                    env = {
-                        **os.environ,
-                        "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
-                        "TRITON_CACHE_DIR": f"{cache}/triton",
-                        "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH")),  # as the export job's
-                    }
-                    cmd = [
-                        sys.executable,
-                        "-X",
-                        "faulthandler",
-                        __file__,
-                        args.export_dir,
-                        "--child",
-                        mode,
-                        str(i),
-                    ]
-                    cmd += ["--iterations", str(args.iterations)]
-                    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-                if line is None:
-                    said = "\n".join(
-                        x for x in proc.stderr.splitlines() if "Warning" not in x and "return cls" not in x
-                    )
-                    print(
-                        f"{mode} process for preset {i} failed (exit {proc.returncode}):\n{said[-3000:]}",
-                        file=sys.stderr,
-                    )
-                    continue
-                result = json.loads(line[len("RESULT ") :])
-                if result.get("first_call_s") is not None:
-                    got[mode].append(result["first_call_s"])
-                if result.get("package_ms"):
-                    preset_ms += result["preset_ms"]
-                    package_ms += result["package_ms"]
-                    sizes.append(len(result["package_ms"]))
-                info[mode] = result
-                rows.append(result)
-        med = {m: statistics.median(v) if v else float("nan") for m, v in got.items()}
-        cold = med["cold"]
-        if preset_ms:
-            iv = paired_speedup(preset_ms, package_ms, sizes)
-            latency = (
-                f"{statistics.median(preset_ms):.3f} | {statistics.median(package_ms):.3f} | "
-                f"{iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}]"
-            )
-        else:
-            why = (info.get("package") or {}).get("package") or entry.get("package_error") or "no package"
-            latency = f"- | - | {why}"
-        pkg = med.get("package", float("nan"))
-        print(
-            f"| {cell} | {cold:.2f} | {med['bundle']:.2f} | {pkg:.2f} | {cold / med['bundle']:.1f}x | "
-            f"{cold / pkg:.1f}x | {latency} |",
-            flush=True,
-        )
+        found = measure_preset(args, i, entry)
+        rows += found.rows
+        print(found.line(cell, entry), flush=True)
         if args.save:  # after every preset: a run cut short keeps what it measured
             args.save.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+@dataclass
+class PresetTimes:
+    """One preset's measurements over its fresh processes: the first-call times per mode, the
+    package process's latency samples of both sides, and every process's result."""
+
+    modes: tuple[str, ...]
+    got: dict[str, list[float]] = field(init=False)
+    """Per mode (cold, bundle, package), each process's first-call seconds."""
+    info: dict[str, dict] = field(default_factory=dict)
+    """Per mode, its last process's result."""
+    preset_ms: list[float] = field(default_factory=list)
+    package_ms: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    """Latency samples per package process (the groups of the paired interval)."""
+    rows: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.got = {m: [] for m in self.modes}
+
+    def add(self, mode: str, result: dict) -> None:
+        """One process's result, by its mode."""
+        if result.get("first_call_s") is not None:
+            self.got[mode].append(result["first_call_s"])
+        if result.get("package_ms"):
+            self.preset_ms += result["preset_ms"]
+            self.package_ms += result["package_ms"]
+            self.sizes.append(len(result["package_ms"]))
+        self.info[mode] = result
+        self.rows.append(result)
+
+    def line(self, cell: str, entry: dict) -> str:
+        """The preset's row of the table: median first-call times and their ratios, then both
+        latencies and their paired ratio (or why there is no package to time)."""
+        med = {m: statistics.median(v) if v else float("nan") for m, v in self.got.items()}
+        cold = med["cold"]
+        if self.preset_ms:
+            iv = paired_speedup(self.preset_ms, self.package_ms, self.sizes)
+            latency = (
+                f"{statistics.median(self.preset_ms):.3f} | {statistics.median(self.package_ms):.3f} | "
+                f"{iv.estimate:.3f} [{iv.low:.3f}, {iv.high:.3f}]"
+            )
+        else:
+            why = (
+                (self.info.get("package") or {}).get("package") or entry.get("package_error") or "no package"
+            )
+            latency = f"- | - | {why}"
+        pkg = med.get("package", float("nan"))
+        return (
+            f"| {cell} | {cold:.2f} | {med['bundle']:.2f} | {pkg:.2f} | {cold / med['bundle']:.1f}x | "
+            f"{cold / pkg:.1f}x | {latency} |"
+        )
+
+
+def measure_preset(args: argparse.Namespace, index: int, entry: dict) -> PresetTimes:
+    """Preset `index`'s fresh processes: per repeat, cold, bundle and (where it has one) package,
+    each with empty caches; a process that fails is named on stderr and left out."""
+    modes = ("cold", "bundle", "package") if entry.get("package") else ("cold", "bundle")
+    found = PresetTimes(modes)
+    for _ in range(args.repeats):
+        for mode in modes:
+            proc = run_child(args, mode, index)
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                said = "\n".join(
+                    x for x in proc.stderr.splitlines() if "Warning" not in x and "return cls" not in x
+                )
+                print(
+                    f"{mode} process for preset {index} failed (exit {proc.returncode}):\n{said[-3000:]}",
+                    file=sys.stderr,
+                )
+                continue
+            found.add(mode, json.loads(line[len("RESULT ") :]))
+    return found
+
+
+def run_child(args: argparse.Namespace, mode: str, index: int) -> subprocess.CompletedProcess:
+    """One fresh process (this script with --child) timing `mode` for preset `index`, with empty
+    Inductor and Triton caches of its own."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+            "TRITON_CACHE_DIR": f"{cache}/triton",
+            "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH")),  # as the export job's
+        }
+        cmd = [
+            sys.executable,
+            "-X",
+            "faulthandler",
+            __file__,
+            args.export_dir,
+            "--child",
+            mode,
+            str(index),
+        ]
+        cmd += ["--iterations", str(args.iterations)]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
 if __name__ == "__main__":

@@ -41,188 +41,21 @@ as a `python:tests.faulty:hang` model with a short timeout).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-HEAD_PORT = 6390
-BASE_PORT = 52400  # each node takes ten ports from BASE_PORT + 10 * its index
-ACCEL_LABEL = "ray.io/accelerator-type"
-
-
-@dataclass
-class Node:
-    name: str
-    hw: str
-    gpu: int | None
-    index: int
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen | None = None
-    node_id: str | None = None
-    killed: str | None = None
-
-    def ports(self) -> list[str]:
-        p = BASE_PORT + 10 * self.index
-        return [
-            f"--dashboard-agent-listen-port={p}",
-            f"--node-manager-port={p + 1}",
-            f"--object-manager-port={p + 2}",
-            f"--runtime-env-agent-port={p + 3}",
-            f"--metrics-export-port={p + 4}",
-            f"--dashboard-agent-grpc-port={p + 5}",
-            f"--min-worker-port={21000 + 1000 * self.index}",
-            f"--max-worker-port={21999 + 1000 * self.index}",
-        ]
-
-    @property
-    def manager_port(self) -> int:
-        return BASE_PORT + 10 * self.index + 1
-
-
-class Cluster:
-    def __init__(self, log_dir: Path, cpus: int, fake_gpus: bool):
-        self.log_dir = log_dir
-        self.cpus = cpus
-        self.fake = fake_gpus
-        self.nodes: list[Node] = []
-        self.address = f"127.0.0.1:{HEAD_PORT}"
-
-    def _ray_start(self, node: Node, args: list[str]) -> None:
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **node.env}
-        if node.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(node.gpu)
-        log = open(self.log_dir / f"node-{node.name}.log", "ab")  # noqa: SIM115 (the child keeps it)
-        cmd = [
-            sys.executable,
-            "-m",
-            "ray.scripts.scripts",
-            "start",
-            "--block",
-            "--disable-usage-stats",
-            "--object-store-memory=500000000",
-        ]
-        node.proc = subprocess.Popen(
-            [*cmd, *args, *node.ports()],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def start_head(self) -> None:
-        head = Node("head", "", None, 0)
-        self._ray_start(
-            head,
-            ["--head", f"--port={HEAD_PORT}", "--num-cpus=0", "--num-gpus=0", "--include-dashboard=false"],
-        )
-        self.nodes.append(head)
-        self._wait_for(head)
-
-    def add(
-        self, name: str, hw: str, gpu: int, cpus: int, relabel: bool, env: dict[str, str] | None = None
-    ) -> Node:
-        node = Node(name, hw, gpu, len(self.nodes), dict(env or {}))
-        if relabel or self.fake:
-            node.env["RAY_OVERRIDE_LABELS"] = json.dumps({ACCEL_LABEL: hw})
-            node.env["RAY_OVERRIDE_RESOURCES"] = json.dumps({f"accelerator_type:{hw}": 1})
-        self._ray_start(node, [f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=1"])
-        self.nodes.append(node)
-        self._wait_for(node)
-        return node
-
-    def ray_nodes(self) -> list[dict[str, Any]]:
-        code = (
-            f"import json, ray; ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False); "
-            "print('NODES=' + json.dumps(ray.nodes()))"
-        )
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
-        )
-        found = [ln for ln in out.stdout.splitlines() if ln.startswith("NODES=")]
-        return json.loads(found[-1][len("NODES=") :]) if found else []
-
-    def _wait_for(self, node: Node, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if node.proc and node.proc.poll() is not None:
-                raise RuntimeError(
-                    f"ray start of node {node.name} exited {node.proc.returncode}: see node-{node.name}.log"
-                )
-            for n in self.ray_nodes():
-                if n.get("Alive") and n.get("NodeManagerPort") == node.manager_port:
-                    node.node_id = n["NodeID"]
-                    print(
-                        f"node {node.name} up: {n['NodeID'][:12]} {n.get('Labels', {}).get(ACCEL_LABEL, '-')} "
-                        f"{ {k: v for k, v in n['Resources'].items() if not k.startswith('node:')} }",
-                        flush=True,
-                    )
-                    return
-            time.sleep(1.0)
-        raise RuntimeError(f"node {node.name} did not join in {timeout:.0f} s: see node-{node.name}.log")
-
-    def raylet(self, node: Node):
-        import psutil
-
-        for p in psutil.process_iter(["name", "cmdline"]):
-            cmd = p.info.get("cmdline") or []
-            if any("raylet" in c for c in cmd[:1]) and f"--node_manager_port={node.manager_port}" in cmd:
-                return p
-        return None
-
-    def running_job(self, node: Node) -> bool:
-        """Whether a job process (`python -m workers.bench`) runs under the node's raylet."""
-        import psutil
-
-        raylet = self.raylet(node)
-        try:
-            kids = raylet.children(recursive=True) if raylet else []
-            return any("workers.bench" in " ".join(k.cmdline()) for k in kids)
-        except psutil.Error:
-            return False
-
-    def kill_node(self, node: Node, how: str) -> None:
-        """SIGKILL the node's raylet (a lost machine), then end its `ray start` group."""
-        p = self.raylet(node)
-        if p is not None:
-            p.kill()
-        node.killed = how
-        print(f"node {node.name} ({node.hw}) killed: {how}", flush=True)
-        time.sleep(2.0)
-        self._end(node)
-
-    def _end(self, node: Node) -> None:
-        if node.proc and node.proc.poll() is None:
-            try:
-                os.killpg(node.proc.pid, signal.SIGTERM)
-                node.proc.wait(timeout=30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(node.proc.pid, signal.SIGKILL)
-
-    def stop(self) -> None:
-        for node in reversed(self.nodes):
-            self._end(node)
-
-
-def gpu_class(fake: bool) -> tuple[str, int]:
-    """(the class Ray names GPU 0 by, the GPU count)."""
-    if fake:
-        return "H100", 2
-    from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
-
-    return nv.get_current_node_accelerator_type() or "GPU", nv.get_current_node_num_accelerators()
+from two_class_cluster import Cluster, Node, gpu_class  # noqa: E402  (beside this script)
 
 
 def orchestrate(args: list[str], log: Path, env: dict[str, str] | None = None, on_line=None) -> int:
@@ -243,7 +76,7 @@ def orchestrate(args: list[str], log: Path, env: dict[str, str] | None = None, o
         return proc.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -267,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         "--fake-gpus", action="store_true", help="CPU rehearsal: nodes claim GPUs that are not there"
     )
     ap.add_argument("--skip-export", action="store_true", help="leave out the export step")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check the host (an empty --out, two GPUs, a second class other than GPU 0's), run the three
+    steps on a fresh cluster, and always stop it and write the summary, whatever was found."""
+    args = parse_args(argv)
     # `timeout` (or a scheduler's time limit) sends SIGTERM: end as on Ctrl-C, so the nodes are stopped
     # and summary.json is written with what was found so far
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -290,100 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     cluster = Cluster(out, cpus, args.fake_gpus)
     try:
-        cluster.start_head()
-        gpu0 = cluster.add("gpu0", first, 0, cpus, relabel=False)
-        gpu1a = cluster.add("gpu1-a", second, 1, max(1, cpus // 2), relabel=True)
-        gpu1b = cluster.add("gpu1-b", second, 1, max(1, cpus // 2), relabel=True)
-        summary["nodes_phase1"] = {
-            n.name: {"class": n.hw, "gpu": n.gpu, "node_id": n.node_id} for n in (gpu0, gpu1a, gpu1b)
-        }
-
-        # 1. one sweep across both classes; a node of the second class lost mid-sweep
-        sweep_out = out / "sweep"
-        state: dict[str, Any] = {"dispatched": None}
-
-        def watch(line: str) -> None:
-            if state["dispatched"] is None and " jobs planned" in line:
-                state["dispatched"] = time.monotonic()
-
-        import threading
-
-        def killer() -> None:
-            # once a job process (workers.bench) runs under gpu1-a's raylet, give it --kill-after
-            # seconds into its work, then take the node away
-            while not state.get("done") and not cluster.running_job(gpu1a):
-                time.sleep(0.2)
-            if state.get("done"):
-                return
-            seen = time.monotonic()
-            while (
-                time.monotonic() - seen < args.kill_after
-                and cluster.running_job(gpu1a)
-                and not state.get("done")
-            ):
-                time.sleep(0.2)
-            if not state.get("done") and cluster.running_job(gpu1a):
-                since = round(time.monotonic() - (state["dispatched"] or seen), 1)
-                state["killed_at_s"] = since
-                cluster.kill_node(
-                    gpu1a, f"raylet SIGKILLed {since} s after dispatch, with a job process running under it"
-                )
-
-        sweep_args = ["sweep", args.sweep, "--address", cluster.address, "--out", str(sweep_out)]
-        summary["commands"].append(shlex.join(["orchestrate", *sweep_args]))
-        th = threading.Thread(target=killer, daemon=True)
-        th.start()
-        rc = orchestrate(sweep_args, out / "sweep.log", on_line=watch)
-        state["done"] = True
-        th.join(timeout=5)
-        summary["sweep_rc"] = rc
-        summary["killed"] = {"node": gpu1a.name, "node_id": gpu1a.node_id, "how": gpu1a.killed}
-        summary["checks"].update(check_sweep(sweep_out, cluster, first, second, gpu1a, gpu1b))
-
-        # 2. presets and export per class
-        presets_args = ["presets", str(sweep_out)]
-        summary["commands"].append(shlex.join(["orchestrate", *presets_args]))
-        summary["presets_rc"] = orchestrate(presets_args, out / "presets.log")
-        summary["checks"]["presets_per_class"] = presets_per_class(sweep_out)
-        if not args.skip_export:
-            for hw in (first, second):
-                exp = ["export", str(sweep_out), "--hardware", hw, "--dest", str(out / f"export-{hw}")]
-                summary["commands"].append(shlex.join(["orchestrate", *exp]))
-                rc = orchestrate(exp, out / f"export-{hw}.log")
-                summary[f"export_{hw}_rc"] = rc
-                summary[f"export_{hw}_says"] = last_lines(out / f"export-{hw}.log", 3)
-            summary["checks"]["export_first_class_ok"] = summary[f"export_{first}_rc"] == 0
-            summary["checks"]["export_second_class_refused"] = summary[f"export_{second}_rc"] == 2
-
-        # 3. nightlies: one plain, then two with the second class slowed by the test hook
-        cluster.kill_node(gpu1b, "stopped before the nightlies (one node per GPU from here)")
-        history = out / "nightly"
-        nightly_args = [
-            "nightly",
-            args.nightly_sweep,
-            "--history",
-            str(history),
-            "--address",
-            cluster.address,
-        ]
-        runs = []
-        for night in (1, 2, 3):
-            if night == 2:
-                hook = {"ORCHESTRATE_TEST_SLOWDOWN": f"{second}={args.slowdown}"}
-                cluster.add("gpu1-slow", second, 1, cpus, relabel=True, env=hook)
-                summary["slowdown_hook"] = (
-                    f"ORCHESTRATE_TEST_SLOWDOWN={second}={args.slowdown} on the {second} node only"
-                )
-            elif night == 1:
-                cluster.add("gpu1-c", second, 1, cpus, relabel=True)
-            summary["commands"].append(shlex.join(["orchestrate", *nightly_args]))
-            rc = orchestrate(nightly_args, out / f"nightly-{night}.log")
-            runs.append(rc)
-            if night == 1:
-                cluster.kill_node(cluster.nodes[-1], "stopped: restarted with the slowdown hook")
-            time.sleep(1.1)  # nightly names runs by the second
-        summary["nightly_rc"] = runs
-        summary["checks"].update(check_nightly(history, first, second))
+        run_steps(args, out, cluster, first, second, summary)
     finally:
         cluster.stop()
         summary["wall_s"] = round(time.monotonic() - t0, 1)
@@ -392,6 +138,125 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(v.get("ok") if isinstance(v, dict) else bool(v) for v in summary["checks"].values())
     print(render(summary))
     return 0 if ok else 1
+
+
+def run_steps(
+    args: argparse.Namespace, out: Path, cluster: Cluster, first: str, second: str, summary: dict[str, Any]
+) -> None:
+    """Bring the nodes up, then the three steps, each adding its commands, exit codes and checks
+    to `summary`."""
+    cluster.start_head()
+    gpu0 = cluster.add("gpu0", first, 0, cluster.cpus, relabel=False)
+    gpu1a = cluster.add("gpu1-a", second, 1, max(1, cluster.cpus // 2), relabel=True)
+    gpu1b = cluster.add("gpu1-b", second, 1, max(1, cluster.cpus // 2), relabel=True)
+    summary["nodes_phase1"] = {
+        n.name: {"class": n.hw, "gpu": n.gpu, "node_id": n.node_id} for n in (gpu0, gpu1a, gpu1b)
+    }
+    sweep_out = out / "sweep"
+    sweep_with_a_lost_node(args, out, sweep_out, cluster, gpu1a, summary)
+    summary["checks"].update(check_sweep(sweep_out, cluster, first, second, gpu1a, gpu1b))
+    presets_and_export(args, out, sweep_out, first, second, summary)
+    cluster.kill_node(gpu1b, "stopped before the nightlies (one node per GPU from here)")
+    nightlies(args, out, cluster, second, summary)
+    summary["checks"].update(check_nightly(out / "nightly", first, second))
+
+
+def sweep_with_a_lost_node(
+    args: argparse.Namespace,
+    out: Path,
+    sweep_out: Path,
+    cluster: Cluster,
+    lost: Node,
+    summary: dict[str, Any],
+) -> None:
+    """Step 1: one sweep across both classes into `sweep_out`; a node of the second class (`lost`)
+    lost mid-sweep, with a job running under it."""
+    state: dict[str, Any] = {"dispatched": None}
+
+    def watch(line: str) -> None:
+        if state["dispatched"] is None and " jobs planned" in line:
+            state["dispatched"] = time.monotonic()
+
+    sweep_args = ["sweep", args.sweep, "--address", cluster.address, "--out", str(sweep_out)]
+    summary["commands"].append(shlex.join(["orchestrate", *sweep_args]))
+    th = threading.Thread(target=kill_when_busy, args=(cluster, lost, args.kill_after, state), daemon=True)
+    th.start()
+    rc = orchestrate(sweep_args, out / "sweep.log", on_line=watch)
+    state["done"] = True
+    th.join(timeout=5)
+    summary["sweep_rc"] = rc
+    summary["killed"] = {"node": lost.name, "node_id": lost.node_id, "how": lost.killed}
+
+
+def kill_when_busy(cluster: Cluster, node: Node, kill_after: float, state: dict[str, Any]) -> None:
+    """Once a job process (workers.bench) runs under `node`'s raylet, give it `kill_after` seconds
+    into its work, then take the node away; nothing once `state["done"]` (the sweep ended)."""
+    while not state.get("done") and not cluster.running_job(node):
+        time.sleep(0.2)
+    if state.get("done"):
+        return
+    seen = time.monotonic()
+    while time.monotonic() - seen < kill_after and cluster.running_job(node) and not state.get("done"):
+        time.sleep(0.2)
+    if not state.get("done") and cluster.running_job(node):
+        since = round(time.monotonic() - (state["dispatched"] or seen), 1)
+        state["killed_at_s"] = since
+        cluster.kill_node(
+            node, f"raylet SIGKILLed {since} s after dispatch, with a job process running under it"
+        )
+
+
+def presets_and_export(
+    args: argparse.Namespace, out: Path, sweep_out: Path, first: str, second: str, summary: dict[str, Any]
+) -> None:
+    """Step 2: presets of the sweep, one class's each; an export per class (unless --skip-export):
+    the first class's must succeed on this host, the second's must be refused."""
+    presets_args = ["presets", str(sweep_out)]
+    summary["commands"].append(shlex.join(["orchestrate", *presets_args]))
+    summary["presets_rc"] = orchestrate(presets_args, out / "presets.log")
+    summary["checks"]["presets_per_class"] = presets_per_class(sweep_out)
+    if args.skip_export:
+        return
+    for hw in (first, second):
+        exp = ["export", str(sweep_out), "--hardware", hw, "--dest", str(out / f"export-{hw}")]
+        summary["commands"].append(shlex.join(["orchestrate", *exp]))
+        rc = orchestrate(exp, out / f"export-{hw}.log")
+        summary[f"export_{hw}_rc"] = rc
+        summary[f"export_{hw}_says"] = last_lines(out / f"export-{hw}.log", 3)
+    summary["checks"]["export_first_class_ok"] = summary[f"export_{first}_rc"] == 0
+    summary["checks"]["export_second_class_refused"] = summary[f"export_{second}_rc"] == 2
+
+
+def nightlies(
+    args: argparse.Namespace, out: Path, cluster: Cluster, second: str, summary: dict[str, Any]
+) -> None:
+    """Step 3: three nightlies into OUT/nightly, one GPU-1 node each: the first plain, the next two
+    with the second class slowed by the report's test hook."""
+    nightly_args = [
+        "nightly",
+        args.nightly_sweep,
+        "--history",
+        str(out / "nightly"),
+        "--address",
+        cluster.address,
+    ]
+    runs = []
+    for night in (1, 2, 3):
+        if night == 2:
+            hook = {"ORCHESTRATE_TEST_SLOWDOWN": f"{second}={args.slowdown}"}
+            cluster.add("gpu1-slow", second, 1, cluster.cpus, relabel=True, env=hook)
+            summary["slowdown_hook"] = (
+                f"ORCHESTRATE_TEST_SLOWDOWN={second}={args.slowdown} on the {second} node only"
+            )
+        elif night == 1:
+            cluster.add("gpu1-c", second, 1, cluster.cpus, relabel=True)
+        summary["commands"].append(shlex.join(["orchestrate", *nightly_args]))
+        rc = orchestrate(nightly_args, out / f"nightly-{night}.log")
+        runs.append(rc)
+        if night == 1:
+            cluster.kill_node(cluster.nodes[-1], "stopped: restarted with the slowdown hook")
+        time.sleep(1.1)  # nightly names runs by the second
+    summary["nightly_rc"] = runs
 
 
 def check_sweep(out: Path, cluster: Cluster, first: str, second: str, lost, spare) -> dict[str, Any]:

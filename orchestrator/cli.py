@@ -133,8 +133,8 @@ def _main(argv: list[str] | None) -> int:
     # no file, as under a test's capture)
     with contextlib.suppress(AttributeError, OSError, ValueError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    from orchestrator.fleet.address import AddressError
     from orchestrator.fleet.cache import CacheAddressError
-    from orchestrator.fleet.driver import AddressError
     from store.storage import StorageError
 
     _always_show_output_warnings()

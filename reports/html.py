@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from collections import defaultdict
 
-from reports.regression import Comparison
+from reports.regression_cells import CellChange, Comparison
 
 COLORS = {"baseline": "#9aa5b1", "current": "#1f6feb"}
 VERDICT_COLORS = {
@@ -135,8 +135,24 @@ def trend_chart(title: str, runs: list[str], series: dict[str, list[float | None
 
 
 def render_html(comparison: Comparison, title: str = "Regression report") -> str:
+    """The page: its head and counts, the environment that changed, the cross-GPU view, the charts
+    per hardware class, the trend (history mode) and the table of cells."""
+    return "".join(
+        [
+            *_head(comparison, title),
+            *_environment(comparison),
+            *_across_classes(comparison),
+            *_class_charts(comparison),
+            *_trend(comparison),
+            *_cells_table(comparison),
+        ]
+    )
+
+
+def _head(comparison: Comparison, title: str) -> list[str]:
+    """The page's head (title, style), the counts per verdict and the thresholds used."""
     counts = comparison.counts()
-    out = [
+    return [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
@@ -144,28 +160,46 @@ def render_html(comparison: Comparison, title: str = "Regression report") -> str
         f"<p>Thresholds v{comparison.thresholds.version}: a latency change counts beyond "
         f"{comparison.thresholds.latency_change:.0%} at {comparison.thresholds.level:.0%} confidence.</p>",
     ]
-    if comparison.environment:
-        out.append("<h2>Environment changes</h2><ul>")
-        for hw, keys in comparison.environment.items():
-            for key, (was, now) in keys.items():
-                out.append(
-                    f"<li>{_e(hw)} {_e(key)}: {_e(', '.join(was) or '-')} &rarr; {_e(', '.join(now) or '-')}</li>"
-                )
-        out.append("</ul>")
-    view = comparison.by_model()
-    if view:
-        out.append("<h2>Across hardware classes</h2><table><thead><tr><th>model</th><th>regressed on</th>")
-        out.append("<th>improved on</th></tr></thead><tbody>")
-        for model, d in view.items():
+
+
+def _environment(comparison: Comparison) -> list[str]:
+    """The versions (and clocks) that differ per hardware class, where any do."""
+    if not comparison.environment:
+        return []
+    out = ["<h2>Environment changes</h2><ul>"]
+    for hw, keys in comparison.environment.items():
+        for key, (was, now) in keys.items():
             out.append(
-                f"<tr><td>{_e(model)}</td><td>{_e(', '.join(d['regression']) or '-')}</td>"
-                f"<td>{_e(', '.join(d['improvement']) or '-')}</td></tr>"
+                f"<li>{_e(hw)} {_e(key)}: {_e(', '.join(was) or '-')} &rarr; {_e(', '.join(now) or '-')}</li>"
             )
-        out.append("</tbody></table>")
+    out.append("</ul>")
+    return out
+
+
+def _across_classes(comparison: Comparison) -> list[str]:
+    """The cross-GPU view: per model, the classes it regressed and improved on."""
+    view = comparison.by_model()
+    if not view:
+        return []
+    out = ["<h2>Across hardware classes</h2><table><thead><tr><th>model</th><th>regressed on</th>"]
+    out.append("<th>improved on</th></tr></thead><tbody>")
+    for model, d in view.items():
+        out.append(
+            f"<tr><td>{_e(model)}</td><td>{_e(', '.join(d['regression']) or '-')}</td>"
+            f"<td>{_e(', '.join(d['improvement']) or '-')}</td></tr>"
+        )
+    out.append("</tbody></table>")
+    return out
+
+
+def _class_charts(comparison: Comparison) -> list[str]:
+    """Per hardware class, baseline beside current: the speedup over eager and the cold compile
+    time of every cell."""
     by_class = defaultdict(list)
     for c in comparison.cells:
         by_class[c.hardware].append(c)
     legend = "".join(f'<span style="color:{color}">&#9632; {name}</span>' for name, color in COLORS.items())
+    out = []
     for hw, cells in sorted(by_class.items()):
         labels = [f"{c.model} bs{c.batch_size} {c.dtype} {c.config}" for c in cells]
         out.append(f"<h2>{_e(hw)}</h2><div class='legend'>{legend}</div>")
@@ -185,16 +219,28 @@ def render_html(comparison: Comparison, title: str = "Regression report") -> str
                 "s",
             )
         )
-    if comparison.trend:
-        runs = [label for label, _ in next(iter(comparison.trend.values()))]
-        out.append(f"<h2>Trend over the last {len(runs)} runs</h2>")
-        by_hw: dict[str, dict[str, list[float | None]]] = defaultdict(dict)
-        for name, points in comparison.trend.items():
-            hw, rest = name.split("/", 1)
-            by_hw[hw][rest] = [v for _, v in points]
-        for hw, series in sorted(by_hw.items()):
-            out.append(trend_chart(f"{hw}: speedup over eager, per run", runs, series, "x"))
-    out.append("<h2>Cells</h2><table class='sortable'><thead><tr>")
+    return out
+
+
+def _trend(comparison: Comparison) -> list[str]:
+    """History mode: per hardware class, every cell's speedup over the runs compared."""
+    if not comparison.trend:
+        return []
+    runs = [label for label, _ in next(iter(comparison.trend.values()))]
+    out = [f"<h2>Trend over the last {len(runs)} runs</h2>"]
+    by_hw: dict[str, dict[str, list[float | None]]] = defaultdict(dict)
+    for name, points in comparison.trend.items():
+        hw, rest = name.split("/", 1)
+        by_hw[hw][rest] = [v for _, v in points]
+    for hw, series in sorted(by_hw.items()):
+        out.append(trend_chart(f"{hw}: speedup over eager, per run", runs, series, "x"))
+    return out
+
+
+def _cells_table(comparison: Comparison) -> list[str]:
+    """Every cell with its verdict, latencies, ratios and reasons, in a sortable table; the page's
+    end."""
+    out = ["<h2>Cells</h2><table class='sortable'><thead><tr>"]
     heads = (
         "cell",
         "verdict",
@@ -207,20 +253,22 @@ def render_html(comparison: Comparison, title: str = "Regression report") -> str
     for head in (*heads, "judged on", "reasons"):
         out.append(f"<th>{head}</th>")
     out.append("</tr></thead><tbody>")
-    for c in comparison.cells:
-        ratio = "" if c.latency_ratio is None else f"{c.latency_ratio:.3f}"
-        ci = "" if c.latency_ci[0] is None else f"[{c.latency_ci[0]:.3f}, {c.latency_ci[1]:.3f}]"
-        ms = " &rarr; ".join("-" if v is None else f"{v:.3f}" for v in c.compiled_ms)
-        dms = " &rarr; ".join("-" if v is None else f"{v:.3f}" for v in c.device_ms)
-        dratio = (
-            ""
-            if c.device_ratio is None
-            else f"{c.device_ratio:.3f} [{c.device_ci[0]:.3f}, {c.device_ci[1]:.3f}]"
-        )
-        out.append(
-            f"<tr><td>{_e(c.name)}</td><td style='color:{VERDICT_COLORS[c.verdict]}'>{_e(c.verdict)}</td>"
-            f"<td>{ms}</td><td data-v='{ratio}'>{ratio}</td><td>{ci}</td><td>{dms}</td><td>{dratio}</td>"
-            f"<td>{_e(c.judged_on or '')}</td><td>{_e('; '.join(c.reasons))}</td></tr>"
-        )
+    out += [_cell_row(c) for c in comparison.cells]
     out.append(f"</tbody></table><script>{SORT_JS}</script></body></html>")
-    return "".join(out)
+    return out
+
+
+def _cell_row(c: CellChange) -> str:
+    """One cell's row of the table."""
+    ratio = "" if c.latency_ratio is None else f"{c.latency_ratio:.3f}"
+    ci = "" if c.latency_ci[0] is None else f"[{c.latency_ci[0]:.3f}, {c.latency_ci[1]:.3f}]"
+    ms = " &rarr; ".join("-" if v is None else f"{v:.3f}" for v in c.compiled_ms)
+    dms = " &rarr; ".join("-" if v is None else f"{v:.3f}" for v in c.device_ms)
+    dratio = (
+        "" if c.device_ratio is None else f"{c.device_ratio:.3f} [{c.device_ci[0]:.3f}, {c.device_ci[1]:.3f}]"
+    )
+    return (
+        f"<tr><td>{_e(c.name)}</td><td style='color:{VERDICT_COLORS[c.verdict]}'>{_e(c.verdict)}</td>"
+        f"<td>{ms}</td><td data-v='{ratio}'>{ratio}</td><td>{ci}</td><td>{dms}</td><td>{dratio}</td>"
+        f"<td>{_e(c.judged_on or '')}</td><td>{_e('; '.join(c.reasons))}</td></tr>"
+    )

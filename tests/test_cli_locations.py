@@ -274,7 +274,7 @@ def test_a_grpc_server_passes_the_address_check():
     from concurrent import futures
 
     grpc = pytest.importorskip("grpc")
-    from orchestrator.fleet.driver import check_ray_address
+    from orchestrator.fleet.address import check_ray_address
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     port = server.add_insecure_port("127.0.0.1:0")

@@ -1,7 +1,7 @@
 """The house rules of the source tree, checked: no import circle between the modules of one
 package, between the top-level packages (the floors: compiler, workers, store, reports,
 orchestrator), nor between `orchestrator`'s subpackages (counting imports inside functions: a
-lazy import still ties two modules together)."""
+lazy import still ties two modules together); and no module over 500 lines, no function over 80."""
 
 from __future__ import annotations
 
@@ -105,10 +105,31 @@ def test_the_circle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_orchestrator_module_over_500_lines_and_a_small_cli():
-    sizes = {
-        p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
-        for p in (ROOT / "orchestrator").rglob("*.py")
-    }
-    assert {p: n for p, n in sizes.items() if n > 500} == {}
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 80
+SIZED = [*PACKAGES, "benchmarks"]
+
+
+def _sources():
+    for folder in SIZED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            yield path.relative_to(ROOT).as_posix(), path.read_text()
+
+
+def test_no_module_over_500_lines_and_a_small_cli():
+    sizes = {name: len(text.splitlines()) for name, text in _sources()}
+    assert {p: n for p, n in sizes.items() if n > MAX_FILE_LINES} == {}
     assert sizes["orchestrator/cli.py"] < 300
+
+
+def test_no_function_over_80_lines():
+    """A flow longer than a screen and a half is split into named steps (a method counts alone;
+    a function nested in another counts within it too)."""
+    long = {}
+    for name, text in _sources():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{name}:{node.lineno} {node.name}"] = lines
+    assert long == {}

@@ -249,7 +249,7 @@ def check_plan_locally(spec, args, plan=None) -> bool:
     from orchestrator.fleet.driver import plan_jobs
     from orchestrator.fleet.inventory import MissingHardwareError, local_classes
     from orchestrator.spec.matrix import NoJobMatches
-    from orchestrator.tune.search import NothingToTune
+    from orchestrator.tune.plan import NothingToTune
 
     if args.address not in (None, "local"):
         return True
@@ -272,10 +272,11 @@ def check_plan_locally(spec, args, plan=None) -> bool:
 def drive(run):
     """Run a sweep or a tune: (its summary, None), or (None, the exit code) after printing why it
     could not start or was interrupted."""
-    from orchestrator.fleet.driver import OutputExistsError, SweepInterrupted
+    from orchestrator.fleet.driver import SweepInterrupted
+    from orchestrator.fleet.existing import OutputExistsError
     from orchestrator.fleet.inventory import MissingHardwareError
     from orchestrator.spec.matrix import NoJobMatches
-    from orchestrator.tune.search import NothingToTune
+    from orchestrator.tune.plan import NothingToTune
     from store.storage import StorageError
 
     try:

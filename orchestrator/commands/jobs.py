@@ -8,30 +8,43 @@ from pathlib import Path
 from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, add_only, positive, whole
 from store.location import arg as location_arg
 
+JOBS_EPILOG = (
+    "Token authentication: on a cluster started with RAY_AUTH_MODE=token, set RAY_AUTH_MODE=token "
+    "here too; Ray's Jobs client then sends the cluster's token, read from RAY_AUTH_TOKEN, else the "
+    "file named by RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token (`ray get-auth-token` on the head "
+    "prints it). orchestrate passes your environment to Ray unchanged and stores no token."
+)
+"""The epilog of `submit`, `status` and `logs`: how Ray Jobs authenticate."""
+
+ADDRESS_HELP = (
+    "the head node's dashboard, which serves Ray's Jobs API, e.g. http://HEAD:8265; default: "
+    "$RAY_API_SERVER_ADDRESS, else $RAY_ADDRESS (this flag wins over both)"
+)
+"""The --address of all three: the dashboard, not the GCS `sweep --address` takes."""
+
 
 def add_parsers(sub) -> None:
-    jobs_epilog = (
-        "Token authentication: on a cluster started with RAY_AUTH_MODE=token, set RAY_AUTH_MODE=token "
-        "here too; Ray's Jobs client then sends the cluster's token, read from RAY_AUTH_TOKEN, else the "
-        "file named by RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token (`ray get-auth-token` on the head "
-        "prints it). orchestrate passes your environment to Ray unchanged and stores no token."
-    )
-    address_help = (
-        "the head node's dashboard, which serves Ray's Jobs API, e.g. http://HEAD:8265; default: "
-        "$RAY_API_SERVER_ADDRESS, else $RAY_ADDRESS (this flag wins over both)"
-    )
+    """`submit`, `status` and `logs`."""
+    _add_submit(sub)
+    _add_status(sub)
+    _add_logs(sub)
+
+
+def _add_submit(sub) -> None:
+    """`submit SWEEP`: where the head node writes, the flags passed on to its `orchestrate sweep`,
+    and --no-wait."""
     p = sub.add_parser(
         "submit",
         help="submit a sweep to a running Ray cluster as a Ray job (its driver runs on the head node)",
         description="Submit a sweep through Ray Jobs: the project checkout (without .git, runs/, caches, "
         "*.parquet) becomes the job's working directory and `orchestrate sweep FILE --address auto` runs "
         "on the head node. Prints the job id, then follows its logs until it ends (unless --no-wait).",
-        epilog=jobs_epilog,
+        epilog=JOBS_EPILOG,
     )
     p.add_argument(
         "sweep", type=Path, help="sweep YAML file inside the project (e.g. sweeps/), validated here first"
     )
-    p.add_argument("--address", metavar="URL", help=address_help)
+    p.add_argument("--address", metavar="URL", help=ADDRESS_HELP)
     p.add_argument(
         "--out",
         type=location_arg,
@@ -42,6 +55,17 @@ def add_parsers(sub) -> None:
         "the results; or a URI (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX) that the head node can write with "
         "its own credentials",
     )
+    _add_forwarded(p)
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="print the job id and return at once, instead of following the job's logs until it ends",
+    )
+    p.set_defaults(func=cmd_submit)
+
+
+def _add_forwarded(p) -> None:
+    """The FORWARDED flags: taken as `sweep` takes them, passed on to the sweep on the head node."""
     add_only(p)
     p.add_argument("--resume", action="store_true", help="as for `sweep`: continue a sweep in --out")
     p.add_argument(
@@ -76,21 +100,21 @@ def add_parsers(sub) -> None:
         help="as for `sweep`: the Redis server of --shared-cache, as the cluster's nodes reach it (checked "
         "by the driver on the head node)",
     )
-    p.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="print the job id and return at once, instead of following the job's logs until it ends",
-    )
-    p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("status", help="status of a submitted sweep job", epilog=jobs_epilog)
+
+def _add_status(sub) -> None:
+    """`status JOB`: a submitted job's state."""
+    p = sub.add_parser("status", help="status of a submitted sweep job", epilog=JOBS_EPILOG)
     p.add_argument("job", help="job id printed by `orchestrate submit` (raysubmit_...)")
-    p.add_argument("--address", metavar="URL", help=address_help)
+    p.add_argument("--address", metavar="URL", help=ADDRESS_HELP)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("logs", help="print the logs of a submitted sweep job", epilog=jobs_epilog)
+
+def _add_logs(sub) -> None:
+    """`logs JOB [--follow]`: a submitted job's output."""
+    p = sub.add_parser("logs", help="print the logs of a submitted sweep job", epilog=JOBS_EPILOG)
     p.add_argument("job", help="job id printed by `orchestrate submit` (raysubmit_...)")
-    p.add_argument("--address", metavar="URL", help=address_help)
+    p.add_argument("--address", metavar="URL", help=ADDRESS_HELP)
     p.add_argument(
         "--follow",
         action="store_true",

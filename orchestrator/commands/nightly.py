@@ -45,7 +45,7 @@ def add_parsers(sub) -> None:
 
 def cmd_nightly(args) -> int:
     from compiler.statistics import load_thresholds
-    from orchestrator.fleet.driver import check_ray_address
+    from orchestrator.fleet.address import check_ray_address
     from orchestrator.fleet.nightly import run_nightly
     from reports.regression import to_markdown
     from store.storage import StorageError, check_writable, checked

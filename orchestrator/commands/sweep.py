@@ -78,7 +78,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator.fleet.driver import check_ray_address, run_sweep
+    from orchestrator.fleet.address import check_ray_address
+    from orchestrator.fleet.driver import run_sweep
     from orchestrator.fleet.progress import format_duration
     from store.schema import results_path
     from store.storage import StorageError, check_own_output, check_writable, checked

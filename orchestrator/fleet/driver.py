@@ -1,5 +1,8 @@
 """The Ray driver: connect (or start a private local cluster), plan, place jobs, collect rows.
 
+`run_sweep` checks what it can before Ray starts (`--address`: `orchestrator.fleet.address`), takes
+the output's lock, reads what the output holds (`orchestrator.fleet.existing`), then runs: plan ->
+start the run log -> dispatch -> finish, or stop (Ctrl-C, SIGTERM, --deadline, a refused write).
 The dispatch loop itself (windows per class, retries, lost classes) is `orchestrator.fleet.scheduler`;
 every job ends as one row, whatever happened to its task.
 """
@@ -19,21 +22,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from orchestrator.fleet.address import check_ray_address
 from orchestrator.fleet.cache import check_address, shared_cache
+from orchestrator.fleet.existing import quarantine_damage, read_done
 from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
 from orchestrator.fleet.ordering import History, longest_first
 from orchestrator.fleet.progress import Progress
 from orchestrator.fleet.scheduler import Scheduler
 from orchestrator.fleet.stopping import DeadlineReached, check_deadline, sigterm_as_interrupt
-from orchestrator.fleet.support import row_error, triage
+from orchestrator.fleet.support import Triage, row_error, triage
 from orchestrator.spec.matrix import expand, select_matching
 from orchestrator.spec.sweep import SweepSpec
 from store import runlog
-from store.location import printable
 from store.lock import OutputLock
-from store.reader import repair
 from store.rows import failure_row
-from store.schema import TABLES, table_spec
 from store.sink import ResultSink
 from store.storage import (
     Location,
@@ -47,94 +49,8 @@ from workers.job import Job
 from workers.runner import plural
 
 
-class OutputExistsError(RuntimeError):
-    pass
-
-
 class SweepInterrupted(RuntimeError):
     pass
-
-
-class AddressError(ValueError):
-    """A --address that no Ray cluster answers at; the message says what to check."""
-
-
-def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, before Ray starts, when nothing listens at `address` (Ray itself retries a
-    dead address for a minute and then prints a page of log). None and "local" start a private
-    Ray; "auto" must find a cluster started on this machine with `ray start`."""
-    import socket
-
-    if address in (None, "", "local"):
-        return
-    shown = printable(address)  # a newline must not split the line
-    if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
-
-        try:
-            address = canonicalize_bootstrap_address("auto")
-        except (ConnectionError, ValueError):
-            address = None
-        if not address:
-            raise AddressError(
-                "--address auto: no Ray cluster runs on this machine (start one with `ray start --head`, "
-                "give its address, or leave out --address for a private local Ray)"
-            )
-    target = address.removeprefix("ray://")
-    if "://" in target:
-        raise AddressError(
-            f"--address {shown}: give HOST:PORT (the cluster's GCS, e.g. head:6379) or ray://HOST:10001; "
-            f"an http:// address is the dashboard, which `orchestrate submit` uses"
-        )
-    host, _, port_text = target.rpartition(":")
-    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise AddressError(f"--address {shown}: expected HOST:PORT, e.g. 10.0.0.5:6379 or ray://head:10001")
-    try:
-        conn = socket.create_connection((host.strip("[]"), int(port_text)), timeout=timeout_s)
-    except UnicodeError:  # a host name no DNS label can hold
-        raise AddressError(f"--address {shown[:80]}...: {host[:60]!r}... is not a host name") from None
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        raise AddressError(
-            f"--address {shown}: nothing answers at {host}:{port_text} ({reason}); is the cluster up "
-            "(`ray status` on its head node) and the port open from here?"
-        ) from None
-    with conn:
-        _check_grpc(conn, shown, f"{host}:{port_text}", timeout_s)
-
-
-_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-"""An HTTP/2 client's first bytes, then an empty SETTINGS frame: a gRPC server (Ray's GCS, its
-Client server) answers with a SETTINGS frame of its own."""
-
-
-def _check_grpc(conn, shown: str, where: str, timeout_s: float) -> None:
-    """Fail in seconds where the port takes connections but is no gRPC server (Ray would wait for
-    it for good, deaf to SIGTERM): send the HTTP/2 preface and expect a SETTINGS frame back.
-    Skipped under RAY_USE_TLS, whose servers expect a TLS handshake first."""
-    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-        return
-    head = b""
-    try:
-        conn.settimeout(timeout_s)
-        conn.sendall(_HTTP2_PREFACE)
-        while len(head) < 9:
-            chunk = conn.recv(9 - len(head))
-            if not chunk:
-                break
-            head += chunk
-    except TimeoutError:
-        raise AddressError(
-            f"--address {shown}: {where} accepts connections but sent nothing in {timeout_s:g} s; it is "
-            "not a Ray cluster's GCS (head:6379) or Ray Client server (ray://head:10001), or it hangs"
-        ) from None
-    except OSError:  # reset or closed on us: judged by what came before
-        pass
-    if len(head) < 9 or head[3] != 4:
-        raise AddressError(
-            f"--address {shown}: {where} answers, but not as a Ray cluster (no gRPC); give the GCS address "
-            "(head:6379) or ray://head:10001, not the dashboard or another service"
-        )
 
 
 @dataclass
@@ -288,40 +204,64 @@ def run_sweep(
             if lock.taken_over:
                 print(f"note: {out}: {lock.taken_over}", file=stream)
             if opts.resume:
-                _quarantine_damage(out, stream, stamp)
+                quarantine_damage(out, stream, stamp)
             return _run_locked(spec, opts, out, history_dirs, lock, stream, stamp, task_body, plan, resume)
         finally:
             lock.release()
 
 
-def _quarantine_damage(out: Location, stream: TextIO, stamp: str) -> None:
-    """Before a resumed sweep reads which jobs are done: move every part the strict reader refuses
-    (damaged, foreign, a second row of a job) aside, so its jobs run again, and leave a commit
-    ledger listing exactly the parts kept; name the strays, which stay and are ignored."""
-    fixed = repair(out, [table_spec(t) for t in TABLES], stamp)
-    if fixed.ledger_moved:
-        what, dest = fixed.ledger_moved
-        print(f"warning: {out.join('_ledger')} was {what}, not a ledger; moved to {dest}", file=stream)
-    for rel in fixed.strays:
-        print(
-            f"warning: ignoring {out.join(rel)}: not a part file this tool writes; move it out", file=stream
-        )
-    if fixed.adopted:
-        print(
-            f"note: {out} was written before outputs had a commit ledger; its {fixed.adopted} part file(s) "
-            "are listed in it now",
-            file=stream,
-        )
-    for d, dest in fixed.moved:
-        whose = (
-            "its jobs run again"
-            if d.rel.startswith("results/")
-            else (
-                "the jobs' result rows are intact, so they are not rerun; their rows of this table are lost"
-            )
-        )
-        where = f"moved to {dest}" if dest else "dropped from the commit ledger"
-        print(f"warning: {out.join(d.rel)} is {d.kind} ({d.reason}); {where}: {whose}", file=stream)
+@dataclass
+class _Plan:
+    """One run's jobs on the cluster's hardware classes: every job planned, how many of them the
+    output already holds, and the rest triaged into those to dispatch and those to record unrun."""
+
+    run_id: str
+    classes: dict[str, HardwareClass]
+    jobs: list[Job]
+    """Every job planned on this cluster, those already done included."""
+    skipped: int
+    """Planned jobs whose rows the output already holds."""
+    triage: Triage
+    """The other jobs: `runnable` ones to dispatch, `unsupported` ones (their class cannot run
+    them) to record as rows without a task."""
+    used: set[str] = field(init=False)
+    """The classes the planned jobs run on."""
+
+    def __post_init__(self) -> None:
+        self.used = {j.hardware for j in self.jobs}
+
+    @property
+    def todo(self) -> list[Job]:
+        """The jobs to dispatch."""
+        return self.triage.runnable
+
+
+class _Recorder:
+    """Where every finished job goes: its row (and its rows of the other tables) into the output's
+    sink, a line of progress and, under --lock-clocks, one warning per class whose clocks did not
+    lock."""
+
+    def __init__(self, sink: ResultSink, progress: Progress, lock_clocks: bool):
+        self.sink = sink
+        self.progress = progress
+        self.lock_clocks = lock_clocks
+        self.unlocked: set[str] = set()
+
+    def emit(
+        self, row: dict[str, Any], job: Job, wall: float | None, tables: dict[str, list] | None = None
+    ) -> None:
+        """One finished job: its row, and its rows of the other tables (`tables`)."""
+        self.sink.add(row, tables)
+        self.progress.finished_job(job.name, row["status"], wall)
+        if self.lock_clocks and row.get("clocks_locked") is False and job.hardware not in self.unlocked:
+            self.unlocked.add(job.hardware)
+            why = next((n for n in (row.get("notes") or "").split("; ") if "--lock-clocks" in n), "")
+            self.progress.message(f"warning: {job.hardware}: clocks not locked, jobs run unlocked. {why}")
+
+    def record_unsupported(self, run: _Plan) -> None:
+        """The jobs their class cannot run, as `unsupported` rows: no task runs them."""
+        for job, reason in run.triage.unsupported:
+            self.emit(failure_row(job, "unsupported", row_error(reason), run_id=run.run_id), job, None)
 
 
 def _run_locked(
@@ -336,21 +276,14 @@ def _run_locked(
     plan: Callable[[dict[str, HardwareClass]], list[Job]] | None,
     resume: str,
 ) -> SweepSummary:
-    """The sweep, with the lock held. A write the output's filesystem refuses (full, read-only)
-    stops it as Ctrl-C does: running jobs cancelled, rows on disk kept; `WriteRefused` then says
-    what was saved, what was not, and the command that resumes."""
+    """The sweep, with the lock held: plan, start the run's entry in run.json, dispatch, then
+    finish (the normal end) or stop. Ctrl-C, SIGTERM, --deadline and a write the output's
+    filesystem refuses (full, read-only) all stop it alike: running jobs cancelled, rows on disk
+    kept; `SweepInterrupted`, or `WriteRefused`, then says what was saved, what was not, and the
+    command that resumes."""
     import ray
 
-    if opts.resume:  # before the rows are read: every reader refuses a damaged run.json
-        runlog.set_aside_if_damaged(out, stream, stamp)
-    history = History.from_output(out, history_dirs)  # one read: job ids done, and durations
-    runlog.check_same_sweep(out, spec, history.sweeps)
-    done_ids = history.job_ids
-    if history.recorded and not opts.resume:
-        raise OutputExistsError(
-            f"{out} already holds {history.recorded} result rows. Pass --resume to finish that sweep, "
-            "or --out to write somewhere else; nothing was changed."
-        )
+    history = read_done(spec, out, history_dirs, opts.resume, stream, stamp)
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     t_start = time.monotonic()
     with (
@@ -360,130 +293,190 @@ def _run_locked(
         ray_session(opts.address),
         sigterm_as_interrupt(),
     ):
-        classes = cluster_classes(opts.cpus_per_job)
-        if plan is not None:
-            jobs = plan(classes)
-        else:
-            jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s, opts.allow_missing)
-        todo = [j for j in jobs if j.job_id not in done_ids]
-        skipped = len(jobs) - len(todo)
-        checked_jobs = triage(todo)  # cells the capability table rules out get rows, not tasks
-        todo = checked_jobs.runnable
-        used = {j.hardware for j in jobs}
-        runlog.start_run(
-            out,
-            run_id,
-            spec,
-            opts.argv,
-            {n: vars(classes[n]) for n in sorted(used)},
-            planned=len(jobs),
-            skipped=skipped,
-        )
-        if cache_address and not opts.cache_redis and opts.address not in (None, "", "local"):
-            print(
-                f"note: shared compile cache: a private Redis at {cache_address} serves the jobs on this "
-                "machine only; give --cache-redis HOST:PORT of a server every node reaches",
-                file=stream,
-            )
-        if opts.lock_clocks and not any(classes[n].device == "cuda" for n in used):
-            print("note: --lock-clocks: this sweep runs on no GPU class; nothing to lock", file=stream)
-        print(
-            f"sweep {spec.name!r}: {len(jobs)} jobs planned, {skipped} already done, "
-            + (f"{len(checked_jobs.unsupported)} unsupported, " if checked_jobs.unsupported else "")
-            + f"{len(todo)} to run "
-            f"on {', '.join(f'{n} ({classes[n].slots} slots)' for n in sorted(used)) or 'nothing'}; "
-            f"run {run_id}, output {out}",
-            file=stream,
-            flush=True,
-        )
-        for _, notes in sorted(checked_jobs.notes.items()):
-            print("".join(f"note: {n}\n" for n in notes), end="", file=stream)
-        sink = ResultSink(out)
-        progress = Progress(total=len(jobs), already_done=skipped, stream=stream)
-
-        unlocked: set[str] = set()
-
-        def emit(
-            row: dict[str, Any], job: Job, wall: float | None, tables: dict[str, list] | None = None
-        ) -> None:
-            sink.add(row, tables)
-            progress.finished_job(job.name, row["status"], wall)
-            if opts.lock_clocks and row.get("clocks_locked") is False and job.hardware not in unlocked:
-                unlocked.add(job.hardware)
-                why = next((n for n in (row.get("notes") or "").split("; ") if "--lock-clocks" in n), "")
-                progress.message(f"warning: {job.hardware}: clocks not locked, jobs run unlocked. {why}")
-
-        for job, reason in checked_jobs.unsupported:
-            emit(failure_row(job, "unsupported", row_error(reason), run_id=run_id), job, None)
-        gpu_classes = sorted(n for n, hw in classes.items() if hw.device == "cuda")
-        scheduler = Scheduler(
-            classes=classes,
-            remotes={name: _remote_for(classes[name], gpu_classes, task_body) for name in used},
-            task_args=(opts.scratch_root, (os.getcwd(),), opts.lock_clocks),
-            run_id=run_id,
-            emit=emit,
-            inventory=lambda: cluster_classes(opts.cpus_per_job),
-            max_attempts=opts.max_attempts,
-            task_kwargs={"shared_cache": cache_address} if cache_address else {},
-            keep=sink.add_side,
-        )
-        scheduler.add(longest_first(todo, history))
+        run = _plan_run(spec, opts, history, plan, run_id)
+        _start_run_log(out, spec, opts, run)
+        _announce(spec, opts, run, out, cache_address, stream)
+        progress = Progress(total=len(run.jobs), already_done=run.skipped, stream=stream)
+        recorder = _Recorder(ResultSink(out), progress, opts.lock_clocks)
+        recorder.record_unsupported(run)
+        scheduler = _scheduler(run, opts, recorder, task_body, cache_address)
+        scheduler.add(longest_first(run.todo, history))
         t_dispatch = time.monotonic()
-
-        def tick() -> None:
-            sink.tick()
-            lock.refresh()
-            check_deadline(opts.deadline)
-
         try:
-            check_deadline(opts.deadline)  # Ray's start may have taken what was left
-            scheduler.run(ray, started=progress.started_job, tick=tick)
-            sink.close()
+            _dispatch(ray, scheduler, recorder, lock, opts.deadline)
         # Ctrl-C, SIGTERM, --deadline (all KeyboardInterrupt), a full or read-only disk
         except (KeyboardInterrupt, WriteRefused) as exc:
-            cancelled = scheduler.cancel_all(ray)
-            refused = exc if isinstance(exc, WriteRefused) else None
-            if refused is None:
-                try:
-                    sink.close()
-                except WriteRefused as late:  # the rows in hand did not fit either
-                    refused = late
-            progress.close()
-            with contextlib.suppress(OSError):  # run.json only describes runs: a full disk may refuse it
-                runlog.finish_run(
-                    out,
-                    run_id,
-                    dict(progress.counts),
-                    interrupted=True,
-                    dispatch_s=time.monotonic() - t_dispatch,
-                )
-            if refused is not None:
-                unrecorded = len(todo) + len(checked_jobs.unsupported) - sink.rows_written
-                saved = (
-                    f"{sink.rows_written} rows of this run saved, {unrecorded} of its jobs not recorded"
-                    + (f" ({cancelled} running jobs cancelled)" if cancelled else "")
-                )
-                raise refused.stopped(saved, resume) from None
-            why = "the deadline (--deadline) passed" if isinstance(exc, DeadlineReached) else "interrupted"
-            kept = sink.rows_written
-            raise SweepInterrupted(
-                f"{why}: {plural(kept, 'row')} of this run {'is' if kept == 1 else 'are'} saved in {out}; "
-                f"{plural(cancelled, 'running job')} {'was' if cancelled == 1 else 'were'} cancelled. "
-                f"Resume with:\n  {resume}"
-            ) from None
+            raise _stop(exc, ray, scheduler, recorder, run, out, resume, t_dispatch) from None
         progress.close()
         dispatch_s = time.monotonic() - t_dispatch
-    counts = dict(progress.counts)
-    saved = f"all {sink.rows_written} rows of this run saved, but not the end of the run in {runlog.RUN_FILE}"
+    return _finish(out, run, recorder, resume, dispatch_s, t_start)
+
+
+def _plan_run(
+    spec: SweepSpec,
+    opts: SweepOptions,
+    history: History,
+    plan: Callable[[dict[str, HardwareClass]], list[Job]] | None,
+    run_id: str,
+) -> _Plan:
+    """The jobs of this run on the cluster's classes (`plan`'s, else the sweep's matrix), less those
+    done, triaged: cells the capability table rules out get rows, not tasks."""
+    classes = cluster_classes(opts.cpus_per_job)
+    if plan is not None:
+        jobs = plan(classes)
+    else:
+        jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s, opts.allow_missing)
+    todo = [j for j in jobs if j.job_id not in history.job_ids]
+    return _Plan(run_id, classes, jobs, skipped=len(jobs) - len(todo), triage=triage(todo))
+
+
+def _start_run_log(out: Location, spec: SweepSpec, opts: SweepOptions, run: _Plan) -> None:
+    """This run's entry in the output's run.json: the sweep, the command, the classes it uses and
+    its counts, before any job starts."""
+    runlog.start_run(
+        out,
+        run.run_id,
+        spec,
+        opts.argv,
+        {n: vars(run.classes[n]) for n in sorted(run.used)},
+        planned=len(run.jobs),
+        skipped=run.skipped,
+    )
+
+
+def _announce(
+    spec: SweepSpec,
+    opts: SweepOptions,
+    run: _Plan,
+    out: Location,
+    cache_address: str | None,
+    stream: TextIO,
+) -> None:
+    """Say what this run does: a note where a private compile cache serves this machine only and
+    where --lock-clocks has no GPU to lock, the plan's line, and the notes of the classes' jobs
+    that run without something."""
+    if cache_address and not opts.cache_redis and opts.address not in (None, "", "local"):
+        print(
+            f"note: shared compile cache: a private Redis at {cache_address} serves the jobs on this "
+            "machine only; give --cache-redis HOST:PORT of a server every node reaches",
+            file=stream,
+        )
+    if opts.lock_clocks and not any(run.classes[n].device == "cuda" for n in run.used):
+        print("note: --lock-clocks: this sweep runs on no GPU class; nothing to lock", file=stream)
+    unsupported = run.triage.unsupported
+    print(
+        f"sweep {spec.name!r}: {len(run.jobs)} jobs planned, {run.skipped} already done, "
+        + (f"{len(unsupported)} unsupported, " if unsupported else "")
+        + f"{len(run.todo)} to run "
+        f"on {', '.join(f'{n} ({run.classes[n].slots} slots)' for n in sorted(run.used)) or 'nothing'}; "
+        f"run {run.run_id}, output {out}",
+        file=stream,
+        flush=True,
+    )
+    for _, notes in sorted(run.triage.notes.items()):
+        print("".join(f"note: {n}\n" for n in notes), end="", file=stream)
+
+
+def _scheduler(
+    run: _Plan,
+    opts: SweepOptions,
+    recorder: _Recorder,
+    task_body: Callable[..., dict[str, Any]] | None,
+    cache_address: str | None,
+) -> Scheduler:
+    """The dispatch loop of this run: a remote function per class used, every row to `recorder`,
+    the rows of cancelled jobs' other tables kept."""
+    gpu_classes = sorted(n for n, hw in run.classes.items() if hw.device == "cuda")
+    return Scheduler(
+        classes=run.classes,
+        remotes={name: _remote_for(run.classes[name], gpu_classes, task_body) for name in run.used},
+        task_args=(opts.scratch_root, (os.getcwd(),), opts.lock_clocks),
+        run_id=run.run_id,
+        emit=recorder.emit,
+        inventory=lambda: cluster_classes(opts.cpus_per_job),
+        max_attempts=opts.max_attempts,
+        task_kwargs={"shared_cache": cache_address} if cache_address else {},
+        keep=recorder.sink.add_side,
+    )
+
+
+def _dispatch(
+    ray, scheduler: Scheduler, recorder: _Recorder, lock: OutputLock, deadline: float | None
+) -> None:
+    """Run every job to its row, then write the last rows. Between results: the sink flushes, the
+    lock is kept fresh, and a passed --deadline raises `DeadlineReached`."""
+
+    def tick() -> None:
+        recorder.sink.tick()
+        lock.refresh()
+        check_deadline(deadline)
+
+    check_deadline(deadline)  # Ray's start may have taken what was left
+    scheduler.run(ray, started=recorder.progress.started_job, tick=tick)
+    recorder.sink.close()
+
+
+def _stop(
+    exc: KeyboardInterrupt | WriteRefused,
+    ray,
+    scheduler: Scheduler,
+    recorder: _Recorder,
+    run: _Plan,
+    out: Location,
+    resume: str,
+    t_dispatch: float,
+) -> WriteRefused | SweepInterrupted:
+    """The run stopped by `exc` (Ctrl-C, SIGTERM, --deadline, a refused write): cancel the running
+    jobs, write the rows in hand, mark the run interrupted in run.json where the disk takes it, and
+    return the error that says what was saved and how to resume."""
+    sink = recorder.sink
+    cancelled = scheduler.cancel_all(ray)
+    refused = exc if isinstance(exc, WriteRefused) else None
+    if refused is None:
+        try:
+            sink.close()
+        except WriteRefused as late:  # the rows in hand did not fit either
+            refused = late
+    recorder.progress.close()
+    with contextlib.suppress(OSError):  # run.json only describes runs: a full disk may refuse it
+        runlog.finish_run(
+            out,
+            run.run_id,
+            dict(recorder.progress.counts),
+            interrupted=True,
+            dispatch_s=time.monotonic() - t_dispatch,
+        )
+    if refused is not None:
+        unrecorded = len(run.todo) + len(run.triage.unsupported) - sink.rows_written
+        saved = f"{sink.rows_written} rows of this run saved, {unrecorded} of its jobs not recorded" + (
+            f" ({cancelled} running jobs cancelled)" if cancelled else ""
+        )
+        return refused.stopped(saved, resume)
+    why = "the deadline (--deadline) passed" if isinstance(exc, DeadlineReached) else "interrupted"
+    kept = sink.rows_written
+    return SweepInterrupted(
+        f"{why}: {plural(kept, 'row')} of this run {'is' if kept == 1 else 'are'} saved in {out}; "
+        f"{plural(cancelled, 'running job')} {'was' if cancelled == 1 else 'were'} cancelled. "
+        f"Resume with:\n  {resume}"
+    )
+
+
+def _finish(
+    out: Location, run: _Plan, recorder: _Recorder, resume: str, dispatch_s: float, t_start: float
+) -> SweepSummary:
+    """The normal end, Ray stopped: the run's end in run.json (a refused write says every row is
+    saved), and the summary."""
+    counts = dict(recorder.progress.counts)
+    saved = f"all {recorder.sink.rows_written} rows of this run saved, but not the end of the run in {runlog.RUN_FILE}"
     with refusal_stops(out, saved, resume):
-        runlog.finish_run(out, run_id, counts, dispatch_s=dispatch_s)
+        runlog.finish_run(out, run.run_id, counts, dispatch_s=dispatch_s)
     return SweepSummary(
-        run_id=run_id,
+        run_id=run.run_id,
         out_dir=out,
-        planned=len(jobs),
-        skipped=skipped,
+        planned=len(run.jobs),
+        skipped=run.skipped,
         counts=counts,
         wall_s=time.monotonic() - t_start,
         dispatch_s=dispatch_s,
-        hardware={n: classes[n].slots for n in sorted(used)},
+        hardware={n: run.classes[n].slots for n in sorted(run.used)},
     )

@@ -27,89 +27,111 @@ _MODEL_KEYS = {"id", "name", "task", "input_size", "overrides", "timeout_s", "we
 
 
 def models_of(src: LocatedYaml, items: list) -> list[ModelSpec]:
-    from workers import external, zoo
-
-    tasks = get_args(zoo.Task)
+    """The `models:` entries as `ModelSpec`s, each checked on its own (an entry without a usable id
+    is left out), then together: the `python:` ids' modules, names given twice, one model twice."""
     models: list[ModelSpec] = []
     positions: list[int] = []
     python_modules: list[tuple[PathKey, str]] = []
     for i, item in enumerate(items):
-        path: PathKey = ("models", i)
-        if isinstance(item, str):
-            item = {"id": item}
-        if not isinstance(item, dict):
-            src.error(path, f"a model is an id string or a mapping with 'id', got {show(item)}")
-            continue
-        check_keys(src, item, _MODEL_KEYS, path, "a model")
-        model_id = item.get("id")
-        if not isinstance(model_id, str):
-            src.error(path, "model needs an 'id' such as hf:microsoft/resnet-50 or python:pkg.module:factory")
-            continue
-        if model_id.startswith("python:"):
-            if not zoo.is_known(model_id):
-                src.error(
-                    path + ("id",),
-                    f"malformed python model id {show(model_id)}; expected python:package.module:factory",
-                )
-            else:
-                python_modules.append((path + ("id",), model_id))
-        elif external.is_external_id(model_id):
-            problem = external.check_id(model_id)
-            if problem:
-                src.error(path + ("id",), problem)
-        elif not zoo.is_known(model_id):
-            src.error(
-                path + ("id",),
-                f"unknown model id {show(model_id)}; known ids: {', '.join(zoo.known_model_ids())} "
-                "(or timm:<name>, torchvision:<name>, or python:package.module:factory for your own model)",
-            )
-        name = item.get("name", default_name(model_id))
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            src.error(
-                path + ("name",), f"model name {show(name)} must be 1-100 letters, digits and _ . + - only"
-            )
-        task = item.get("task")
-        if task is not None and task not in tasks:
-            src.error(path + ("task",), f"unknown task {show(task)}; valid: {', '.join(tasks)}")
-        input_size = item.get("input_size")
-        if input_size is not None and (not is_int(input_size) or input_size <= 0):
-            src.error(
-                path + ("input_size",), f"input_size must be a positive integer, got {show(input_size)}"
-            )
-            input_size = None
-        elif input_size is not None and input_size > MAX_INPUT_SIZE:
-            src.error(
-                path + ("input_size",),
-                f"input_size {input_size} is beyond any model's input (at most {MAX_INPUT_SIZE} pixels or tokens)",
-            )
-            input_size = None
-        overrides = item.get("overrides", {})
-        if not named_mapping(overrides):
-            src.error(
-                path + ("overrides",), "overrides must be a mapping of config attribute names -> values"
-            )
-            overrides = {}
-        elif problem := mixed_keys(overrides):
-            src.error(path + ("overrides",), problem)
-            overrides = {}
-        timeout = positive_number(src, item.get("timeout_s"), path + ("timeout_s",), "timeout_s")
-        weights = _weights(src, item, model_id, path)
-        positions.append(i)
-        models.append(
-            ModelSpec(
-                id=model_id,
-                name=str(name),
-                task=task,
-                input_size=input_size,
-                overrides=overrides,
-                timeout_s=timeout,
-                weights=weights,
-            )
-        )
+        model = _model(src, item, ("models", i), python_modules)
+        if model is not None:
+            positions.append(i)
+            models.append(model)
     _check_modules(src, python_modules)
     duplicates(src, [(i, m.name) for i, m in zip(positions, models, strict=True)], "models")
     _same_model_twice(src, positions, models)
     return models
+
+
+def _model(
+    src: LocatedYaml, item: object, path: PathKey, python_modules: list[tuple[PathKey, str]]
+) -> ModelSpec | None:
+    """One entry (an id string, or a mapping with `id`), checked key by key; None where it has no
+    id. A `python:` id's module is added to `python_modules`, to be found with the others."""
+    if isinstance(item, str):
+        item = {"id": item}
+    if not isinstance(item, dict):
+        src.error(path, f"a model is an id string or a mapping with 'id', got {show(item)}")
+        return None
+    check_keys(src, item, _MODEL_KEYS, path, "a model")
+    model_id = item.get("id")
+    if not isinstance(model_id, str):
+        src.error(path, "model needs an 'id' such as hf:microsoft/resnet-50 or python:pkg.module:factory")
+        return None
+    _check_id(src, model_id, path + ("id",), python_modules)
+    name = item.get("name", default_name(model_id))
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        src.error(path + ("name",), f"model name {show(name)} must be 1-100 letters, digits and _ . + - only")
+    return ModelSpec(
+        id=model_id,
+        name=str(name),
+        task=_task(src, item.get("task"), path + ("task",)),
+        input_size=_input_size(src, item.get("input_size"), path + ("input_size",)),
+        overrides=_overrides(src, item.get("overrides", {}), path + ("overrides",)),
+        timeout_s=positive_number(src, item.get("timeout_s"), path + ("timeout_s",), "timeout_s"),
+        weights=_weights(src, item, model_id, path),
+    )
+
+
+def _check_id(
+    src: LocatedYaml, model_id: str, where: PathKey, python_modules: list[tuple[PathKey, str]]
+) -> None:
+    """A model id of one of the kinds a job builds: `python:package.module:factory` (its module is
+    found later, with the others), an external hub's id (timm:, torchvision:), or the zoo's."""
+    from workers import external, zoo
+
+    if model_id.startswith("python:"):
+        if not zoo.is_known(model_id):
+            src.error(
+                where, f"malformed python model id {show(model_id)}; expected python:package.module:factory"
+            )
+        else:
+            python_modules.append((where, model_id))
+    elif external.is_external_id(model_id):
+        problem = external.check_id(model_id)
+        if problem:
+            src.error(where, problem)
+    elif not zoo.is_known(model_id):
+        src.error(
+            where,
+            f"unknown model id {show(model_id)}; known ids: {', '.join(zoo.known_model_ids())} "
+            "(or timm:<name>, torchvision:<name>, or python:package.module:factory for your own model)",
+        )
+
+
+def _task(src: LocatedYaml, task: object, where: PathKey) -> str | None:
+    """`task`: one of the zoo's tasks, or None (the model's own)."""
+    from workers import zoo
+
+    tasks = get_args(zoo.Task)
+    if task is not None and task not in tasks:
+        src.error(where, f"unknown task {show(task)}; valid: {', '.join(tasks)}")
+    return task
+
+
+def _input_size(src: LocatedYaml, input_size: object, where: PathKey) -> int | None:
+    """`input_size`: a positive integer no model's input exceeds, else None (the model's own)."""
+    if input_size is not None and (not is_int(input_size) or input_size <= 0):
+        src.error(where, f"input_size must be a positive integer, got {show(input_size)}")
+        return None
+    if input_size is not None and input_size > MAX_INPUT_SIZE:
+        src.error(
+            where,
+            f"input_size {input_size} is beyond any model's input (at most {MAX_INPUT_SIZE} pixels or tokens)",
+        )
+        return None
+    return input_size
+
+
+def _overrides(src: LocatedYaml, overrides: object, where: PathKey) -> dict:
+    """`overrides`: a mapping of config attribute names to values, else none."""
+    if not named_mapping(overrides):
+        src.error(where, "overrides must be a mapping of config attribute names -> values")
+        return {}
+    if problem := mixed_keys(overrides):
+        src.error(where, problem)
+        return {}
+    return overrides
 
 
 def _weights(src: LocatedYaml, item: dict, model_id: str, path: PathKey) -> str:

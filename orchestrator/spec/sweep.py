@@ -246,79 +246,23 @@ def _accuracy(src: LocatedYaml, data: Any, dtypes: list[str]) -> tuple[Budget, .
 
 
 def _build(src: LocatedYaml) -> SweepSpec:
-    if src.errors and src.data is None:
-        raise SpecError(src.errors)
-    data = src.data
-    if not isinstance(data, dict):
-        src.error((), "a sweep file is a mapping with name, models, batch_sizes, configs, ...")
-        raise SpecError(src.errors)
+    """The whole file checked, section by section, every problem collected; one `SpecError` lists
+    them all, else the `SweepSpec`."""
+    data = _top_mapping(src)
     check_keys(src, data, _TOP_KEYS, (), "the sweep")
-
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        src.error(
-            ("name",) if "name" in data else (),
-            "the sweep needs a 'name' of 1-100 letters, digits and _ . + -",
-        )
-        name = "invalid"
-
-    model_items = _list_of(src, data, "models", required=True) or []
-    models = models_of(src, model_items)
-
-    batch_sizes = _list_of(src, data, "batch_sizes", required=True) or []
-    valid_bs = []
-    for i, bs in enumerate(batch_sizes):
-        if not is_int(bs) or bs <= 0:
-            src.error(("batch_sizes", i), f"batch size must be a positive integer, got {show(bs)}")
-        elif bs > MAX_BATCH_SIZE:
-            src.error(
-                ("batch_sizes", i),
-                f"batch size {bs} is larger than any device could hold for one call (at most {MAX_BATCH_SIZE})",
-            )
-        else:
-            valid_bs.append((i, bs))
-    duplicates(src, valid_bs, "batch_sizes")
-
-    dtypes: list[tuple[int, str]] = []
-    for i, d in enumerate(_list_of(src, data, "dtypes", required=False) or ["fp32"]):
-        canon = canonical_precision(d) if isinstance(d, str) else None
-        if canon is None:
-            src.error(
-                ("dtypes", i),
-                f"unknown dtype {show(d)}; valid: {', '.join(PRECISIONS)} (aliases: float32, bfloat16, float16, strict)",
-            )
-        else:
-            dtypes.append((i, canon))
-    duplicates(src, dtypes, "dtypes")
-
+    name = _name(src, data)
+    models = models_of(src, _list_of(src, data, "models", required=True) or [])
+    batch_sizes = _batch_sizes(src, _list_of(src, data, "batch_sizes", required=True) or [])
+    dtypes = _dtypes(src, _list_of(src, data, "dtypes", required=False) or ["fp32"])
     configs = _configs(src, data.get("configs")) if "configs" in data else []
     if "configs" not in data:
         src.error((), "missing required key 'configs'")
-
-    hardware: Any = data.get("hardware", "auto")
-    if hardware != "auto":
-        if isinstance(hardware, str):
-            hardware = [hardware]
-        if (
-            not isinstance(hardware, list)
-            or not hardware
-            or not all(isinstance(h, str) and NAME_RE.match(h) for h in hardware)
-        ):
-            src.error(
-                ("hardware",),
-                f"hardware must be 'auto' or a list of classes such as [A100, T4, cpu], got {show(hardware)}",
-            )
-            hardware = "auto"
-        else:
-            duplicates(src, list(enumerate(hardware)), "hardware")
-            hardware = tuple(hardware)
-
+    hardware = _hardware(src, data.get("hardware", "auto"))
     measure = _measure(src, data.get("measure"))
-    accuracy = _accuracy(src, data.get("accuracy"), [d for _, d in dtypes])
+    accuracy = _accuracy(src, data.get("accuracy"), dtypes)
     timeout = positive_number(src, data.get("timeout_s"), ("timeout_s",), "timeout_s")
     description = data.get("description", "")
-
-    jobs = len(models) * len(valid_bs) * len(dtypes) * len(configs)
+    jobs = len(models) * len(batch_sizes) * len(dtypes) * len(configs)
     if jobs > MAX_JOBS_PER_CLASS:
         src.error(
             (),
@@ -329,8 +273,8 @@ def _build(src: LocatedYaml) -> SweepSpec:
     return SweepSpec(
         name=name,
         models=tuple(models),
-        batch_sizes=tuple(bs for _, bs in valid_bs),
-        dtypes=tuple(d for _, d in dtypes),
+        batch_sizes=tuple(batch_sizes),
+        dtypes=tuple(dtypes),
         configs=tuple(configs),
         hardware=hardware,
         measure=measure,
@@ -340,3 +284,79 @@ def _build(src: LocatedYaml) -> SweepSpec:
         source=src.file,
         raw=data,
     )
+
+
+def _top_mapping(src: LocatedYaml) -> dict:
+    """The file's data, which must be a mapping; else the problems so far, raised at once (nothing
+    else can be checked)."""
+    if src.errors and src.data is None:
+        raise SpecError(src.errors)
+    if not isinstance(src.data, dict):
+        src.error((), "a sweep file is a mapping with name, models, batch_sizes, configs, ...")
+        raise SpecError(src.errors)
+    return src.data
+
+
+def _name(src: LocatedYaml, data: dict) -> str:
+    """The sweep's `name` (also its default output directory); "invalid" where it cannot be one."""
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        src.error(
+            ("name",) if "name" in data else (),
+            "the sweep needs a 'name' of 1-100 letters, digits and _ . + -",
+        )
+        return "invalid"
+    return name
+
+
+def _batch_sizes(src: LocatedYaml, items: list) -> list[int]:
+    """`batch_sizes`: the valid ones (positive, at most MAX_BATCH_SIZE), each once."""
+    valid: list[tuple[int, int]] = []
+    for i, bs in enumerate(items):
+        if not is_int(bs) or bs <= 0:
+            src.error(("batch_sizes", i), f"batch size must be a positive integer, got {show(bs)}")
+        elif bs > MAX_BATCH_SIZE:
+            src.error(
+                ("batch_sizes", i),
+                f"batch size {bs} is larger than any device could hold for one call (at most {MAX_BATCH_SIZE})",
+            )
+        else:
+            valid.append((i, bs))
+    duplicates(src, valid, "batch_sizes")
+    return [bs for _, bs in valid]
+
+
+def _dtypes(src: LocatedYaml, items: list) -> list[str]:
+    """`dtypes`: the precision policies, by their canonical names, each once."""
+    dtypes: list[tuple[int, str]] = []
+    for i, d in enumerate(items):
+        canon = canonical_precision(d) if isinstance(d, str) else None
+        if canon is None:
+            src.error(
+                ("dtypes", i),
+                f"unknown dtype {show(d)}; valid: {', '.join(PRECISIONS)} (aliases: float32, bfloat16, float16, strict)",
+            )
+        else:
+            dtypes.append((i, canon))
+    duplicates(src, dtypes, "dtypes")
+    return [d for _, d in dtypes]
+
+
+def _hardware(src: LocatedYaml, hardware: Any) -> Literal["auto"] | tuple[str, ...]:
+    """`hardware`: "auto" (every class the cluster has), or the classes named, each once."""
+    if hardware == "auto":
+        return hardware
+    if isinstance(hardware, str):
+        hardware = [hardware]
+    if (
+        not isinstance(hardware, list)
+        or not hardware
+        or not all(isinstance(h, str) and NAME_RE.match(h) for h in hardware)
+    ):
+        src.error(
+            ("hardware",),
+            f"hardware must be 'auto' or a list of classes such as [A100, T4, cpu], got {show(hardware)}",
+        )
+        return "auto"
+    duplicates(src, list(enumerate(hardware)), "hardware")
+    return tuple(hardware)

@@ -1,0 +1,186 @@
+"""The multi-node Ray cluster of `benchmarks/two_class.py`, on one host: a head without CPUs or
+GPUs, and GPU nodes started one at a time, each a `ray start --block` process group with ports of
+its own (several raylets on one host must not share the dashboard agent's or the object manager's
+port), a node relabelled as another class through Ray's autoscaler overrides where asked; a node
+is lost by SIGKILLing its raylet."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HEAD_PORT = 6390
+BASE_PORT = 52400  # each node takes ten ports from BASE_PORT + 10 * its index
+ACCEL_LABEL = "ray.io/accelerator-type"
+
+
+@dataclass
+class Node:
+    name: str
+    hw: str
+    gpu: int | None
+    index: int
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    node_id: str | None = None
+    killed: str | None = None
+
+    def ports(self) -> list[str]:
+        p = BASE_PORT + 10 * self.index
+        return [
+            f"--dashboard-agent-listen-port={p}",
+            f"--node-manager-port={p + 1}",
+            f"--object-manager-port={p + 2}",
+            f"--runtime-env-agent-port={p + 3}",
+            f"--metrics-export-port={p + 4}",
+            f"--dashboard-agent-grpc-port={p + 5}",
+            f"--min-worker-port={21000 + 1000 * self.index}",
+            f"--max-worker-port={21999 + 1000 * self.index}",
+        ]
+
+    @property
+    def manager_port(self) -> int:
+        return BASE_PORT + 10 * self.index + 1
+
+
+class Cluster:
+    def __init__(self, log_dir: Path, cpus: int, fake_gpus: bool):
+        self.log_dir = log_dir
+        self.cpus = cpus
+        self.fake = fake_gpus
+        self.nodes: list[Node] = []
+        self.address = f"127.0.0.1:{HEAD_PORT}"
+
+    def _ray_start(self, node: Node, args: list[str]) -> None:
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **node.env}
+        if node.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(node.gpu)
+        log = open(self.log_dir / f"node-{node.name}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        cmd = [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            "--object-store-memory=500000000",
+        ]
+        node.proc = subprocess.Popen(
+            [*cmd, *args, *node.ports()],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def start_head(self) -> None:
+        head = Node("head", "", None, 0)
+        self._ray_start(
+            head,
+            ["--head", f"--port={HEAD_PORT}", "--num-cpus=0", "--num-gpus=0", "--include-dashboard=false"],
+        )
+        self.nodes.append(head)
+        self._wait_for(head)
+
+    def add(
+        self, name: str, hw: str, gpu: int, cpus: int, relabel: bool, env: dict[str, str] | None = None
+    ) -> Node:
+        node = Node(name, hw, gpu, len(self.nodes), dict(env or {}))
+        if relabel or self.fake:
+            node.env["RAY_OVERRIDE_LABELS"] = json.dumps({ACCEL_LABEL: hw})
+            node.env["RAY_OVERRIDE_RESOURCES"] = json.dumps({f"accelerator_type:{hw}": 1})
+        self._ray_start(node, [f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=1"])
+        self.nodes.append(node)
+        self._wait_for(node)
+        return node
+
+    def ray_nodes(self) -> list[dict[str, Any]]:
+        code = (
+            f"import json, ray; ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False); "
+            "print('NODES=' + json.dumps(ray.nodes()))"
+        )
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+        )
+        found = [ln for ln in out.stdout.splitlines() if ln.startswith("NODES=")]
+        return json.loads(found[-1][len("NODES=") :]) if found else []
+
+    def _wait_for(self, node: Node, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if node.proc and node.proc.poll() is not None:
+                raise RuntimeError(
+                    f"ray start of node {node.name} exited {node.proc.returncode}: see node-{node.name}.log"
+                )
+            for n in self.ray_nodes():
+                if n.get("Alive") and n.get("NodeManagerPort") == node.manager_port:
+                    node.node_id = n["NodeID"]
+                    print(
+                        f"node {node.name} up: {n['NodeID'][:12]} {n.get('Labels', {}).get(ACCEL_LABEL, '-')} "
+                        f"{ {k: v for k, v in n['Resources'].items() if not k.startswith('node:')} }",
+                        flush=True,
+                    )
+                    return
+            time.sleep(1.0)
+        raise RuntimeError(f"node {node.name} did not join in {timeout:.0f} s: see node-{node.name}.log")
+
+    def raylet(self, node: Node):
+        import psutil
+
+        for p in psutil.process_iter(["name", "cmdline"]):
+            cmd = p.info.get("cmdline") or []
+            if any("raylet" in c for c in cmd[:1]) and f"--node_manager_port={node.manager_port}" in cmd:
+                return p
+        return None
+
+    def running_job(self, node: Node) -> bool:
+        """Whether a job process (`python -m workers.bench`) runs under the node's raylet."""
+        import psutil
+
+        raylet = self.raylet(node)
+        try:
+            kids = raylet.children(recursive=True) if raylet else []
+            return any("workers.bench" in " ".join(k.cmdline()) for k in kids)
+        except psutil.Error:
+            return False
+
+    def kill_node(self, node: Node, how: str) -> None:
+        """SIGKILL the node's raylet (a lost machine), then end its `ray start` group."""
+        p = self.raylet(node)
+        if p is not None:
+            p.kill()
+        node.killed = how
+        print(f"node {node.name} ({node.hw}) killed: {how}", flush=True)
+        time.sleep(2.0)
+        self._end(node)
+
+    def _end(self, node: Node) -> None:
+        if node.proc and node.proc.poll() is None:
+            try:
+                os.killpg(node.proc.pid, signal.SIGTERM)
+                node.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            self._end(node)
+
+
+def gpu_class(fake: bool) -> tuple[str, int]:
+    """(the class Ray names GPU 0 by, the GPU count)."""
+    if fake:
+        return "H100", 2
+    from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
+
+    return nv.get_current_node_accelerator_type() or "GPU", nv.get_current_node_num_accelerators()
