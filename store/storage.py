@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit, urlunsplit
 
 from store.layout import OUTPUT_MARKS, RESULTS_DIR, RUN_FILE, TABLE_DIRS, TUNE_MARKS
-from store.location import (  # noqa: F401  (callers import these from here)
+from store.location_forms import (  # noqa: F401  (callers import these from here)
     _SCHEME_LIKE,
     BUCKET_SCHEMES,
     SCHEMES,

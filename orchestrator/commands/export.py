@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, scratch_problem, whole
-from store.location import arg as location_arg
+from store.location_forms import arg as location_arg
 
 if TYPE_CHECKING:
     from store.storage import Location
@@ -202,7 +202,7 @@ def _local_dest(text: str) -> Path:
     exists or can be made, and that this process can write (ValueError naming the problem and
     the fix otherwise). Object stores are refused: the packages are built and verified in place."""
     from orchestrator.commands.targets import check_not_output_data
-    from store.location import shown
+    from store.location_forms import shown
     from store.storage import resolve
 
     dest = resolve(text).local_path

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, add_only, positive, whole
-from store.location import arg as location_arg
+from store.location_forms import arg as location_arg
 
 JOBS_EPILOG = (
     "Token authentication: on a cluster started with RAY_AUTH_MODE=token, set RAY_AUTH_MODE=token "

@@ -6,7 +6,7 @@ import json
 import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT
-from store.location import arg as location_arg
+from store.location_forms import arg as location_arg
 
 
 def add_parsers(sub) -> None:

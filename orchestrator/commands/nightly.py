@@ -17,7 +17,7 @@ from orchestrator.commands.common import (
 )
 from orchestrator.commands.targets import outputs_among
 from store.layout import SWEEP_WRITTEN
-from store.location import arg as location_arg
+from store.location_forms import arg as location_arg
 
 
 def add_parsers(sub) -> None:

@@ -6,7 +6,7 @@ import contextlib
 import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, add_budgets, budgets_from_args, print_what_won
-from store.location import arg as location_arg
+from store.location_forms import arg as location_arg
 from workers.runner import plural
 
 

@@ -10,7 +10,7 @@ from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
 )
 from orchestrator.commands.targets import check_page_path
-from store.location import arg as location_arg
+from store.location_forms import arg as location_arg
 
 
 def add_parsers(sub) -> None:

@@ -20,7 +20,7 @@ from orchestrator.commands.common import (
     sweep_options,
     whole,
 )
-from store.location import arg as location_arg
+from store.location_forms import arg as location_arg
 
 
 def add_parsers(sub) -> None:

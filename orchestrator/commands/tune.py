@@ -23,7 +23,7 @@ from orchestrator.commands.common import (
     print_what_won,
     whole,
 )
-from store.location import arg as location_arg
+from store.location_forms import arg as location_arg
 from workers.runner import plural
 
 

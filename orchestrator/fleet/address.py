@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from store.location import printable
+from store.location_forms import printable
 
 
 class AddressError(ValueError):

@@ -33,7 +33,7 @@ from typing import TextIO
 
 from compiler.env import die_with_parent
 from store.layout import SNAPSHOT_FILE
-from store.location import printable
+from store.location_forms import printable
 from store.storage import Location
 
 REDIS_SERVER_ENV = "ORCHESTRATE_REDIS_SERVER"

@@ -35,7 +35,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from orchestrator.spec.sweep import SweepSpec, load_spec
-from store.location import check_form, printable
+from store.location_forms import check_form, printable
 from store.storage import StorageError, is_uri, redact
 
 EXCLUDES = [
