@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from compiler.env import project_pythonpath  # noqa: E402
+from compiler.export_files import open_export  # noqa: E402
 from compiler.statistics import paired_speedup  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
     from compiler.config import CompileConfig
     from workers.bench import JobRun, _call
 
-    presets = json.loads((Path(export_dir) / "presets.json").read_text())
+    presets = open_export(export_dir).presets
     entry = [e for e in presets["presets"] if e.get("bundle")][index]
     device = "cpu" if presets["hardware"] == "cpu" else "cuda"
     if device == "cpu":
@@ -186,7 +187,7 @@ def main() -> int:
     if args.child:
         child(args.child[0], args.export_dir, int(args.child[1]), args.iterations)
         return 0
-    presets = json.loads((Path(args.export_dir) / "presets.json").read_text())
+    presets = open_export(args.export_dir).presets
     entries = [e for e in presets["presets"] if e.get("bundle")]
     rows: list[dict] = []
     note = bytecode_note()

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from compiler.config import is_eager_preset  # noqa: E402
 from compiler.env import project_pythonpath  # noqa: E402
+from compiler.export_files import open_export  # noqa: E402
 from compiler.statistics import ratio_interval, summarize  # noqa: E402
 
 
@@ -58,7 +59,7 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
     from compiler.precision import apply_precision
     from workers.bench import JobRun
 
-    presets = json.loads((Path(export_dir) / "presets.json").read_text())
+    presets = open_export(export_dir).presets
     entry = runtime_presets(presets)[index]
     device = "cpu" if presets["hardware"] == "cpu" else "cuda"
     config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
@@ -120,7 +121,7 @@ def main() -> int:
     if args.child:
         child(args.child[0], args.export_dir, int(args.child[1]), int(args.child[2]))
         return 0
-    presets = json.loads((Path(args.export_dir) / "presets.json").read_text())
+    presets = open_export(args.export_dir).presets
     entries = runtime_presets(presets)
     if not entries:
         print(f"error: no preset in {args.export_dir} sets a runtime setting", file=sys.stderr)

@@ -7,7 +7,7 @@
 
 An export directory (`orchestrate export OUT --hardware CLASS --dest DIR`) holds `manifest.json`
 (the hardware class, the software stack it was built on and the sha256 of every file),
-`presets.json` (per model, batch size and precision: the compile config that won; and a
+`serving.json` (per model, batch size and precision: the compile config that won; and a
 per-class default for models never swept), `bundles/*.bin`, compile-cache bundles from
 `torch.compiler.save_cache_artifacts()` made on that class by compiling each preset, and
 `packages/*.pt2`, each preset compiled ahead of time for its batch size (`compiler.aoti`).
@@ -133,7 +133,7 @@ def compile_tuned(
 
     `source` is read through `compiler.export_files`: a directory in place; a URI (or, with
     `filesystem`, a `pyarrow.fs.FileSystem`, a path in it) through the content-addressed cache in
-    `cache_root()` (`$COMPILE_ORCHESTRATOR_CACHE` moves it): the manifest and presets.json first,
+    `cache_root()` (`$COMPILE_ORCHESTRATOR_CACHE` moves it): the manifest and serving.json first,
     then only the bundle and package of the preset it serves, each fetched once per cache."""
     tuning = _Tuning(model, example_inputs, source, strict=strict, run_example=run_example)
     return tuning.run(filesystem, model_name, batch_size, dtype, use_package)
@@ -217,7 +217,7 @@ class _Tuning:
         if entry is None:
             return f"no preset for model {model_name!r} at batch size {batch_size} and no class default in {source}"
         try:
-            self.config = preset_config(entry, export.where(PRESETS))
+            self.config = preset_config(entry, export.where(export.presets_file))
         except ExportError as exc:
             return str(exc)
         unsupported = unsupported_here(entry, self.device)

@@ -1,6 +1,6 @@
 """The files of an export (`orchestrate export`), read for `compiler.apply.compile_tuned`.
 
-`open_export(source)` reads `manifest.json` and `presets.json` and checks their shape: anything
+`open_export(source)` reads `manifest.json` and `serving.json` (the export's presets) and checks their shape: anything
 it cannot use raises `ExportError`, never `AttributeError` or `TypeError`. Every other file is
 read only when asked for (`ExportFiles.verified`), only if the manifest lists it, only from
 inside the export (a path in the manifest that is absolute or climbs out with `..` makes the
@@ -39,7 +39,12 @@ from compiler.config import EAGER, CompileConfig, is_eager_preset
 from compiler.runtime import setting_problems
 
 MANIFEST = "manifest.json"
-PRESETS = "presets.json"
+PRESETS = "serving.json"
+"""The export's presets: what a serving process reads (a tune's output holds another document,
+presets.json, the tune's decisions, from which `orchestrate export` writes this one)."""
+PRESETS_BEFORE = "presets.json"
+"""The same document's name in exports written before it had a name of its own: read where the
+manifest lists it."""
 EXPORT_FORMAT = 2
 """2: `fp32` is the stock policy (torch's float32 defaults, `compiler.precision`); presets may carry
 `budget` (the accuracy budget they were chosen under) and their figures against a stock PyTorch
@@ -54,7 +59,7 @@ _DEFAULT_TYPES: dict[str, Any] = {
     "bundle": (str, type(None)),
     "package": (str, type(None)),
 }
-"""What a class default (`defaults` of presets.json) must hold, and what it may."""
+"""What a class default (`defaults` of serving.json) must hold, and what it may."""
 _ENTRY_TYPES: dict[str, Any] = {"model": str, "batch_size": int, **_DEFAULT_TYPES}
 """What a preset of a cell must hold."""
 _NONE = type(None)
@@ -140,7 +145,7 @@ def check_manifest(data: Any, where: str) -> dict[str, Any]:
 
 
 def check_presets(data: Any, where: str) -> dict[str, Any]:
-    """`data` if it is a presets.json this code can use; else ExportError."""
+    """`data` if it is a serving.json this code can use; else ExportError."""
     if not isinstance(data, dict):
         raise ExportError(f"{where}: presets are a JSON object, this is {_kind(data)}")
     entries, defaults = data.get("presets", []), data.get("defaults") or {}
@@ -218,6 +223,7 @@ class ExportFiles:
         self.shown = shown
         self.manifest: dict[str, Any] = {}
         self.presets: dict[str, Any] = {}
+        self.presets_file = PRESETS
 
     def where(self, rel: str) -> str:
         """How to name the file `rel` of this export in a message."""
@@ -244,7 +250,11 @@ class ExportFiles:
 
     def _open(self, manifest: bytes) -> ExportFiles:
         self.manifest = check_manifest(_json(manifest, self.where(MANIFEST)), self.where(MANIFEST))
-        self.presets = check_presets(_json(self.verified(PRESETS), self.where(PRESETS)), self.where(PRESETS))
+        files = self.manifest.get("files", {})
+        if PRESETS not in files and PRESETS_BEFORE in files:
+            self.presets_file = PRESETS_BEFORE
+        where = self.where(self.presets_file)
+        self.presets = check_presets(_json(self.verified(self.presets_file), where), where)
         if self.manifest["format"] == 1:
             upgrade_format_1(self.presets)
         return self

@@ -22,7 +22,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser(
         "export",
         help="one hardware class's presets plus a compile-cache bundle per preset, for compiler.apply",
-        description="Write DEST/presets.json (per model, batch size and dtype the fastest ok config of the "
+        description="Write DEST/serving.json (the export's presets: per model, batch size and dtype the fastest ok config of the "
         "class, and per dtype a class default for models never swept), DEST/bundles/*.bin (a cold compile of "
         "each preset in a fresh process, saved with torch.compiler.save_cache_artifacts) and DEST/manifest.json "
         "(the class, the software stack, the sha256 of every file), and DEST/packages/*.pt2: each preset compiled "
@@ -109,7 +109,7 @@ def cmd_export(args) -> int:
     bundles = sum(1 for f in manifest["files"] if f.startswith("bundles/"))
     packages = sum(1 for f in manifest["files"] if f.startswith("packages/"))
     print(
-        f"wrote {remote or dest}: presets.json, {bundles} bundles, {packages} packages, manifest.json "
+        f"wrote {remote or dest}: serving.json, {bundles} bundles, {packages} packages, manifest.json "
         f"(stack: {manifest['stack']})"
     )
     return 0

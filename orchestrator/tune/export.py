@@ -3,7 +3,7 @@ compile-cache bundle per preset, for `compiler.apply.compile_tuned` on a product
 
 DEST/
   manifest.json    format, hardware class, software stack, sha256 of every other file
-  presets.json     per (model, batch size, dtype): the config that won, its figures, its bundle;
+  serving.json     per (model, batch size, dtype): the config that won, its figures, its bundle;
                    `defaults`: per dtype, the config with the best geometric-mean speedup over
                    the class's cells (for models never swept)
   bundles/*.bin    `torch.compiler.save_cache_artifacts()` of a cold compile of the preset, made
@@ -14,7 +14,7 @@ DEST/
                    tracing or compiling
 
 An eager preset (`compile: null`, `orchestrator.tune.eager`) has nothing to compile: it gets no
-bundle and no package, and stays in presets.json and the manifest with its runtime settings.
+bundle and no package, and stays in serving.json and the manifest with its runtime settings.
 
 A bundle is only valid on the class and stack it was built on, so the export runs on a node of
 that class with the stack the presets were measured on, and refuses anything else before it
@@ -261,7 +261,7 @@ def _export(
     budget: str | None = None,
 ) -> dict[str, Any]:
     """The export's steps: plan it and refuse what this node cannot build; pick up an interrupted
-    export's progress; a bundle (and package) per preset; presets.json; the manifest, last."""
+    export's progress; a bundle (and package) per preset; serving.json; the manifest, last."""
     entries, defaults, stack = plan_export(out, hardware, budget)
     device = "cpu" if hardware == "cpu" else "cuda"
     _check_this_node(hardware, device, stack)
@@ -438,7 +438,7 @@ def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
 def _write_presets(
     dest: Path, hardware: str, stack: dict[str, Any], entries: list[dict[str, Any]], defaults: dict[str, Any]
 ) -> None:
-    """DEST/presets.json: every preset, as exported, and the class defaults."""
+    """DEST/serving.json: every preset, as exported, and the class defaults."""
     presets = {
         "format": EXPORT_FORMAT,
         "hardware": hardware,
@@ -468,7 +468,7 @@ def _write_manifest(
         "stack": {**stack, "driver": software_stack().get("driver") or stack.get("driver")},
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": str(out),
-        # the process-wide settings each preset runs under (also in presets.json), so an operator
+        # the process-wide settings each preset runs under (also in serving.json), so an operator
         # sees what compile_tuned will set in the serving process without reading every preset
         "runtime": {_cell(e): preset_runtime(e) for e in entries},
         "files": files,

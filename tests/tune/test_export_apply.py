@@ -26,6 +26,7 @@ from compiler.apply import (
     sha256_file,
 )
 from compiler.config import CompileConfig
+from compiler.export_files import PRESETS_BEFORE
 from compiler.hardware import accelerator_type, hardware_class, software_stack
 from orchestrator.tune.export import bundle_caveat, export, plan_export
 from orchestrator.tune.presets import class_defaults
@@ -121,7 +122,7 @@ def test_an_interrupted_export_resumes_without_compiling_what_it_finished(
     """Both compiled presets finished before the (simulated) kill: the resumed export compiles
     nothing and writes the manifest over exactly the files it had made; a stale temporary file is
     dropped. The third cell's preset is eager (its rows timed eager faster in 3 processes): it gets
-    no bundle or package, and stays in presets.json and the manifest with its runtime settings."""
+    no bundle or package, and stays in serving.json and the manifest with its runtime settings."""
     from orchestrator.tune.export import PROGRESS
     from tests.tune.test_tune import samples
 
@@ -296,7 +297,7 @@ def valid_bundle() -> bytes:
 
 
 def edit_presets(dest: Path, edit) -> Path:
-    """Change the export's presets.json with `edit(presets)` and give the manifest its new sha256,
+    """Change the export's serving.json with `edit(presets)` and give the manifest its new sha256,
     as an export that wrote it so would have."""
     presets = json.loads((dest / PRESETS).read_text())
     edit(presets)
@@ -518,9 +519,26 @@ def test_a_tampered_preset_file_falls_back_to_plain_compile(tmp_path):
     dest = write_export(tmp_path / "exp")
     (dest / PRESETS).write_text((dest / PRESETS).read_text().replace('"default"', '"evil"'))
     model, inputs = toy.mlp(4)
-    with pytest.warns(PresetFallbackWarning, match="presets.json: sha256"):
+    with pytest.warns(PresetFallbackWarning, match="serving.json: sha256"):
         compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
     assert applied.match == "fallback" and applied.config is None and compiled is not model
+
+
+def test_an_export_whose_presets_file_has_its_earlier_name_is_served(tmp_path):
+    """Exports written before the export's presets document was named serving.json (apart from a
+    tune output's presets.json) list it as presets.json in their manifest: read so, and named so."""
+    dest = write_export(tmp_path / "exp")
+    (dest / PRESETS).rename(dest / PRESETS_BEFORE)
+    manifest = json.loads((dest / MANIFEST).read_text())
+    manifest["files"][PRESETS_BEFORE] = manifest["files"].pop(PRESETS)
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    model, inputs = toy.mlp(4)
+    compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
+    assert applied.match == "exact" and applied.config is not None and compiled is not model
+    (dest / PRESETS_BEFORE).write_text((dest / PRESETS_BEFORE).read_text().replace('"default"', '"evil"'))
+    with pytest.warns(PresetFallbackWarning, match="/presets.json: sha256"):
+        compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
+    assert applied.match == "fallback"
 
 
 @pytest.mark.parametrize("what", ["hardware", "stack"])
