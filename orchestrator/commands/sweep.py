@@ -78,46 +78,43 @@ def add_parsers(sub) -> None:
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator.fleet.address import check_ray_address
     from orchestrator.fleet.driver import run_sweep
+    from orchestrator.fleet.preflight import preflight
     from orchestrator.fleet.progress import format_duration
     from store.schema import results_path
-    from store.storage import StorageError, check_own_output, check_writable, checked
+    from store.storage import StorageError
 
     deadline = deadline_at(args)  # counted from the command's start
     spec = load_sweep(args.sweep)
     if spec is None:
         return EXIT_BAD_INPUT
-    check_ray_address(args.address)  # seconds, not Ray's minute of retries
     cache_redis = cache_redis_address(args, args.shared_cache, "a sweep uses only with --shared-cache")
-    try:
-        out = checked(args.out or str(Path("runs") / spec.name))
-        check_own_output(out)  # not `/` or a home directory
-        check_writable(out)
-        history = [checked(earlier) for earlier in args.history]
-    except StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    for earlier in history:
-        if not results_path(earlier).is_dir():
-            print(
-                f"error: --history {earlier}: not an output directory (it has no results/)", file=sys.stderr
-            )
-            return EXIT_BAD_INPUT
     opts = sweep_options(
         args,
-        out,
+        args.out or str(Path("runs") / spec.name),
         resume=args.resume,
         max_attempts=args.max_attempts,
-        history_dirs=list(history),
+        history_dirs=list(args.history),
         lock_clocks=args.lock_clocks,
         deadline=deadline,
         shared_cache=args.shared_cache,
         cache_redis=cache_redis,
     )
+    try:
+        ready = preflight(opts)  # once, here: run_sweep trusts what it found
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    out = ready.out
+    for earlier in ready.history:
+        if not results_path(earlier).is_dir():
+            print(
+                f"error: --history {earlier}: not an output directory (it has no results/)", file=sys.stderr
+            )
+            return EXIT_BAD_INPUT
     if not check_plan_locally(spec, args):
         return EXIT_BAD_INPUT
-    summary, code = drive(lambda: run_sweep(spec, opts))
+    summary, code = drive(lambda: run_sweep(spec, opts, ready=ready))
     if summary is None:
         return code
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.counts.items())) or "nothing to run"

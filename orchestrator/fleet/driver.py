@@ -22,11 +22,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from orchestrator.fleet.address import check_ray_address
-from orchestrator.fleet.cache import check_address, shared_cache
+from orchestrator.fleet.cache import shared_cache
 from orchestrator.fleet.existing import quarantine_damage, read_done
 from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
 from orchestrator.fleet.ordering import History, longest_first
+from orchestrator.fleet.preflight import Checked, preflight
 from orchestrator.fleet.progress import Progress
 from orchestrator.fleet.scheduler import Scheduler
 from orchestrator.fleet.stopping import DeadlineReached, check_deadline, sigterm_as_interrupt
@@ -41,8 +41,6 @@ from store.storage import (
     Location,
     Target,
     WriteRefused,
-    check_own_output,
-    checked,
     refusal_stops,
 )
 from workers.job import Job
@@ -174,26 +172,22 @@ def run_sweep(
     stream: TextIO | None = None,
     task_body: Callable[..., dict[str, Any]] | None = None,
     plan: Callable[[dict[str, HardwareClass]], list[Job]] | None = None,
+    ready: Checked | None = None,
 ) -> SweepSummary:
     """Run every job of `spec` not yet in `opts.out_dir`; return what happened.
 
     `task_body` replaces the per-job task (`workers.task.execute_job`, same arguments and
     result); the dispatch benchmark uses it to push synthetic jobs through the real driver.
     `plan` replaces the sweep's job matrix: it gets the cluster's hardware classes and returns
-    the jobs to run (`orchestrate tune` plans each rung of its search this way).
+    the jobs to run (`orchestrate tune` plans each rung of its search this way). `ready`: what
+    `preflight(opts)` found, where the caller ran it; else it runs here.
 
-    Before Ray starts: an output or history location that cannot be used raises
-    `storage.StorageError`, an output another live driver holds `lock.OutputLocked`, a dead
-    `opts.address` `AddressError`, a dead `opts.cache_redis` `cache.CacheAddressError` (when the
-    sweep shares its compile cache). With `opts.resume`, damaged part files are moved into
+    Before Ray starts: `preflight`'s errors, and an output another live driver holds raises
+    `lock.OutputLocked`. With `opts.resume`, damaged part files are moved into
     `<out>/quarantine/` first, so their jobs run again (`store.integrity`)."""
     stream = stream or sys.stderr
-    out = checked(opts.out_dir)
-    check_own_output(out)  # not `/` or a home directory
-    history_dirs = [checked(h) for h in opts.history_dirs]
-    check_ray_address(opts.address)
-    if opts.shared_cache and opts.cache_redis:
-        check_address(opts.cache_redis)
+    ready = ready or preflight(opts)
+    out, history_dirs = ready.out, ready.history
     resume = opts.resume_command or shlex.join(
         ["orchestrate", "sweep", str(spec.source or "SWEEP.yaml"), "--out", str(out), "--resume"]
     )

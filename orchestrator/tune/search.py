@@ -62,6 +62,7 @@ from orchestrator.fleet.cache import SNAPSHOT_FILE, check_address, shared_cache
 from orchestrator.fleet.driver import SweepOptions, ray_session, run_sweep
 from orchestrator.fleet.existing import OutputExistsError
 from orchestrator.fleet.inventory import cluster_classes
+from orchestrator.fleet.preflight import Checked
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.tune import budgets as tb
 from orchestrator.tune import deployed, eager, stages
@@ -269,7 +270,9 @@ def run_round(ctx: TuneContext, name: str, jobs: list[Job], what: str) -> dict[s
     where = ctx.out.join(name)
     print(f"tune {name}: {what}", file=ctx.stream, flush=True)
     if jobs:
-        run_sweep(ctx.spec, ctx.round_options(name), ctx.stream, plan=lambda classes: jobs)
+        # a folder of the tune's output, checked with it, on the tune's live cluster and cache
+        ready = Checked(where, [])
+        run_sweep(ctx.spec, ctx.round_options(name), ctx.stream, plan=lambda classes: jobs, ready=ready)
     ctx.jobs_run[name] = len(jobs)
     rows = latest_rows(read_results(where).to_pylist(), lambda r: r["job_id"])
     check_rows_kept(name, where, jobs, rows, ctx.resume)
