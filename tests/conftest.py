@@ -41,6 +41,52 @@ configs:
 TABLE_STACK = {"python": "3.11", "torch": "2.13.0", "triton": "absent", "transformers": "4.50.0"}
 
 
+# Seconds each slow test file took in a fresh-clone CI run on the 2-core machine (two workers,
+# 2026-11-27): a scheduling hint only, so a stale figure costs balance, never a result. A file not
+# named here counts as DEFAULT_FILE_S.
+FILE_S = {
+    "tests/integration/test_shared_cache.py": 250,
+    "tests/integration/test_tune.py": 195,
+    "tests/integration/test_output_safety.py": 140,
+    "tests/integration/test_full_disk.py": 125,
+    "tests/integration/test_seed_models.py": 90,
+    "tests/integration/test_sweep_cpu.py": 65,
+    "tests/integration/test_submit.py": 60,
+    "tests/integration/test_fleet_lost_node.py": 56,
+    "tests/integration/test_fleet.py": 45,
+    "tests/integration/test_deadline.py": 44,
+    "tests/integration/test_s3_output.py": 40,
+    "tests/integration/test_interrupt.py": 38,
+    "tests/integration/test_location_locks.py": 33,
+    "tests/integration/test_harness_failures.py": 32,
+    "tests/integration/test_damaged_output.py": 30,
+}
+DEFAULT_FILE_S = 15
+
+
+@pytest.hookimpl(trylast=True)  # after -m has deselected: the halves are of what runs
+def pytest_collection_modifyitems(config, items):
+    """Each half of the collection starts with integration test files (real Ray, real compiles: up
+    to minutes a test), longest first, the two halves' totals balanced, and ends with the quick
+    tests. `-n 2 --dist worksteal` hands each worker one half and lets an idle worker take the end
+    of the other's queue, so both start on long tests at once and the run ends on short ones, rather
+    than on one worker finishing a long test alone (docs/testing.md). A file's tests stay together
+    (a module fixture is built once); the order is the same in every worker, as xdist requires."""
+    files: dict[str, list] = {}
+    for item in items:
+        if item.get_closest_marker("integration"):
+            files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    halves: tuple[list, list] = ([], [])
+    totals = [0, 0]
+    for name in sorted(files, key=lambda f: (-FILE_S.get(f, DEFAULT_FILE_S), f)):
+        lighter = totals.index(min(totals))
+        totals[lighter] += FILE_S.get(name, DEFAULT_FILE_S)
+        halves[lighter].extend(files[name])
+    quick = [i for i in items if not i.get_closest_marker("integration")]
+    cut = max(0, len(items) // 2 - len(halves[0]))
+    items[:] = [*halves[0], *quick[:cut], *halves[1], *quick[cut:]]
+
+
 def default_sigint() -> None:
     """`preexec_fn` for a child a test sends Ctrl-C (SIGINT): it takes it the way a terminal's
     foreground command does, even when the tests themselves run in the background (`cmd &` in a
