@@ -39,3 +39,11 @@ def test_dispatch_prints_its_rate():
     assert "targets >= 200 jobs/s and < 1 GiB:" in out
     [row] = [line.split() for line in out.splitlines() if line.split()[:1] == ["20"]]
     assert float(row[3]) > 0  # jobs/s
+
+
+@pytest.mark.integration
+def test_overhead_prints_its_percentiles():
+    out = bench("overhead.py", "--jobs", "3")
+    assert "3 jobs on {" in out and "target median overhead <= 1 s:" in out
+    [row] = [line.split() for line in out.splitlines() if line.startswith("orchestration overhead")]
+    assert float(row[-3].rstrip("s")) >= 0  # the median, in seconds
