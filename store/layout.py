@@ -47,6 +47,8 @@ TUNE_MARKS = (TUNE_FILE, *ROUNDS)
 TUNE_DATA = (*ROUNDS, TUNE_FILE, DEPLOYED_FILE, PRESETS_FILE, PRESETS_TABLE_FILE, SNAPSHOT_FILE)
 """A tune output's own files and folders: no report page or export goes there."""
 
-OUTPUT_MARKS = (*SWEEP_MARKS, QUARANTINE_DIR, *TUNE_MARKS)
-"""Names that make a directory an orchestrate output, a sweep's or a tune's (so does a table
-folder holding a `hardware=` partition)."""
+OUTPUT_MARKS = (RUN_FILE, LOCK_FILE, QUARANTINE_DIR, TUNE_FILE, ROUNDS[0])
+"""Names that make a non-empty directory an orchestrate output that a sweep or tune may write into:
+a sweep's run log, lock or quarantine, a tune's record or its first round (the later rounds come
+after it); so does a table folder holding a `hardware=` partition. Not a bare `_ledger` or later
+round: a stranger's folder that happens to hold one is refused, not taken over."""
