@@ -266,3 +266,33 @@ def test_a_stock_mode_chosen_within_precision_defers_to_the_stock_users_own_timi
     assert (stock["budget"], stock["config"], stock["source"]) == ("stock", "default", "stock")
     why = decided.decisions["H100/resnet/bs16/fp32 (stock budget)"]
     assert why.startswith("stock: ") and "not deployed" not in why, why
+
+
+def test_the_published_deployed_summary_has_the_fields_the_results_page_reads():
+    """docs/results/deployed-summary.json is a tune's deployed.json, unedited: one entry per cell and
+    budget with the figures against the stock user, and geometric means that follow from them."""
+    import json
+    import math
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parents[2] / "docs/results/deployed-summary.json").read_text())
+    assert doc["gpu"] and doc["torch"]
+    keys = {
+        "cell",
+        "budget",
+        "preset",
+        "policy",
+        "vs_stock_eager",
+        "vs_stock_compile",
+        "max_rel_err",
+        "weights",
+    }
+    for entry in doc["cells"]:
+        assert keys <= entry.keys(), entry["cell"]
+        assert entry["budget"] in doc["budgets"]
+    for name, summary in doc["budgets"].items():
+        mine = [e for e in doc["cells"] if e["budget"] == name]
+        assert summary["cells"] == len(mine) == len({e["cell"] for e in mine})
+        geomean = math.exp(sum(math.log(e["vs_stock_compile"]) for e in mine) / len(mine))
+        assert geomean == pytest.approx(summary["geomean_vs_stock_compile"])
+        assert summary["below_1"] == [e["cell"] for e in mine if e["vs_stock_compile"] < 1.0]
