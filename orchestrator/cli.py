@@ -129,6 +129,7 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0), or a bad flag (2, already explained on one line)
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command that resumes this one
     # `kill -USR1 PID`: every thread's stack on stderr, to see where it waits (not where stderr is
     # no file, as under a test's capture)
     with contextlib.suppress(AttributeError, OSError, ValueError):

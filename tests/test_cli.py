@@ -306,3 +306,22 @@ def test_report_into_a_closed_pipe_still_writes_the_file_and_exits_quietly(tmp_p
     )
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
     assert (tmp_path / "report.md").exists()
+
+
+def test_the_resume_command_keeps_the_flags_that_choose_the_work():
+    """A tune stopped by --deadline printed `orchestrate tune SWEEP --out OUT --resume`: without its
+    --only and --precisions, that resume would run other work. It repeats the command's own flags,
+    without --deadline, with --out and one --resume."""
+    from orchestrator.cli import build_parser
+    from orchestrator.commands.common import resume_command
+
+    argv = ["tune", "s.yaml", "--only", "*/vit/*", "--precisions", "fp32,bf16", "--deadline=20m", "--resume"]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    assert resume_command(args, "runs/s-tune") == (
+        "orchestrate tune s.yaml --only '*/vit/*' --precisions fp32,bf16 --out runs/s-tune --resume"
+    )
+    argv = ["sweep", "s.yaml", "--deadline", "90", "--out", "o", "--cpus-per-job", "2"]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    assert resume_command(args, "o") == "orchestrate sweep s.yaml --out o --cpus-per-job 2 --resume"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -108,6 +109,25 @@ def add_deadline(p: argparse.ArgumentParser, what: str) -> None:
         "spot instance's notice): running jobs are cancelled, every finished row is kept, the --resume "
         "command is printed and the exit status is 130, as on Ctrl-C; --resume finishes the work",
     )
+
+
+def resume_command(args, out) -> str:
+    """The command that finishes this one: its own flags (--only, --precisions, ... choose the
+    work, so a resume without them would run other work) without --deadline, with --out OUT and
+    --resume."""
+    words = list(getattr(args, "argv", None) or sys.argv[1:])
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--deadline":
+            skip = True
+        elif not word.startswith("--deadline=") and word != "--resume":
+            kept.append(word)
+    if not any(w == "--out" or w.startswith("--out=") for w in kept):
+        kept += ["--out", str(out)]
+    return shlex.join(["orchestrate", *kept, "--resume"])
 
 
 def deadline_at(args) -> float | None:

@@ -17,6 +17,7 @@ from orchestrator.commands.common import (
     deadline_at,
     drive,
     load_sweep,
+    resume_command,
     sweep_options,
     whole,
 )
@@ -99,6 +100,7 @@ def cmd_sweep(args) -> int:
         deadline=deadline,
         shared_cache=args.shared_cache,
         cache_redis=cache_redis,
+        resume_command=resume_command(args, args.out or str(Path("runs") / spec.name)),
     )
     try:
         ready = preflight(opts)  # once, here: run_sweep trusts what it found

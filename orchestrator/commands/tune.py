@@ -21,6 +21,7 @@ from orchestrator.commands.common import (
     load_sweep,
     not_empty,
     print_what_won,
+    resume_command,
     whole,
 )
 from store.location_forms import arg as location_arg
@@ -330,6 +331,7 @@ def _tune_options(args, spec, deadline: float | None):
         cache_from=cache_from,
         argv=sys.argv,
         deadline=deadline,
+        resume_command=resume_command(args, out),
     )
 
 

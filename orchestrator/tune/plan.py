@@ -73,6 +73,8 @@ class TuneOptions:
     argv: list[str] = field(default_factory=list)
     deadline: float | None = None
     """`time.monotonic()` at which the tune stops as on Ctrl-C (`SweepOptions.deadline`)."""
+    resume_command: str | None = None
+    """The command an interrupted tune prints to resume (default: this sweep file with --resume)."""
 
 
 def rung_measure(

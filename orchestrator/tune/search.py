@@ -117,7 +117,9 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
     live driver holds it); the per-rung sweeps lock OUT/<rung> inside it."""
     stream = stream or sys.stderr
     out = checked(opts.out_dir)
-    resume = shlex.join(["orchestrate", "tune", spec.source or "SWEEP.yaml", "--out", str(out), "--resume"])
+    resume = opts.resume_command or shlex.join(
+        ["orchestrate", "tune", spec.source or "SWEEP.yaml", "--out", str(out), "--resume"]
+    )
     with (
         refusal_stops(out, "nothing of this tune was written", resume),
         holding(out, opts.argv, stream=stream),

@@ -34,7 +34,8 @@ def test_a_sweep_stops_at_its_deadline_keeps_its_rows_and_resume_finishes(sweep_
     hold = tmp_path / "hold"
     hold.touch()  # the held job runs until the test lets it go: surely running at the deadline
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "sweep", str(sweep), "--out", str(out), "--deadline", "15"],
+        [sys.executable, "-m", "orchestrator", "sweep", str(sweep), "--out", str(out), "--deadline", "15"]
+        + ["--max-attempts", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -45,7 +46,8 @@ def test_a_sweep_stops_at_its_deadline_keeps_its_rows_and_resume_finishes(sweep_
     said = proc.stdout + proc.stderr
     assert "the deadline (--deadline) passed: " in said, said[-3000:]
     [command] = re.findall(r"Resume with:\n  (.+)", said)
-    assert command == f"orchestrate sweep {sweep} --out {out} --resume"
+    # the resume keeps the run's own flags (they choose the work), not the deadline
+    assert command == f"orchestrate sweep {sweep} --out {out} --max-attempts 1 --resume"
     # every row finished before the deadline is kept: those the progress reported, the held one not
     finished = re.findall(r"^\s*ok (\S+) in ", said, re.M)
     rows = read_results(out).to_pylist()
