@@ -13,6 +13,43 @@ class AddressError(ValueError):
     """A --address that no Ray cluster answers at; the message says what to check."""
 
 
+TOKEN_ENV_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def auth_hint(address: str, exc: BaseException) -> str:
+    """What to set where the cluster at `address` refused us for want of its token (Ray's token
+    authentication, `RAY_AUTH_MODE=token`)."""
+    sent = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    text = str(exc)
+    refused = "Authentication failed" in text or (sent and "InvalidAuthToken" in text)
+    what = "rejected the token" if refused else "requires a token"
+    hint = (
+        f"the Ray cluster at {address} {what} (token authentication): run with RAY_AUTH_MODE=token and "
+        "the cluster's token in RAY_AUTH_TOKEN, in a file named by RAY_AUTH_TOKEN_PATH, or in "
+        "~/.ray/auth_token (`ray get-auth-token` on the head node prints it)"
+    )
+    if not sent:
+        set_vars = [v for v in TOKEN_ENV_VARS if os.environ.get(v)]
+        if set_vars:
+            hint += f"; {' and '.join(set_vars)} is set, but Ray sends a token only when RAY_AUTH_MODE=token"
+    return hint
+
+
+def connect_error(address: str | None, exc: BaseException) -> AddressError:
+    """`ray.init`'s ConnectionError as one line: a refused token says what to set; anything else
+    names the address and the cause Ray chained below its generic message."""
+    causes = []
+    while exc is not None and len(causes) < 8:
+        causes.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    text = " ".join(" ".join(str(c).split()) for c in causes)
+    shown = printable(address or "local")
+    if any(type(c).__name__ == "AuthenticationError" for c in causes) or "InvalidAuthToken" in text:
+        return AddressError(f"--address {shown}: {auth_hint(shown, causes[-1])}")
+    last = " ".join(str(causes[-1]).split())[-300:]
+    return AddressError(f"--address {shown}: Ray could not join the cluster there ({last})")
+
+
 def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
     """Fail in seconds, before Ray starts, when nothing listens at `address` (Ray itself retries a
     dead address for a minute and then prints a page of log). None and "local" start a private
@@ -55,6 +92,32 @@ def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
         ) from None
     with conn:
         _check_grpc(conn, shown, f"{host}:{port_text}", timeout_s)
+    if not address.startswith("ray://"):
+        _check_token(target, shown, timeout_s)
+
+
+def _check_token(gcs: str, shown: str, timeout_s: float) -> None:
+    """Fail in a second where the cluster's GCS refuses us for want of its token: `ray.init` would
+    retry the refusal for 20 s, then raise a ConnectionError that hides it. One GCS client's first
+    call says so at once. Any other outcome (an answer, an error, no answer in `timeout_s`) is left
+    to `ray.init`."""
+    import threading
+
+    found: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            from ray._raylet import GcsClient
+
+            GcsClient(address=gcs)
+        except Exception as exc:
+            found.append(exc)
+
+    worker = threading.Thread(target=probe, name="gcs-token-probe", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if found and type(found[0]).__name__ == "AuthenticationError":
+        raise AddressError(f"--address {shown}: {auth_hint(shown, found[0])}")
 
 
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from orchestrator.fleet.address import connect_error
 from orchestrator.fleet.cache import shared_cache
 from orchestrator.fleet.existing import quarantine_damage, read_done
 from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
@@ -114,13 +115,16 @@ def ray_session(address: str | None) -> Iterator[None]:
     if ray.is_initialized():  # embedded use (tests, notebooks): keep the caller's cluster
         yield
         return
-    ray.init(
-        address=address or "local",
-        include_dashboard=False,
-        logging_level=logging.ERROR,
-        log_to_driver=False,
-        configure_logging=True,
-    )
+    try:
+        ray.init(
+            address=address or "local",
+            include_dashboard=False,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+            configure_logging=True,
+        )
+    except ConnectionError as exc:  # a refused token, a GCS that went away after the address check
+        raise connect_error(address, exc) from None
     try:
         yield
     finally:

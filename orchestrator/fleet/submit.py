@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from orchestrator.fleet.address import auth_hint
 from orchestrator.spec.sweep import SweepSpec, load_spec
 from store.location_forms import check_form, printable
 from store.storage import StorageError, is_uri, redact
@@ -56,7 +57,6 @@ _EXCLUDED_DIRS = {".git", "runs", "__pycache__", ".pytest_cache", ".ruff_cache"}
 ADDRESS_ENV_VARS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 """Where Ray's Jobs client looks for the address, in this order."""
 
-TOKEN_ENV_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 CONNECT_TIMEOUT_S = 10.0
@@ -240,20 +240,6 @@ def _unreachable(address: str, exc: BaseException) -> str:
     )
 
 
-def _auth_hint(address: str, exc: BaseException) -> str:
-    what = "rejected the token" if "Authentication failed" in str(exc) else "requires a token"
-    hint = (
-        f"the Ray cluster at {address} {what} (token authentication): run with RAY_AUTH_MODE=token and "
-        "the cluster's token in RAY_AUTH_TOKEN, in a file named by RAY_AUTH_TOKEN_PATH, or in "
-        "~/.ray/auth_token (`ray get-auth-token` on the head node prints it)"
-    )
-    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
-        set_vars = [v for v in TOKEN_ENV_VARS if os.environ.get(v)]
-        if set_vars:
-            hint += f"; {' and '.join(set_vars)} is set, but Ray sends a token only when RAY_AUTH_MODE=token"
-    return hint
-
-
 @contextmanager
 def _cluster_errors(address: str, job_id: str | None = None) -> Iterator[None]:
     """Turn the Jobs client's exceptions into one-line `SubmitError`s."""
@@ -263,7 +249,7 @@ def _cluster_errors(address: str, job_id: str | None = None) -> Iterator[None]:
     try:
         yield
     except AuthenticationError as exc:
-        raise SubmitError(_auth_hint(address, exc)) from None
+        raise SubmitError(auth_hint(address, exc)) from None
     except requests.exceptions.ReadTimeout:
         raise SubmitError(
             f"the server at {address} accepted the connection but sent no HTTP answer in time (the first "
@@ -279,7 +265,7 @@ def _cluster_errors(address: str, job_id: str | None = None) -> Iterator[None]:
                 f"no job {job_id!r} on the cluster at {address} (`ray job list --address {address}` lists them)"
             ) from None
         if "401" in text or "403" in text:
-            raise SubmitError(_auth_hint(address, exc)) from None
+            raise SubmitError(auth_hint(address, exc)) from None
         raise SubmitError(f"the Ray Jobs API at {address} failed: {' '.join(text.split())}") from None
 
 

@@ -116,7 +116,7 @@ def ray_head():
         )
     try:
         _wait_ready(address, token, proc, log)
-        yield {"address": address, "env": cluster_env}
+        yield {"address": address, "env": cluster_env, "gcs": f"127.0.0.1:{ports['gcs']}"}
     finally:
         _stop(proc)
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -148,6 +148,12 @@ def test_submit_status_logs_and_results_with_token_auth(ray_head, tmp_path):
     assert refused.returncode == 2 and "requires a token" in refused.stderr, refused.stderr
     wrong = orchestrate({**env, "RAY_AUTH_TOKEN": "0" * 64}, "status", "raysubmit_x", "--address", address)
     assert wrong.returncode == 2 and "rejected the token" in wrong.stderr, wrong.stderr
+    # a sweep joining the cluster's GCS without the token: the same line, no traceback
+    joined = orchestrate(
+        no_token, "sweep", SWEEP, "--only", ONLY, "--address", ray_head["gcs"], "--out", str(tmp_path / "x")
+    )
+    assert joined.returncode == 2 and "requires a token" in joined.stderr, joined.stderr[-3000:]
+    assert "Traceback" not in joined.stderr, joined.stderr[-3000:]
 
     out = tmp_path / "out"  # absolute, and the head is this machine: every node sees it
     t0 = time.monotonic()
