@@ -53,9 +53,12 @@ def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
     presets = open_export(export_dir).presets
     entry = [e for e in presets["presets"] if e.get("bundle")][index]
     device = "cpu" if presets["hardware"] == "cpu" else "cuda"
-    if device == "cpu":
+    if device == "cpu":  # the C++ compiler's ISA probe, before the timer; g++ only where none was kept
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 
+        from compiler import isa_probe
+
+        isa_probe.probe()
         pick_vec_isa()
     config = CompileConfig.from_dict({"name": entry["config"], **entry["compile"]})
     run = JobRun.for_preset("bundle-bench", presets["hardware"], entry, config, entry["dtype"])

@@ -75,6 +75,9 @@ def child(
     if device == "cpu":
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 
+        from compiler import isa_probe
+
+        isa_probe.probe()  # the ISA probe's g++ builds kept from an earlier process (compiler.isa_probe)
         pick_vec_isa()  # the C++ compiler's ISA probe: once per process, before the timer
     model, inputs = build(model_id, batch_size, small, device)
     with torch.no_grad():

@@ -15,6 +15,8 @@ across the sweeps, and whether each sweep's interval contains the median of all 
     python benchmarks/noise.py                        # both cells, 5 sweeps of 3 processes, GPU if any
     python benchmarks/noise.py --cells resnet-50 --sweeps 5 --repeats 3 --save noise.json
     python benchmarks/noise.py --small --device cpu --sweeps 3 --repeats 2   # reduced models, minutes on CPU
+    python benchmarks/noise.py --small --device cpu --cells mlp --sweeps 2 --repeats 1 --warmup 1 \
+        --iterations 5 --rounds 1 --threads 1   # tests/test_benchmarks.py: the toy MLP, seconds
 """
 
 from __future__ import annotations
@@ -59,12 +61,14 @@ CELLS = {
     "resnet-50-bs16": Cell(
         "resnet-50/bs16/tf32/default", "bimodal in issue 8", "hf:microsoft/resnet-50", 16, "tf32", None
     ),
+    # the toy MLP: a cell that compiles in seconds on a CPU, for the benchmark's own test
+    "mlp": Cell("mlp/bs1/fp32/default", "toy", "python:workers.toy:mlp", 1, "fp32", None),
 }
 
 
 def make_job(cell: Cell, args: argparse.Namespace, device: str) -> Job:
     overrides, input_size = {}, None
-    if args.small:  # the zoo's reduced architecture, for a try on a CPU machine
+    if args.small and cell.model_id.startswith("hf:"):  # the zoo's reduced architecture, for a CPU
         from workers import zoo
 
         overrides = copy.deepcopy(zoo.SMALL_OVERRIDES[cell.model_id])
@@ -106,7 +110,7 @@ def main() -> int:
     parser.add_argument(
         "--cells",
         default="resnet-50,vit",
-        help=f"comma-separated cells among {', '.join(CELLS)} (default: both)",
+        help=f"comma-separated cells among {', '.join(CELLS)} (default: resnet-50,vit)",
     )
     parser.add_argument("--sweeps", type=int, default=5, help="separate sweeps of each cell (default 5)")
     parser.add_argument(

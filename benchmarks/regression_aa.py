@@ -68,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[float, dict[str, int]] = {1.0: {}, args.slowdown: {}}
     latency: dict[float, Counter] = {1.0: Counter(), args.slowdown: Counter()}
     print(
-        "| cell | sweeps | slowdown | verdict | judged on | wall: current / baseline [CI] | device: current / baseline [CI] |"
+        "| cell | sweeps | slowdown | verdict | latency | compile time | judged on "
+        "| wall: current / baseline [CI] | device: current / baseline [CI] |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for path in args.files:
         for cell, runs in json.loads(path.read_text())["cells"].items():
             for a, b in itertools.combinations(range(len(runs)), 2):

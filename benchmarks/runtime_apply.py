@@ -16,7 +16,8 @@ line per preset: each side's median latency and stock / tuned with its unpaired 
 processes (`compiler.statistics.ratio_interval`; above 1: the applied preset is faster), and what
 each side's processes held at their peak (the CUDA allocator's peak since the process started,
 the first call's cuDNN search included; on CPU the peak RSS) and took from compiling to their
-first output (`compile_tuned` included, which runs the example once itself), beside
+first output (`compile_tuned` included, which runs the example once itself; on CPU after the C++
+compiler's ISA probe, as in `benchmarks/bundle.py`), beside
 the `peak_mem_bytes` the sweep's row recorded for the preset (its compiled phase only, after the
 eager phase had run the same convolutions).
 
@@ -67,6 +68,10 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
     dtype = entry.get("precision") or entry["dtype"]
     run = JobRun.for_preset("runtime-apply", presets["hardware"], entry, stock, dtype)
     model, input_sets, _ = run.build(keep_fp32_copy=False)
+    if device == "cpu":  # the C++ compiler's ISA probe: the machine's, not the preset's; before the clock
+        from compiler import isa_probe
+
+        isa_probe.probe()
     start = time.perf_counter()  # to the first call's end: compile_tuned runs the example itself
     if side == "tuned":
         compiled, applied = compile_tuned(

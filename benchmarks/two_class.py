@@ -34,8 +34,9 @@ Then, each an `orchestrate` command against that cluster (`--address`):
 OUT/summary.json and OUT/summary.md say what each check found (placement per row, rows and presets
 per class, the lost node's retried jobs, the nightly verdicts per class), with every command run.
 The exit status is 0 when every check held. `--fake-gpus` claims GPUs that are not there (a CPU
-rehearsal of the mechanics: its GPU jobs fail fast as rows, so give it sweeps that take time, such
-as a `python:tests.faulty:hang` model with a short timeout).
+rehearsal of the mechanics: every GPU job fails at once as a row, in its imports, so the cluster,
+the placement per class and the nightlies run for real while the lost node's retry, the presets and
+the export need GPUs; tests/test_benchmarks.py runs it so with one-job sweeps of the toy MLP).
 """
 
 from __future__ import annotations

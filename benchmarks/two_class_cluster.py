@@ -61,6 +61,9 @@ class Cluster:
 
     def _ray_start(self, node: Node, args: list[str]) -> None:
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **node.env}
+        # on SIGTERM, `ray start --block` drains the node for up to 30 s first (for Serve); a node
+        # stopped here has nothing to drain
+        env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
         if node.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(node.gpu)
         log = open(self.log_dir / f"node-{node.name}.log", "ab")  # noqa: SIM115 (the child keeps it)

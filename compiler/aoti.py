@@ -267,11 +267,14 @@ def load_runner(path: Path, device_check: bool | None = None, single_threaded: b
     on the H200 image, for a CUDA package whose GPU code never asks for it. So a CUDA package
     (`device_check` None: every package but a CPU one) is loaded by the same loader without that
     probe, its CPU ISA compared with what this CPU reports instead (`isa_mismatch`: a warning, as
-    torch's). A CPU package goes through `aoti_load_package`: its CPU code needs the probe."""
+    torch's). A CPU package goes through `aoti_load_package`: its CPU code needs the probe.
+    The loader and the package's metadata are private torch APIs (`compiler.torch_private`): on
+    a torch they were not checked on this raises `TorchPrivateError`."""
     import torch
-    from torch.export.pt2_archive._package import AOTICompiledModel
 
-    metadata = torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")
+    from compiler import torch_private
+
+    metadata = torch_private.aoti_package_metadata(str(path))
     if device_check is None:
         device_check = metadata.get("AOTI_DEVICE_KEY") == "cpu"
     if device_check:
@@ -279,8 +282,7 @@ def load_runner(path: Path, device_check: bool | None = None, single_threaded: b
     why = isa_mismatch(metadata.get("AOTI_CPU_ISA", ""), torch.backends.cpu.get_cpu_capability())
     if why:
         warnings.warn(f"{path}: {why}; loading it may crash", RuntimeWarning, stacklevel=2)
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, -1)
-    return AOTICompiledModel(loader)
+    return torch_private.aoti_package_runner(str(path), single_threaded)
 
 
 PROBE = "import sys; from compiler.aoti import load_runner; load_runner(sys.argv[1]).get_constant_fqns()"

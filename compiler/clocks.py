@@ -57,7 +57,9 @@ def _load_pynvml():
     try:
         import pynvml
     except ImportError as exc:
-        raise NvmlUnavailable("nvidia-ml-py is not installed (pip install nvidia-ml-py)") from exc
+        raise NvmlUnavailable(
+            "nvidia-ml-py is not installed (pip install 'compile-orchestrator[gpu]')"
+        ) from exc
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...

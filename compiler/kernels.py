@@ -3,7 +3,8 @@
 When Inductor autotunes a GEMM or a convolution (max-autotune; on CPU with `freezing`, where
 its C++ GEMM templates compete with MKL/oneDNN), it times every candidate kernel and keeps the
 fastest. `KernelChoiceRecorder` registers a feedback saver
-(`torch._inductor.select_algorithm.add_feedback_saver`) for the duration of a compile and turns
+(`torch._inductor.select_algorithm.add_feedback_saver`, a private API reached through
+`compiler.torch_private`) for the duration of a compile and turns
 each call into one row per candidate: the op, its input shapes, strides and dtypes, the
 candidate's name, kind and configuration, its time, its rank and whether it won. Rows whose
 timings came from Inductor's autotune cache instead of a fresh benchmark say so (`from_cache`):
@@ -36,10 +37,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from compiler import torch_private
 
 
 def _text(value: Any) -> str:
@@ -122,6 +126,9 @@ class KernelChoiceRecorder:
     ops: int = 0
     stream_error: str | None = None
     """Why `stream` could not be written (streaming stopped there; the compile went on)."""
+    unavailable: str | None = None
+    """Why nothing is recorded: Inductor's feedback savers are not there as checked on this torch
+    (`compiler.torch_private.TorchPrivateError`); the compile goes on."""
     _stream_file: IO[str] | None = None
     _autotunes_seen: int = 0
     _op_of_choices: dict[frozenset[int], int] = field(default_factory=dict)
@@ -136,10 +143,13 @@ class KernelChoiceRecorder:
         return int(counters["inductor"].get("select_algorithm_autotune", 0))
 
     def __enter__(self) -> KernelChoiceRecorder:
-        from torch._inductor import select_algorithm
-
         self._autotunes_seen = self._fresh_autotunes()
-        select_algorithm.add_feedback_saver(self._save)
+        try:
+            torch_private.add_feedback_saver(self._save)
+        except torch_private.TorchPrivateError as exc:  # kernel choices are not worth the compile
+            self.unavailable = str(exc)
+            warnings.warn(f"no kernel choices recorded: {exc}", RuntimeWarning, stacklevel=2)
+            return self
         self._watch_finalization()
         return self
 
@@ -220,8 +230,6 @@ class KernelChoiceRecorder:
             self.stream_error = f"{type(exc).__name__}: {exc}"
 
     def __exit__(self, *exc) -> None:
-        from torch._inductor import select_algorithm
-
         if self._stream_file is not None:
             with contextlib.suppress(OSError):
                 self._stream_file.close()
@@ -233,12 +241,8 @@ class KernelChoiceRecorder:
         if not any(exc):  # the compile returned: its rows are whole, not a partial compile's
             for row in self.rows:
                 row["partial"] = False
-
-        savers = getattr(select_algorithm.get_algorithm_selector_cache(), "feedback_saver_fns", None)
-        if isinstance(savers, list) and self._save in savers:
-            savers.remove(self._save)
-        else:  # an older layout: no way to remove one saver alone
-            select_algorithm.clear_feedback_savers()
+        if self.unavailable is None:
+            torch_private.remove_feedback_saver(self._save)
 
     def _save(self, timings: dict, name: str, input_nodes: list, choices: list, *_rest: Any) -> None:
         fresh = self._fresh_autotunes()

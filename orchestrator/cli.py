@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        reason = _environment_failure(exc)
+        from orchestrator.extras import missing_extra
+
+        # a role's package not installed (Ray for a sweep, transformers for hf: models): the extra
+        reason = missing_extra(exc) or _environment_failure(exc)
         if reason is None:
             raise
         with contextlib.suppress(OSError, ValueError):
@@ -129,6 +132,12 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help (0), or a bad flag (2, already explained on one line)
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    from orchestrator.extras import command_needs
+
+    lacking = command_needs(args.command)  # Ray for a sweep: said before anything is written
+    if lacking:
+        print(f"error: {lacking}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command that resumes this one
     # `kill -USR1 PID`: every thread's stack on stderr, to see where it waits (not where stderr is
     # no file, as under a test's capture)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from reports import efficiency
 from store.layout import REPORT_FILE
 from store.storage import Target, resolve
 
@@ -132,6 +133,9 @@ def render(table: pa.Table, markdown: bool = True) -> str:
         for hw, (header, rows) in stock.items():
             parts.append(f"## {hw}\n" if markdown else f"[{hw}]")
             parts.append((_markdown_table if markdown else _text_table)(header, rows) + "\n")
+    time_went = efficiency.render(table.to_pylist(), markdown)  # reports/efficiency.py
+    if time_went:
+        parts.append(time_went)
     return "\n".join(parts)
 
 

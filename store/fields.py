@@ -381,6 +381,35 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "from a process's last result write to its end: the kernel and GPU driver tearing it down",
     ),
     (
+        "started_ahead",
+        pa.list_(pa.bool_()),
+        "per process: it was started while the process before it still ran, and waited at a gate before it "
+        "touched the device (workers.ahead); the first process never is",
+    ),
+    (
+        "gate_wait_s",
+        pa.list_(pa.float64()),
+        "per process: seconds it waited at its gate, built and ready, for the process before it to end "
+        "(0 where it was not started ahead, or the gate opened before it was ready)",
+    ),
+    (
+        "ahead_hidden_s",
+        pa.float64(),
+        "seconds of the job's processes' start-up (interpreter start, imports, build on the host) that ran "
+        "while the process before each still ran, summed: counted in the phase columns, hidden from the wall",
+    ),
+    (
+        "ahead_cpus",
+        pa.string(),
+        "cores the processes started ahead ran on until their gate opened (never the job's own: cpu_affinity)",
+    ),
+    (
+        "ahead_off",
+        pa.string(),
+        "why a later process of the job was not started ahead (no spare core on the node, the job not "
+        "pinned, ...); null where each was, or the job ran one process",
+    ),
+    (
         "job_efficiency",
         pa.float64(),
         "(phase_compile_s + phase_timing_s) / wall_s: the share of the job's wall time spent measuring",

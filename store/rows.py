@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Hashable, Iterable
 from datetime import datetime
 from typing import Any
 
 from compiler import runtime
+from store.latest import latest_rows  # noqa: F401 (its callers import it from here too)
 from store.schema import (
     RESULT_COLUMNS,
     SIDE_TABLES,
@@ -116,19 +116,3 @@ def side_rows(job: Job, result: dict[str, Any], *, run_id: str) -> dict[str, lis
         if rows:
             tables[table] = [check_side_row(table, {**r, **key}) for r in rows]
     return tables
-
-
-def latest_rows(
-    rows: Iterable[dict[str, Any]], key: Callable[[dict[str, Any]], Hashable]
-) -> dict[Hashable, dict[str, Any]]:
-    """One row per `key`: the one whose job started last (a row without a start time, a job lost
-    before it started, counts as the oldest)."""
-
-    def started(row: dict[str, Any]) -> float:
-        when = row.get("started_at")
-        return when.timestamp() if isinstance(when, datetime) else float("-inf")
-
-    found: dict[Hashable, dict[str, Any]] = {}
-    for row in sorted(rows, key=started):
-        found[key(row)] = row
-    return found

@@ -36,13 +36,14 @@ from store.fields import (
     STATUSES,
     TRITON_KERNEL_FIELDS,
 )
+from store.latest import JOB_COLUMNS, latest_table
 from store.layout import RESULTS_DIR
 from store.preset_fields import PRESET_FIELDS
 from store.storage import Location, Target, resolve
 
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -72,6 +73,8 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   `presets` gain the accuracy budget and its judgement (`budget`, `accuracy_*`, `weights`,
   `max_rel_err`) and the figures against a stock PyTorch user (`stock_eager_ms`,
   `stock_compile_*`, `vs_stock_eager*`, `vs_stock_compile*`, `within_precision_*`).
+- 10: results gain the start-up overlap of a job's processes (`workers.ahead`): `started_ahead`
+  and `gate_wait_s` per process, `ahead_hidden_s`, `ahead_cpus` and `ahead_off`.
 """
 FP32_MEANT_STRICT_BEFORE = 9
 """Schema versions below this wrote `fp32` for what is `fp32-strict` now."""
@@ -274,9 +277,20 @@ def _sweep_file(out: Location) -> str:
     return "SWEEP"
 
 
-def read_results(out_dir: Target, columns: list[str] | None = None) -> pa.Table:
-    """All result rows of an output directory (see `read_table`)."""
-    return read_table(out_dir, RESULTS_DIR, columns)
+def read_results(out_dir: Target, columns: list[str] | None = None, *, latest: bool = False) -> pa.Table:
+    """The result rows of an output directory (a path or a URI), from the strict reader
+    (`read_table`): one row per job id, a `harness_error` row left out once its job has another.
+
+    `latest=False` (the default; every command's reader): all of them, rows of earlier attempts
+    at a job included (ids of another software stack or other measure settings, after a resumed
+    sweep ran its jobs again). `latest=True`: one row per job (`store.latest.JOB_COLUMNS`: its
+    name), the one that started last (`store.latest.latest_rows`), as a report of the output's
+    current state wants. `columns`: only these (the key columns are read for `latest` anyway)."""
+    if not latest:
+        return read_table(out_dir, RESULTS_DIR, columns)
+    needed = None if columns is None else list(dict.fromkeys([*columns, *JOB_COLUMNS, "started_at"]))
+    table = latest_table(read_table(out_dir, RESULTS_DIR, needed))
+    return table.select(columns) if columns is not None else table
 
 
 def options_json(options: dict[str, Any]) -> str:

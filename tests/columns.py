@@ -64,6 +64,9 @@ MEASUREMENT_COLUMNS = (
     "cpu_affinity",
     "cpu_pinned",
     *(f"phase_{p}_s" for p in PHASES),
+    "started_ahead",
+    "gate_wait_s",
+    "ahead_hidden_s",
 )
 
 

@@ -616,6 +616,17 @@ def test_real_job_phases_account_for_its_processes(mlp_result):
     assert_pinned_or_says_why(r, cores=1)
 
 
+def test_real_job_on_a_node_without_spare_cores_starts_no_process_ahead(mlp_result):
+    """Jobs of one core each, as many as this machine has cores: no core is left for the second
+    process to start on while the first times (workers.ahead), so it starts after it, and the
+    row says why (or that the job was not pinned at all, where other tests hold the cores)."""
+    r = mlp_result
+    assert r["started_ahead"] == [False, False] and r["gate_wait_s"] == [0.0, 0.0]
+    assert r["ahead_hidden_s"] == 0.0 and r["ahead_cpus"] is None
+    off = r["ahead_off"] or ""
+    assert off.startswith(("no spare core: this node's", "the job's processes are not pinned to cores")), off
+
+
 def test_real_job_with_repeats_times_in_two_fresh_processes(mlp_result):
     r = mlp_result
     assert r["status"] == "ok", r.get("error")

@@ -27,6 +27,9 @@ from compiler.env import format_cpus, parse_cpus
 
 LOCK_DIR_ENV = "CO_CORE_LOCK_DIR"
 AFFINITY_ENV = "CO_CPU_AFFINITY"
+AHEAD_AFFINITY_ENV = "CO_AHEAD_CPU_AFFINITY"
+"""In a process started ahead (`workers.ahead`): the cores it runs on until its gate opens; it
+moves onto the job's (`AFFINITY_ENV`) there."""
 
 
 def lock_dir() -> Path:
@@ -100,10 +103,11 @@ def core_lease(n: int, prefer: Iterable[int] = ()) -> Iterator[CoreLease]:
 
 
 def pin_from_environment() -> tuple[str, bool, str | None]:
-    """In the job process, first thing: pin to the cores the runner reserved (if any).
+    """In the job process, first thing: pin to the cores the runner reserved (if any): a process
+    started ahead to the cores it has until its gate opens, any other to the job's.
 
     Returns (the affinity the process now has as "0-3", whether it was pinned, a note)."""
-    wanted = os.environ.get(AFFINITY_ENV)
+    wanted = os.environ.get(AHEAD_AFFINITY_ENV) or os.environ.get(AFFINITY_ENV)
     note = None
     pinned = False
     if wanted:

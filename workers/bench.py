@@ -19,8 +19,11 @@ compile), warms up and times again, and checks its compiled output by the same f
 the cold one. FLOPs are the first process's. `--warm` only builds and compiles against that cache
 and reports the compile time.
 
-The process pins itself to the cores the runner reserved (`CO_CPU_AFFINITY`) before it imports
-anything heavy, records the wall time of every phase (`phase_<name>_s`, from its spawn by the
+A later process of a job may be started ahead, while the one before it still times
+(`workers.ahead`): it imports and builds on the host on cores of its own, then waits at its gate
+until the device is free (`workers.bench_gate`, `JobRecord.pass_gate`); from there on it runs
+as any other. The process pins itself to the cores the runner reserved (`CO_CPU_AFFINITY`) before
+it imports anything heavy, records the wall time of every phase (`phase_<name>_s`, from its spawn by the
 runner to its last phase), and on a GPU samples the clocks through NVML during the timed rounds.
 Exceptions become a status in RESULT.json; the file is rewritten at every phase, so a crash or a
 timeout still leaves what was measured before it. Only a crash of the process itself (a
@@ -155,11 +158,15 @@ class JobRun(JobRecord):
         if not first:
             self.result["repeat"] = repeat
         self.imports()
-        unsupported = self.unsupported_here()
+        # the check needs the device: a process started ahead makes it after its gate (in build)
+        unsupported = None if self.ahead else self.unsupported_here()
         if unsupported:
             return self.fail("unsupported", unsupported)
         try:
             model, input_sets, fp32_copy = self.build()
+            unsupported = self.unsupported_here() if self.ahead else None
+            if unsupported:
+                return self.fail("unsupported", unsupported)
             reference = eager_phase(self, model, input_sets)
         except Exception as exc:
             return self.fail("runtime_error", exc)

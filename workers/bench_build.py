@@ -3,7 +3,9 @@
 The model gets random weights (seed 0) unless the job names a checkpoint; its `INPUT_SETS`
 task-correct input sets (one for a python: factory, which makes its own) are rotated call by call
 in every warm-up and timed round. Both are cast to the job's device and precision; an fp32 copy
-of the model stays on the host for the fp64 reference of the accuracy phase.
+of the model stays on the host for the fp64 reference of the accuracy phase. A process started
+ahead (`workers.ahead`) builds on the host, then waits at its gate before it casts or moves
+anything (`JobRecord.pass_gate`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def build(run: JobRecord, keep_fp32_copy: bool = True, precision: str | None = N
     run.result["task"] = task
     model = model.eval()
     fp32_copy = copy.deepcopy(model).float() if keep_fp32_copy else None
+    run.pass_gate()  # a process started ahead waits here: built on the host, the device untouched
     model = model.to(device=device, dtype=dtype)
     return model, [cast_inputs(i, device, dtype) for i in input_sets], fp32_copy
 

@@ -5,7 +5,8 @@ wall time of each phase.
 Each phase starts with `enter(phase)`: that ends the previous phase (its wall time is added to
 `phase_<name>_s`) and rewrites RESULT.json, so a crash or a timeout still leaves what was
 measured before it and says where it happened. `fail` turns an exception (or a reason) into the
-result's status and error.
+result's status and error. A process started ahead waits at its gate in `pass_gate`
+(`workers.bench_gate`), between building on the host and its first use of the device.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from compiler import durable
+from compiler.env import format_cpus, parse_cpus
+from workers import bench_gate
+from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV
 from workers.bench_calls import rotating
 from workers.job import PHASES
 
@@ -64,10 +68,15 @@ class JobRecord:
             "phase": "start",
         }
         self._phase_t0 = time.perf_counter()
+        self._spawned: float | None = None
         spawned = os.environ.get(SPAWNED_AT_ENV)
         if spawned:  # interpreter start and this module's imports, from the runner's clock
             with suppress(ValueError):
-                self.result["phase_start_s"] = max(0.0, time.time() - float(spawned))
+                self._spawned = float(spawned)
+                self.result["phase_start_s"] = max(0.0, time.time() - self._spawned)
+        self._gate = bench_gate.gate_fd()
+        self.ahead = self._gate is not None
+        """Started ahead: the process waits at its gate before it touches the device."""
 
     def save(self, final: bool = False) -> None:
         """Rewrite RESULT.json (atomically) with the result and the notes so far."""
@@ -91,6 +100,44 @@ class JobRecord:
             key = f"phase_{previous}_s"
             self.result[key] = self.result.get(key, 0.0) + now - self._phase_t0
         self._phase_t0 = now
+
+    def pass_gate(self) -> None:
+        """In a process started ahead, wait at the gate until the process before it has ended,
+        then move onto the job's cores and record `started_ahead`, `gate_wait_s` (how long it
+        waited, ready before the device was free), `ahead_hidden_s` (how much of its start-up ran
+        while the process before it still ran) and `ahead_cpus`. The wait counts in no phase. A
+        no-op in any other process, and after the first call."""
+        fd, self._gate = self._gate, None
+        if fd is None:
+            return
+        ready = time.time()
+        self.close_phase()
+        self.save()
+        opened = bench_gate.wait_at_gate(fd)
+        if opened is None:  # the runner dropped this process: nothing of it is wanted
+            os._exit(0)
+        before = format_cpus(os.sched_getaffinity(0))
+        for name in (bench_gate.GATE_FD_ENV, AHEAD_AFFINITY_ENV):  # not for this process's children
+            os.environ.pop(name, None)
+        wanted = os.environ.get(AFFINITY_ENV)
+        if wanted:
+            pinned = bench_gate.pin_every_thread(parse_cpus(wanted))
+            if not pinned:
+                self.notes.append(f"could not move onto the job's cores {wanted} after the gate")
+            self.result.update(cpu_affinity=format_cpus(os.sched_getaffinity(0)), cpu_pinned=pinned)
+        spawned = self._spawned if self._spawned is not None else ready
+        self.result.update(
+            started_ahead=True,
+            gate_wait_s=max(0.0, opened - ready),
+            ahead_hidden_s=max(0.0, min(opened, ready) - spawned),
+            ahead_cpus=before,
+        )
+        if self.job.device == "cuda":  # its description waited for the device too
+            from compiler.env import describe
+
+            self.result.update(describe(self.job.device))
+        self._phase_t0 = time.perf_counter()
+        self.save()
 
     def fail(self, status: str, exc: BaseException | str) -> None:
         """End the job with `status` (`oom` instead, where `exc` ran out of memory) and the error,

@@ -14,18 +14,25 @@ from workers.bench_record import JobRecord
 
 
 def imports(run: JobRecord) -> None:
-    """torch and the model's code (for an hf: id transformers and its modeling module; a
-    python: model imports neither); the compile stack comes in `compile_imports`."""
+    """torch and the model's code (for an hf: id transformers and its modeling module, without
+    the optional packages no job uses: `workers.lean_imports`; a python: model imports neither);
+    the compile stack comes in `compile_imports`. A GPU process started ahead describes its
+    device after its gate (`JobRecord.pass_gate`): it touches no device before."""
     run.enter("imports")
     import torch  # noqa: F401
 
     from compiler import env
     from workers import external, zoo  # noqa: F401
 
-    if run.job.model.id.startswith("hf:") and zoo.is_known(run.job.model.id):
-        zoo.model_class(run.job.model.id)
+    if run.job.model.id.startswith("hf:"):
+        from workers.lean_imports import without_unused_backends
 
-    run.result.update(env.describe(run.job.device))
+        with without_unused_backends():
+            if zoo.is_known(run.job.model.id):
+                zoo.model_class(run.job.model.id)
+
+    if not (run.ahead and run.job.device == "cuda"):
+        run.result.update(env.describe(run.job.device))
 
 
 def compile_imports(run: JobRecord) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from compiler import statistics as cstats
 from compiler.clocks import combine_summaries
+from compiler.env import format_cpus, parse_cpus
 from workers.job import PHASES
 
 CLOCK_KEYS = (
@@ -172,11 +173,18 @@ def merge(
 
 
 def _add_process_totals(row: dict[str, Any], processes: list[dict[str, Any]]) -> None:
-    """How many processes the job ran, their wall time and each phase's, summed."""
+    """How many processes the job ran, their wall time and each phase's, summed; and, process by
+    process, whether it was started ahead and how long it waited at its gate (`workers.ahead`),
+    with the start-up time that hid behind the process before it, summed."""
     row["job_processes"] = len(processes)
     row["subprocess_s"] = sum(p.get("subprocess_s") or 0.0 for p in processes)
     for phase in PHASES:
         row[f"phase_{phase}_s"] = _phase_sum(processes, phase)
+    row["started_ahead"] = [bool(p.get("started_ahead")) for p in processes]
+    row["gate_wait_s"] = [float(p.get("gate_wait_s") or 0.0) for p in processes]
+    row["ahead_hidden_s"] = sum(p.get("ahead_hidden_s") or 0.0 for p in processes)
+    ahead = {cpu for p in processes if p.get("ahead_cpus") for cpu in parse_cpus(p["ahead_cpus"])}
+    row["ahead_cpus"] = format_cpus(ahead) if ahead else None
 
 
 def _keep_worst_accuracy(row: dict[str, Any], repeats: list[dict[str, Any]]) -> None:

@@ -9,7 +9,10 @@ forked kills its process group, every descendant included (`compiler.env.guard_p
 docs/fleet.md, "No orphans"). A job whose
 first process ends before its compile returns keeps the kernel choices that compile had
 streamed to disk, marked partial (`keep_streamed_choices`); so does a job cancelled then
-(`JobCancelled` carries them to the task, which returns them instead of a result).
+(`JobCancelled` carries them to the task, which returns them instead of a result). A job's
+later processes start while the one before each is past its compile, on the node's spare
+cores, and wait at a gate until it has ended (`workers.ahead`); a process started ahead that
+does not get to run is ended with the job.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from compiler.env import project_pythonpath
 from compiler.kernels import read_choice_stream
 from compiler.shared_cache import cache_environment
 from workers import affinity
+from workers.ahead import Overlap, Started, Step
 from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV, choices_stream
 from workers.job import Job
 from workers.repeats import merge
@@ -176,75 +180,81 @@ def stopping_when(check: Callable[[], bool] | None) -> Iterator[None]:
         _stop_check = before
 
 
-def _run_bench(
-    flags: list[str],
-    job_file: Path,
-    result_file: Path,
-    log_file: Path,
-    env: dict[str, str],
-    timeout_s: float,
-    keep_choices: bool = False,
-) -> dict[str, Any]:
-    """One `python -m workers.bench` process under a wall-time limit; its result, classified.
-    With `keep_choices` (the job's first, cold process: only its choices are the job's), the
-    kernel choices of a compile that did not return are kept from the process's stream."""
-    started = time.monotonic()
-    timed_out = False
+def _spawn(
+    step: Step, job_file: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen:
+    """Start `step`'s `python -m workers.bench` process, its output appended to its log file."""
     env = {**env, SPAWNED_AT_ENV: repr(time.time())}
-    with open(log_file, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.bench", *flags, str(job_file), str(result_file)],
+    with open(step.log_file, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "workers.bench", *step.flags, str(job_file), str(step.result_file)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
             cwd=job_file.parent,
             start_new_session=True,  # its own process group, which its guard kills when it dies
+            pass_fds=pass_fds,
         )
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - started > timeout_s:
-                    timed_out = True
-                    break
-                if _stop_check is not None and _stop_check():
-                    raise KeyboardInterrupt  # the driver stops the sweep: handled as a cancellation
-                time.sleep(POLL_S)  # short waits so a cancellation (KeyboardInterrupt) lands here
-        except KeyboardInterrupt:  # cancelled: the process tree goes, what its compile streamed stays
+
+
+def _wait(
+    proc: subprocess.Popen, step: Step, timeout_s: float, started: float, watch: Callable[[], None] | None
+) -> bool:
+    """Wait for `proc` to end, calling `watch` at every poll; whether it ran out of its time
+    (then it is killed, with its tree). A cancellation kills it too, and raises `JobCancelled`."""
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout_s:
+                return True
+            if _stop_check is not None and _stop_check():
+                raise KeyboardInterrupt  # the driver stops the sweep: handled as a cancellation
+            if watch is not None:
+                watch()
+            time.sleep(POLL_S)  # short waits so a cancellation (KeyboardInterrupt) lands here
+    except KeyboardInterrupt:  # cancelled: the process tree goes, what its compile streamed stays
+        kill_tree(proc)
+        result = _read_result(step.result_file)
+        if step.keep_choices:
+            keep_streamed_choices(result, choices_stream(step.result_file))
+        raise JobCancelled(_kept_choices(result)) from None
+    finally:
+        if proc.poll() is None:
             kill_tree(proc)
-            result = _read_result(result_file)
-            if keep_choices:
-                keep_streamed_choices(result, choices_stream(result_file))
-            raise JobCancelled(_kept_choices(result)) from None
-        finally:
-            if proc.poll() is None:
-                kill_tree(proc)
+    return False
+
+
+def _run_bench(
+    step: Step,
+    job_file: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    ahead: Started | None = None,
+    watch: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """One `python -m workers.bench` process under a wall-time limit; its result, classified.
+    With `ahead`, the process was started ahead (`workers.ahead`): its gate opens now, its time
+    limit counts from here, and its `subprocess_s` from its start. `watch` is called at every
+    poll. With `step.keep_choices` (the job's first, cold process: only its choices are the
+    job's), the kernel choices of a compile that did not return are kept from its stream."""
+    started = time.monotonic()
+    if ahead is None:
+        proc, spawned = _spawn(step, job_file, env), started
+    else:
+        ahead.open_gate()
+        proc, spawned = ahead.proc, ahead.spawned
+    timed_out = _wait(proc, step, timeout_s, started, watch)
     ended = time.time()
-    result = _read_result(result_file)
-    result["subprocess_s"] = time.monotonic() - started
+    result = _read_result(step.result_file)
+    result["subprocess_s"] = time.monotonic() - spawned
     finished = result.pop("finished_at_unix", None)
     if isinstance(finished, (int, float)) and not timed_out:
         # from the job's last write to the end of its process: the kernel and the GPU driver
         # tearing the process down (its CUDA context, its memory), within one poll interval
         result["phase_exit_s"] = max(0.0, ended - finished)
-    progress = keep_streamed_choices(result, choices_stream(result_file)) if keep_choices else None
+    progress = keep_streamed_choices(result, choices_stream(step.result_file)) if step.keep_choices else None
     if not result.get("final"):
-        phase = result.get("phase", "start")
-        got = f", {progress}" if progress else ""
-        if timed_out:
-            result["status"] = "timeout"
-            result["error"] = (
-                f"timed out after {timeout_s:g} s in phase {phase!r}{got}; killed the process tree"
-            )
-        else:
-            rc = proc.returncode
-            how = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
-            if rc == -signal.SIGKILL:
-                how += " (possibly the kernel's out-of-memory killer)"
-            result["status"] = "crash"
-            result["error"] = f"job process {how} in phase {phase!r}{got}"
-        tail = _tail(log_file)
-        if tail:
-            result["error"] += "\n--- last output ---\n" + tail
+        _classify_failure(result, proc, step, timeout_s if timed_out else None, progress)
     elif progress:  # the process reported an exception from within its compile
         result["notes"] = "; ".join(filter(None, [result.get("notes"), f"the compile failed {progress}"]))
     result.pop("final", None)  # how the process and this runner speak, not what the job measured
@@ -253,6 +263,34 @@ def _run_bench(
     if trace and result.get("error") and trace.strip() not in result["error"]:
         result["error"] += "\n--- traceback ---\n" + trace.strip()
     return result
+
+
+def _classify_failure(
+    result: dict[str, Any],
+    proc: subprocess.Popen,
+    step: Step,
+    timed_out_after: float | None,
+    progress: str | None,
+) -> None:
+    """The status and error of a process that ended without its final result: a timeout (after
+    `timed_out_after` s) or a crash, where it was and how far its compile got, its output's tail."""
+    phase = result.get("phase", "start")
+    got = f", {progress}" if progress else ""
+    if timed_out_after is not None:
+        result["status"] = "timeout"
+        result["error"] = (
+            f"timed out after {timed_out_after:g} s in phase {phase!r}{got}; killed the process tree"
+        )
+    else:
+        rc = proc.returncode
+        how = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
+        if rc == -signal.SIGKILL:
+            how += " (possibly the kernel's out-of-memory killer)"
+        result["status"] = "crash"
+        result["error"] = f"job process {how} in phase {phase!r}{got}"
+    tail = _tail(step.log_file)
+    if tail:
+        result["error"] += "\n--- last output ---\n" + tail
 
 
 def _job_scratch(
@@ -281,6 +319,33 @@ def _pin(env: dict[str, str], cores: affinity.CoreLease) -> None:
         env[affinity.AFFINITY_ENV] = affinity.format_cpus(cores.cpus)
 
 
+def _steps(job: Job, scratch: Path, log_file: Path) -> list[Step]:
+    """The job's processes in order: the cold one, its repeats, or its warm compile alone."""
+    steps = [Step((), scratch / "result.json", log_file, keep_choices=True)]
+    for k in range(2, job.measure.repeats + 1):
+        steps.append(Step(("--repeat", str(k)), scratch / f"repeat{k}.json", scratch / f"log-repeat{k}.txt"))
+    if job.measure.warm_compile and job.measure.repeats == 1:
+        steps.append(Step(("--warm",), scratch / "warm.json", scratch / "log-warm.txt"))
+    return steps
+
+
+def _run_steps(
+    job: Job,
+    steps: list[Step],
+    job_file: Path,
+    env: dict[str, str],
+    overlap: Overlap,
+    done: list[dict[str, Any]],
+) -> None:
+    """Run the job's processes one after another into `done`, each later one only while every
+    one before it is `ok`; each is started ahead of the end of the one before it where
+    `overlap` can (`workers.ahead`)."""
+    for i, step in enumerate(steps):
+        if done and done[-1].get("status") != "ok":
+            return
+        done.append(_run_bench(step, job_file, env, job.timeout_s, overlap.take(i), overlap.watch(i)))
+
+
 def run_job(
     job: Job,
     threads: int,
@@ -289,6 +354,7 @@ def run_job(
     extra_path: tuple[str, ...] = (),
     lock_clocks: bool = False,
     shared_cache: str | None = None,
+    node_jobs: int | None = None,
 ) -> dict[str, Any]:
     """Run `job` in fresh subprocesses; return its row's fields (see workers.bench and
     workers.repeats) plus `status`, `error` and `subprocess_s`.
@@ -296,7 +362,10 @@ def run_job(
     The first process compiles cold and measures everything. With `measure.repeats: N`, N - 1
     more processes (one after another, on the same device and cores) compile against the cache
     the first filled and time again; their compile times are the warm compile. With one repeat
-    and `measure.warm_compile`, a second process only compiles warm. The processes are pinned to
+    and `measure.warm_compile`, a second process only compiles warm. Each later process starts
+    while the one before it is past its compile, on spare cores of the node, and waits at a gate
+    until that one has ended (`workers.ahead`; `node_jobs`: the jobs this node runs at once, by
+    default its GPUs or as many as its cores hold). The processes are pinned to
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
     clock is locked for the job where NVML allows it. With `shared_cache` (HOST:PORT of a Redis
     server) its processes share compile and autotune work there (a run option: the job's id and
@@ -316,33 +385,21 @@ def run_job(
     gpu = job.device == "cuda"
     prefer = clocks.gpu_local_cpus() if gpu else set()
     lock = clocks.locked_clocks() if gpu and lock_clocks else contextlib.nullcontext()
-    first: dict[str, Any] = {}
+    steps = _steps(job, scratch, log_file)
+    done: list[dict[str, Any]] = []
     try:
         with affinity.core_lease(threads, prefer) as cores, lock as clock_lock:
             _pin(env, cores)
-            first = _run_bench(
-                [], job_file, scratch / "result.json", log_file, env, job.timeout_s, keep_choices=True
-            )
-            later: list[dict[str, Any]] = []
-            warm = None
-            if first.get("status") == "ok":
-                for k in range(2, job.measure.repeats + 1):
-                    result = _run_bench(
-                        ["--repeat", str(k)],
-                        job_file,
-                        scratch / f"repeat{k}.json",
-                        log_file,
-                        env,
-                        job.timeout_s,
-                    )
-                    later.append(result)
-                    if result.get("status") != "ok":
-                        break
-                if job.measure.warm_compile and job.measure.repeats == 1:
-                    warm = _run_bench(
-                        ["--warm"], job_file, scratch / "warm.json", log_file, env, job.timeout_s
-                    )
-        result = merge(first, later, warm)
+
+            def spawn(step: Step, extra: dict[str, str], fds: tuple[int, ...]) -> subprocess.Popen:
+                return _spawn(step, job_file, {**env, **extra}, fds)
+
+            with Overlap(steps, cores, job.device, threads, spawn, kill_tree, node_jobs) as overlap:
+                _run_steps(job, steps, job_file, env, overlap, done)
+        warm = done[-1] if len(done) > 1 and steps[-1].flags == ("--warm",) else None
+        result = merge(done[0], done[1 : len(done) - (warm is not None)], warm)
+        if len(steps) > 1:
+            result["ahead_off"] = overlap.off_reason()
         notes = [] if cores.pinned else [f"not pinned to cores: {cores.note}"]
         if lock_clocks and gpu:
             result["clocks_locked"] = clock_lock.locked_mhz is not None
@@ -351,7 +408,7 @@ def run_job(
         if notes:
             result["notes"] = "; ".join(filter(None, [result.get("notes"), *notes]))
     except JobCancelled as stop:  # in a later process: the cold one's choices are the job's
-        raise JobCancelled(stop.kept or _kept_choices(first)) from None
+        raise JobCancelled(stop.kept or (_kept_choices(done[0]) if done else {})) from None
     finally:
         if not keep_scratch:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -369,9 +426,9 @@ def build_bundle(
     try:
         with affinity.core_lease(threads) as cores:
             _pin(env, cores)
-            flags = ["--bundle", str(Path(dest).resolve())]
+            flags = ("--bundle", str(Path(dest).resolve()))
             if package is not None:
-                flags += ["--package", str(Path(package).resolve())]
-            return _run_bench(flags, job_file, scratch / "result.json", log_file, env, job.timeout_s)
+                flags += ("--package", str(Path(package).resolve()))
+            return _run_bench(Step(flags, scratch / "result.json", log_file), job_file, env, job.timeout_s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -62,27 +62,12 @@ ray_address = not_empty("address", "head:6379 or ray://head:10001", "a private l
 
 def scratch_problem(text: str | None) -> str | None:
     """The error line for a --scratch under which this machine's jobs cannot make their scratch
-    directories (a file, a read-only mount, /proc), checked by making and removing one there; None
-    where they can. (A cluster's nodes each make it for themselves: `check_plan_locally`.)"""
-    if not text:
-        return None
-    import contextlib
-    import os
-    import tempfile
+    directories (a file, a read-only mount, /proc); None where they can
+    (`orchestrator.fleet.preflight.scratch_problem`; a cluster's nodes each make it for
+    themselves: `check_plan_locally`)."""
+    from orchestrator.fleet.preflight import scratch_problem as problem
 
-    path = Path(text).expanduser().absolute()
-    made = [p for p in [path, *path.parents] if not p.exists() and not p.is_symlink()]
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=".scratch-probe-", dir=path))
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        return f"--scratch {text}: no directory can be made there ({why}); name a writable directory"
-    finally:  # leave nothing behind: the jobs make it again, on their nodes
-        for p in made:
-            with contextlib.suppress(OSError):
-                p.rmdir()
-    return None
+    return problem(text, "--scratch")
 
 
 def duration(text: str) -> float:

@@ -45,8 +45,9 @@ def add_parsers(sub) -> None:
         "--lock-clocks",
         action="store_true",
         help="lock each GPU job's SM clock at the GPU's maximum through NVML while it runs (as tritonbench "
-        "does), then reset it; needs root on the GPU nodes and nvidia-ml-py. Where NVML refuses, the job "
-        "runs unlocked, its row has clocks_locked=false and a note with the reason, and the sweep prints it",
+        "does), then reset it; needs root on the GPU nodes and the gpu extra (nvidia-ml-py). Where NVML "
+        "refuses, the job runs unlocked, its row has clocks_locked=false and a note with the reason, and the "
+        "sweep prints it",
     )
     p.add_argument(
         "--history",
@@ -82,6 +83,7 @@ def cmd_sweep(args) -> int:
     from orchestrator.fleet.driver import run_sweep
     from orchestrator.fleet.preflight import preflight
     from orchestrator.fleet.progress import format_duration
+    from reports import efficiency
     from store.schema import results_path
     from store.storage import StorageError
 
@@ -120,9 +122,11 @@ def cmd_sweep(args) -> int:
     if summary is None:
         return code
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.counts.items())) or "nothing to run"
+    time_went = efficiency.for_run(out, summary.run_id)  # where this run's time went
     print(
         f"done in {format_duration(summary.wall_s)}: {counts}; {summary.skipped} skipped as already done.\n"
-        f"results: {results_path(out)}  (next: orchestrate report {shlex.quote(str(out))}; "
+        + (time_went + "\n" if time_went else "")
+        + f"results: {results_path(out)}  (next: orchestrate report {shlex.quote(str(out))}; "
         f"orchestrate presets {shlex.quote(str(out))})"
     )
     return 0

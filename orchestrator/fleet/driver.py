@@ -26,8 +26,9 @@ from orchestrator.fleet.address import connect_error
 from orchestrator.fleet.cache import shared_cache
 from orchestrator.fleet.existing import quarantine_damage, read_done
 from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
+from orchestrator.fleet.options import SweepOptions
 from orchestrator.fleet.ordering import History, longest_first
-from orchestrator.fleet.preflight import Checked, preflight
+from orchestrator.fleet.preflight import Checked, check_inputs
 from orchestrator.fleet.progress import Progress
 from orchestrator.fleet.scheduler import Scheduler
 from orchestrator.fleet.stopping import DeadlineReached, check_deadline, sigterm_as_interrupt
@@ -40,7 +41,6 @@ from store.rows import failure_row
 from store.sink import ResultSink
 from store.storage import (
     Location,
-    Target,
     WriteRefused,
     refusal_stops,
 )
@@ -50,43 +50,6 @@ from workers.runner import plural
 
 class SweepInterrupted(RuntimeError):
     pass
-
-
-@dataclass
-class SweepOptions:
-    out_dir: Target
-    """A local path or a `pyarrow.fs` URI (s3://bucket/prefix, gs://..., file:///...)."""
-    address: str | None = None
-    """Ray cluster address; None starts a private local cluster for this sweep."""
-    resume: bool = False
-    only: str | None = None
-    cpus_per_job: int | None = None
-    timeout_cap_s: float | None = None
-    """Upper bound on every job's time limit (for runs that must end within a window)."""
-    allow_missing: bool = False
-    """Run the classes that are present when the sweep names some the cluster lacks."""
-    max_attempts: int = 3
-    """Tries per job when its worker or node dies (a job's own failure is never retried)."""
-    history_dirs: list[Target] = field(default_factory=list)
-    """Earlier output directories (paths or URIs) whose job times order this sweep (longest
-    first); their rows never count as done."""
-    scratch_root: str | None = None
-    """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
-    lock_clocks: bool = False
-    """Lock each GPU job's SM clock at its maximum through NVML (root only); rows say if it took."""
-    shared_cache: bool = False
-    """Jobs compile through Inductor's remote caches on a Redis server shared by the sweep's jobs
-    (their compile_s is then not a cold compile; rows say what the cache served). Off by default:
-    a sweep measures cold compiles."""
-    cache_redis: str | None = None
-    """HOST:PORT of an existing Redis server for `shared_cache`; None starts a private one on
-    127.0.0.1 for the sweep (reachable by jobs on this machine only)."""
-    argv: list[str] = field(default_factory=list)
-    resume_command: str | None = None
-    """The command an interrupted run prints to resume (default: this sweep with --resume)."""
-    deadline: float | None = None
-    """`time.monotonic()` at which the run stops as on Ctrl-C (--deadline: a batch job's walltime,
-    a spot instance's notice): running jobs cancelled, every finished row kept, exit 130."""
 
 
 @dataclass
@@ -184,17 +147,18 @@ def run_sweep(
     result); the dispatch benchmark uses it to push synthetic jobs through the real driver.
     `plan` replaces the sweep's job matrix: it gets the cluster's hardware classes and returns
     the jobs to run (`orchestrate tune` plans each rung of its search this way). `ready`: what
-    `preflight(opts)` found, where the caller ran it; else it runs here.
+    `preflight(opts)` found, where the caller ran it (the CLI, after its flags' checks and its
+    plan on this machine); else `preflight.check_inputs` checks all of that here (a notebook).
 
-    Before Ray starts: `preflight`'s errors, and an output another live driver holds raises
-    `lock.OutputLocked`. With `opts.resume`, damaged part files are moved into
+    Before Ray starts: `check_inputs`' errors (`TypeError`, `OptionsError`, `preflight`'s, and
+    for a private local Ray `MissingHardwareError`, `NoJobMatches`), and an output another live
+    driver holds raises `lock.OutputLocked`. With `opts.resume`, damaged part files are moved into
     `<out>/quarantine/` first, so their jobs run again (`store.integrity`)."""
     stream = stream or sys.stderr
-    ready = ready or preflight(opts)
+    if ready is None:
+        ready = check_inputs(spec, opts, plan or (lambda classes: _planned(spec, opts, classes)))
     out, history_dirs = ready.out, ready.history
-    resume = opts.resume_command or shlex.join(
-        ["orchestrate", "sweep", str(spec.source or "SWEEP.yaml"), "--out", str(out), "--resume"]
-    )
+    resume = opts.resume_command or _resume_command(spec, out)
     with refusal_stops(out, "no job of this run was recorded", resume):  # the lock, quarantine/, run.json
         lock = OutputLock.acquire(out, opts.argv)  # before anything is read: one writer per output
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # this run's quarantine folder
@@ -206,6 +170,18 @@ def run_sweep(
             return _run_locked(spec, opts, out, history_dirs, lock, stream, stamp, task_body, plan, resume)
         finally:
             lock.release()
+
+
+def _planned(spec: SweepSpec, opts: SweepOptions, classes: dict[str, HardwareClass]) -> list[Job]:
+    return plan_jobs(spec, classes, opts.only, opts.timeout_cap_s, opts.allow_missing)
+
+
+def _resume_command(spec: SweepSpec, out: Location) -> str:
+    """What an interrupted run says resumes it: the CLI's command for a sweep file, the call for a
+    sweep built from a dict (no file to give the CLI)."""
+    if not spec.source:
+        return f"run_sweep(spec, SweepOptions(out_dir={str(out)!r}, resume=True))"
+    return shlex.join(["orchestrate", "sweep", spec.source, "--out", str(out), "--resume"])
 
 
 @dataclass
@@ -320,10 +296,7 @@ def _plan_run(
     """The jobs of this run on the cluster's classes (`plan`'s, else the sweep's matrix), less those
     done, triaged: cells the capability table rules out get rows, not tasks."""
     classes = cluster_classes(opts.cpus_per_job)
-    if plan is not None:
-        jobs = plan(classes)
-    else:
-        jobs = plan_jobs(spec, classes, opts.only, opts.timeout_cap_s, opts.allow_missing)
+    jobs = plan(classes) if plan is not None else _planned(spec, opts, classes)
     todo = [j for j in jobs if j.job_id not in history.job_ids]
     return _Plan(run_id, classes, jobs, skipped=len(jobs) - len(todo), triage=triage(todo))
 

@@ -1,14 +1,22 @@
 """What a sweep checks before Ray starts, once: the cluster and cache addresses answer, and the
 output and history locations can be used. The CLI runs `preflight` where its errors belong and
 hands `run_sweep` what it found; a caller that does not (a notebook, a benchmark) gets the same
-checks inside `run_sweep`."""
+checks inside `run_sweep`, with those of the CLI's flags and its plan on this machine before
+them (`check_inputs`)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.fleet.address import check_ray_address
 from orchestrator.fleet.cache import check_address
+from orchestrator.fleet.inventory import HardwareClass, local_classes
+from orchestrator.fleet.options import OptionsError, SweepOptions, check_options
+from orchestrator.spec.sweep import SweepSpec
+from store.schema import results_path
 from store.storage import Location, check_own_output, check_writable, checked
 
 
@@ -20,7 +28,7 @@ class Checked:
     history: list[Location]
 
 
-def preflight(opts) -> Checked:
+def preflight(opts: SweepOptions) -> Checked:
     """The checks a sweep (`opts`: its SweepOptions) makes before Ray starts: a dead `opts.address` raises
     `AddressError`, a dead `opts.cache_redis` (with `shared_cache`) `cache.CacheAddressError`, an
     output that cannot be written or is no orchestrate output (`/`, a home directory) and a history
@@ -33,3 +41,55 @@ def preflight(opts) -> Checked:
     check_own_output(out)
     check_writable(out)
     return Checked(out, [checked(h) for h in opts.history_dirs])
+
+
+def check_inputs(spec: Any, opts: Any, plan: Callable[[dict[str, HardwareClass]], Any]) -> Checked:
+    """For a caller of `run_sweep` without the CLI (a notebook), what the CLI checks before Ray
+    starts, in its order: `spec` a `SweepSpec` and `opts` `SweepOptions` (`TypeError`), each
+    option's value (`OptionsError`), `preflight`, every history location an output. Then, for a
+    private local Ray (no `opts.address`, and no Ray this process started already): the scratch
+    directory can be made (`OptionsError`), and `plan` on this machine's classes plans (its
+    `MissingHardwareError`, `NoJobMatches`), so a typo costs no Ray start."""
+    if not isinstance(spec, SweepSpec):
+        raise TypeError(
+            f"expected a SweepSpec, got {type(spec).__name__}: make one with load_spec(PATH or dict)"
+        )
+    check_options(opts)
+    ready = preflight(opts)
+    for earlier in ready.history:
+        if not results_path(earlier).is_dir():
+            raise OptionsError(f"history_dirs: {earlier}: not an output directory (it has no results/)")
+    ray_started = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # run_sweep keeps it
+    if opts.address not in (None, "local") or ray_started:
+        return ready  # the cluster's classes are known once it is reached
+    if problem := scratch_problem(opts.scratch_root, "scratch_root"):
+        raise OptionsError(problem)
+    plan(local_classes(opts.cpus_per_job))
+    return ready
+
+
+def scratch_problem(path: Any, name: str = "--scratch") -> str | None:
+    """The error line for a scratch directory (`name`: how the caller gave it) under which this
+    machine's jobs cannot make their scratch directories (a file, a read-only mount, /proc),
+    checked by making and removing one there; None where they can. (A cluster's nodes each make
+    it for themselves.)"""
+    if not path:
+        return None
+    import contextlib
+    import os
+    import tempfile
+    from pathlib import Path
+
+    where = Path(path).expanduser().absolute()
+    made = [p for p in [where, *where.parents] if not p.exists() and not p.is_symlink()]
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".scratch-probe-", dir=where))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        return f"{name} {path}: no directory can be made there ({why}); name a writable directory"
+    finally:  # leave nothing behind: the jobs make it again, on their nodes
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+    return None

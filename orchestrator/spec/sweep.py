@@ -1,14 +1,17 @@
 """Sweep files: YAML -> validated, typed `SweepSpec`.
 
 `load_spec` checks the whole file and raises one `SpecError` listing every problem with its
-file and line, so a user fixes a sweep file in one pass and nothing runs on a bad file.
+file and line, so a user fixes a sweep file in one pass and nothing runs on a bad file. Given a
+dict (a notebook's sweep), it checks the same data the same way, and each problem names its key
+path instead of a line (`spec.datasrc`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from compiler import runtime as runtime_settings
@@ -28,6 +31,7 @@ from orchestrator.spec.checks import (
     positive_number,
     show,
 )
+from orchestrator.spec.datasrc import located_data
 from orchestrator.spec.models import models_of
 from orchestrator.spec.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
 from workers.job import MeasureSpec, ModelSpec
@@ -57,25 +61,33 @@ class SweepSpec:
     """Default per-job wall-time limit; configs may override; None uses the per-mode defaults."""
     description: str = ""
     source: str = ""
-    """The file the spec was loaded from."""
+    """The file the spec was loaded from; empty for a spec built from a dict."""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    """The file's data as written, recorded in run.json."""
+    """The file's data as written (a copy of the dict's), recorded in run.json."""
 
 
 class SpecError(ValueError):
-    """A sweep file with problems; `errors` lists each with file and line."""
+    """A sweep file with problems; `errors` lists each with file and line (a dict's: key path)."""
 
-    def __init__(self, errors: list[SourceError]):
+    def __init__(self, errors: list[SourceError], what: str = "sweep file"):
         self.errors = errors
         if len(errors) == 1:  # one line: file:line: message
             super().__init__(str(errors[0]))
             return
         lines = "\n".join(f"  {e}" for e in errors)
-        super().__init__(f"{len(errors)} problem(s) in sweep file:\n{lines}")
+        super().__init__(f"{len(errors)} problem(s) in {what}:\n{lines}")
 
 
-def load_spec(file: str | Path) -> SweepSpec:
-    return _build(load_yaml(file))
+def load_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SweepSpec:
+    """The sweep of a YAML file (a path), or of a dict holding what such a file holds
+    (`{"name": ..., "models": [...], "batch_sizes": [...], "configs": {...}}`): checked alike,
+    with the same messages, every problem in one `SpecError`; a file's name their line
+    (`smoke.yaml:12: ...`), a dict's their key path (`sweep['configs']['ro']['mode']: ...`)."""
+    if isinstance(source, Mapping):
+        return _build(located_data(source))
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"load_spec takes a path or a dict, got {type(source).__name__}")
+    return _build(load_yaml(source))
 
 
 def parse_spec(text: str, file: str = "<string>") -> SweepSpec:
@@ -269,7 +281,7 @@ def _build(src: LocatedYaml) -> SweepSpec:
             f"{jobs} jobs per hardware class is beyond what a fleet finishes (at most {MAX_JOBS_PER_CLASS})",
         )
     if src.errors:
-        raise SpecError(src.errors)
+        raise _error(src)
     return SweepSpec(
         name=name,
         models=tuple(models),
@@ -281,19 +293,23 @@ def _build(src: LocatedYaml) -> SweepSpec:
         accuracy=accuracy,
         timeout_s=timeout,
         description=str(description),
-        source=src.file,
+        source="" if src.keyed else src.file,
         raw=data,
     )
+
+
+def _error(src: LocatedYaml) -> SpecError:
+    return SpecError(src.errors, "the sweep" if src.keyed else "sweep file")
 
 
 def _top_mapping(src: LocatedYaml) -> dict:
     """The file's data, which must be a mapping; else the problems so far, raised at once (nothing
     else can be checked)."""
     if src.errors and src.data is None:
-        raise SpecError(src.errors)
+        raise _error(src)
     if not isinstance(src.data, dict):
         src.error((), "a sweep file is a mapping with name, models, batch_sizes, configs, ...")
-        raise SpecError(src.errors)
+        raise _error(src)
     return src.data
 
 

@@ -30,14 +30,17 @@ MAX_MESSAGE_CHARS = 2000
 
 @dataclass
 class SourceError:
-    """One problem in a source file, at a line (1-based; 0 when unknown)."""
+    """One problem in a source file, at a line (1-based; 0 when unknown); or, in data given as
+    Python objects (`spec.datasrc`: no lines), at a key path such as `['configs']['ro']['mode']`."""
 
     file: str
     line: int
     message: str
+    key: str = ""
+    """The key path, where the data has no lines (`key_path`)."""
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
+        where = f"{self.file}:{self.line}" if self.line else self.file + self.key
         message = " ".join(str(self.message).split())  # one line, whatever the message quoted
         if len(message) > MAX_MESSAGE_CHARS:
             message = message[: MAX_MESSAGE_CHARS - 5] + " ..."
@@ -52,6 +55,9 @@ class LocatedYaml:
     data: Any
     lines: dict[PathKey, int] = field(default_factory=dict)
     errors: list[SourceError] = field(default_factory=list)
+    keyed: bool = False
+    """Data given as Python objects (`spec.datasrc`), not read from a file: errors name the key
+    path, as there is no line to name."""
 
     def line(self, path: PathKey) -> int:
         """Line of `path`, or of its nearest ancestor that has one."""
@@ -63,7 +69,17 @@ class LocatedYaml:
         return self.lines.get((), 0)
 
     def error(self, path: PathKey, message: str) -> None:
-        self.errors.append(SourceError(self.file, self.line(path), message))
+        if self.keyed:
+            self.errors.append(SourceError(self.file, 0, message, key_path(path)))
+        else:
+            self.errors.append(SourceError(self.file, self.line(path), message))
+
+
+def key_path(path: PathKey) -> str:
+    """`('configs', 'ro', 'mode')` as Python writes the lookup: `['configs']['ro']['mode']` (a key
+    over 60 characters cut short)."""
+    keys = (repr(k) for k in path)
+    return "".join(f"[{k if len(k) <= 60 else k[:56] + ' ...'}]" for k in keys)
 
 
 def load_yaml(file: str | Path) -> LocatedYaml:

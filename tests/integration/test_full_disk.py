@@ -85,7 +85,8 @@ def test_a_disk_that_fills_up_mid_sweep_is_a_clean_stop_and_resume_finishes(
         )
     else:
         assert stop["space"] is None
-    assert stop["resume"] == f"orchestrate sweep {sweep} --out {out} --resume"
+    # the resume repeats the sweep's own flags (here --scratch), not only --out
+    assert stop["resume"] == f"orchestrate sweep {sweep} --out {out} --scratch {scratch} --resume"
     # what the line says was saved is on disk, whole; what it says was not, is not
     saved = rows_by_job(out)
     assert len(saved) == int(stop["saved"]) >= 1
@@ -101,7 +102,7 @@ def test_a_disk_that_fills_up_mid_sweep_is_a_clean_stop_and_resume_finishes(
     else:  # a read-only disk cannot lose the lock file: the resume takes it over (its pid is gone)
         disk.read_only(False)
 
-    resumed = orchestrate(*shlex.split(stop["resume"])[1:], "--scratch", str(scratch))
+    resumed = orchestrate(*shlex.split(stop["resume"])[1:])
     assert (
         f"{PLANNED} jobs planned, {len(saved)} already done, {PLANNED - len(saved)} to run" in resumed.stderr
     )
@@ -122,5 +123,7 @@ def test_tune_on_a_full_disk_stops_in_one_line_with_the_tune_command_to_resume(s
     [line] = [x for x in tune.stderr.splitlines() if x.startswith("error:")]
     # the tune's own lock on OUT is its first write: refused there, before Ray starts
     assert line.startswith(f"error: no space left on device writing {out}: nothing of this tune was written")
-    assert line.endswith(f"Free space and resume with: orchestrate tune {sweep} --out {out} --resume"), line
+    assert line.endswith(
+        f"Free space and resume with: orchestrate tune {sweep} --out {out} --no-shared-cache --resume"
+    ), line
     assert not leftovers(disk.path) and not (out / "rung0" / LOCK_FILE).exists()

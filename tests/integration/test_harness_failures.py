@@ -9,6 +9,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from orchestrator.fleet.driver import SweepOptions, run_sweep
+from orchestrator.fleet.preflight import preflight
 from orchestrator.spec.sweep import parse_spec
 from store.schema import read_results
 
@@ -41,11 +42,12 @@ def test_a_harness_failure_is_run_again_by_resume_and_a_models_failure_is_not(tm
     out = tmp_path / "out"
     not_a_dir = tmp_path / "scratch-is-a-file"
     not_a_dir.write_text("a file where the jobs' scratch directories should go")
-    # The CLI refuses such a --scratch before Ray starts (tests/test_cli_refusals.py); a node whose
-    # scratch cannot be made meets the same failure inside the job's task.
-    run_sweep(
-        spec, SweepOptions(out_dir=out, cpus_per_job=1, scratch_root=str(not_a_dir)), stream=io.StringIO()
-    )
+    # The CLI refuses such a --scratch before Ray starts (tests/test_cli_refusals.py), and so does
+    # run_sweep called alone (tests/test_python_api.py); a node whose scratch cannot be made meets
+    # the same failure inside the job's task, as here, where `ready` (what the CLI hands over once
+    # its checks ran) skips the check on this machine.
+    opts = SweepOptions(out_dir=out, cpus_per_job=1, scratch_root=str(not_a_dir))
+    run_sweep(spec, opts, stream=io.StringIO(), ready=preflight(opts))
     first = read_results(out).to_pylist()
     assert {r["model"]: r["status"] for r in first} == {"mlp": "harness_error", "raising": "harness_error"}
     for r in first:

@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = "sweeps/smoke.yaml"
 ONLY = "*/mlp/bs1/*/default"  # one job of the smoke sweep: the MLP at batch 1, Inductor default
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
 def _free_port() -> int:
@@ -143,20 +143,34 @@ def test_submit_status_logs_and_results_with_token_auth(ray_head, tmp_path):
     address, env = ray_head["address"], ray_head["env"]
 
     # Without the token (and with a wrong one) the cluster refuses; the error says what to set.
+    # The three refusals are independent commands: at once, as three users' would be.
     no_token = _base_env()
-    refused = orchestrate(no_token, "submit", SWEEP, "--only", ONLY, "--address", address, "--no-wait")
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        refused, wrong, joined = pool.map(
+            lambda call: orchestrate(*call),
+            [
+                (no_token, "submit", SWEEP, "--only", ONLY, "--address", address, "--no-wait"),
+                ({**env, "RAY_AUTH_TOKEN": "0" * 64}, "status", "raysubmit_x", "--address", address),
+                # a sweep joining the cluster's GCS without the token: the same line, no traceback
+                (
+                    no_token,
+                    "sweep",
+                    SWEEP,
+                    "--only",
+                    ONLY,
+                    "--address",
+                    ray_head["gcs"],
+                    "--out",
+                    str(tmp_path / "x"),
+                ),
+            ],
+        )
     assert refused.returncode == 2 and "requires a token" in refused.stderr, refused.stderr
-    wrong = orchestrate({**env, "RAY_AUTH_TOKEN": "0" * 64}, "status", "raysubmit_x", "--address", address)
     assert wrong.returncode == 2 and "rejected the token" in wrong.stderr, wrong.stderr
-    # a sweep joining the cluster's GCS without the token: the same line, no traceback
-    joined = orchestrate(
-        no_token, "sweep", SWEEP, "--only", ONLY, "--address", ray_head["gcs"], "--out", str(tmp_path / "x")
-    )
     assert joined.returncode == 2 and "requires a token" in joined.stderr, joined.stderr[-3000:]
     assert "Traceback" not in joined.stderr, joined.stderr[-3000:]
 
     out = tmp_path / "out"  # absolute, and the head is this machine: every node sees it
-    t0 = time.monotonic()
     sub = orchestrate(
         env, "submit", SWEEP, "--only", ONLY, "--out", str(out), "--address", address, "--no-wait"
     )
@@ -172,16 +186,13 @@ def test_submit_status_logs_and_results_with_token_auth(ray_head, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
-        state, text = _status(env, job_id, address)
-        while state not in TERMINAL and time.monotonic() - t0 < 300:
-            time.sleep(3)
-            state, text = _status(env, job_id, address)
-        assert state == "SUCCEEDED", text + orchestrate(env, "logs", job_id, "--address", address).stdout
-        followed, follow_err = follow.communicate(timeout=60)  # --follow ends by itself with the job
+    try:  # --follow ends by itself with the job: no status polls beside the job on the 2 cores
+        followed, follow_err = follow.communicate(timeout=300)
     finally:
         if follow.poll() is None:
             follow.kill()
+    state, text = _status(env, job_id, address)
+    assert state == "SUCCEEDED", text + orchestrate(env, "logs", job_id, "--address", address).stdout
     assert follow.returncode == 0, follow_err
     assert "--address auto" in text and f"--out {out}" in text and "sweeps/smoke.yaml" in text
     assert "Running entrypoint" in followed and "done in" in followed

@@ -49,6 +49,8 @@ def test_sweep_records_every_job_and_faults_become_rows(sweep_file, tmp_path, ca
 
     proc = orchestrate("sweep", str(sweep), "--out", str(out), "--cpus-per-job", "1", "--lock-clocks")
     assert "done in" in proc.stdout
+    # where the run's time went (reports/efficiency.py), after the counts
+    assert "of wall time over 5 jobs; " in proc.stdout.split("done in")[1], proc.stdout
     assert "--lock-clocks: this sweep runs on no GPU class; nothing to lock" in proc.stderr
 
     table = read_results(out)
@@ -89,6 +91,7 @@ def test_sweep_records_every_job_and_faults_become_rows(sweep_file, tmp_path, ca
     assert main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "resnet-tiny" in printed and "timeout" in printed and (out / "report.md").exists()
+    assert "job efficiency " in printed and "# Where the time went" in (out / "report.md").read_text()
     assert main(["presets", str(out)]) == 0
     presets = json.loads((out / "presets.json").read_text())
     assert {p["model"] for p in presets["presets"]} == {"resnet-tiny", "mlp"}

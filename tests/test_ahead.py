@@ -1,0 +1,222 @@
+"""A job's next process started ahead (workers.ahead, workers.bench_gate): it starts while the one
+before it still runs, on spare cores, and makes its first compute call only after that one ended.
+
+The core locks live in a directory of each test's own, so the tests do not depend on what other
+tests (or sweeps) on this machine hold; the overlap being off where cores are short is also
+shown on a real two-process job in tests/test_measure_method.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from compiler.config import CompileConfig
+from compiler.env import format_cpus, parse_cpus
+from tests.ahead_model import LOG_ENV
+from workers import affinity
+from workers.ahead import Overlap, Step, reserve_ahead, spare_cores
+from workers.bench_gate import GATE_FD_ENV
+from workers.job import Job, MeasureSpec, ModelSpec
+from workers.runner import kill_tree, run_job
+
+CORES = sorted(os.sched_getaffinity(0))
+two_cores = pytest.mark.skipif(len(CORES) < 2, reason="a process started ahead needs a core beside the job's")
+
+
+@pytest.fixture
+def lock_dir(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "cores"
+    monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(path))
+    return path
+
+
+def _job(repeats: int = 2) -> Job:
+    return Job(
+        sweep="ahead",
+        hardware="cpu",
+        device="cpu",
+        model=ModelSpec(id="python:tests.ahead_model:slow_logged", name="slow"),
+        batch_size=2,
+        dtype="fp32",
+        config=CompileConfig(name="c", backend="eager"),
+        measure=MeasureSpec(warmup=2, iterations=10, rounds=2, flops=False, repeats=repeats),
+        timeout_s=300,
+    )
+
+
+def _spawned(result: dict) -> float:
+    """When the runner started the process (its clock): the record's start less its start phase."""
+    return datetime.fromisoformat(result["started_at"]).timestamp() - result["phase_start_s"]
+
+
+@two_cores
+def test_the_next_process_starts_ahead_and_computes_only_after_the_one_before_ended(
+    lock_dir, tmp_path, monkeypatch
+):
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(LOG_ENV, str(log))
+    row = run_job(_job(), threads=1, node_jobs=1, scratch_root=str(tmp_path), keep_scratch=True)
+    assert row["status"] == "ok", row.get("error")
+    assert row["started_ahead"] == [False, True] and row["ahead_off"] is None
+    assert row["gate_wait_s"][0] == 0.0 and row["gate_wait_s"][1] >= 0.0
+    assert row["ahead_hidden_s"] > 0
+    job_cores, ahead_cores = parse_cpus(row["cpu_affinity"]), parse_cpus(row["ahead_cpus"])
+    assert len(job_cores) == 1 and ahead_cores and not job_cores & ahead_cores
+
+    (scratch,) = tmp_path.glob("job-*")
+    first = json.loads((scratch / "result.json").read_text())
+    second = json.loads((scratch / "repeat2.json").read_text())
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    pids = list(dict.fromkeys(c["pid"] for c in calls if c["event"] == "build"))
+    assert len(pids) == 2
+    event = {(pids.index(c["pid"]), c["event"]): c for c in calls}
+    # started before the first process ended; its first compute call after it
+    assert _spawned(second) < first["finished_at_unix"] < event[1, "first_call"]["t"]
+    # built on its own cores, every thread of it (the model's own thread too) on the job's after the gate
+    assert set(event[1, "build"]["threads"].values()) == {row["ahead_cpus"]}
+    assert set(event[1, "first_call"]["threads"].values()) == {format_cpus(job_cores)}
+    assert set(event[0, "first_call"]["threads"].values()) == {format_cpus(job_cores)}
+    # the wait at the gate counts in no phase: a process's phases and its wait make its life
+    for process in (first, second):
+        phases = sum(v for k, v in process.items() if k.startswith("phase_") and k.endswith("_s"))
+        life = process["finished_at_unix"] - _spawned(process)
+        assert phases + process.get("gate_wait_s", 0.0) == pytest.approx(life, abs=0.5)
+
+
+def _gated_script(record: Path, job_file: Path) -> str:
+    """A job process reduced to its gate: a thread started first, then `JobRecord.pass_gate`."""
+    return textwrap.dedent(
+        f"""
+        import os, threading, time
+        from pathlib import Path
+        from workers.affinity import pin_from_environment
+        from workers.bench_record import JobRecord
+        pin_from_environment()
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        run = JobRecord(Path({str(job_file)!r}), Path({str(record)!r}))
+        run.pass_gate()  # its first save: the record appears as it reaches the gate
+        cores = {{os.sched_getaffinity(int(t)) == os.sched_getaffinity(0) for t in os.listdir("/proc/self/task")}}
+        run.result["threads_on_one_set"] = cores == {{True}}
+        run.save(final=True)
+        """
+    )
+
+
+def _start_gated(tmp_path: Path, job_cpu: int, ahead_cpu: int) -> tuple[subprocess.Popen, int, Path]:
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(_job().to_dict()))
+    record = tmp_path / "record.json"
+    read, write = os.pipe()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        GATE_FD_ENV: str(read),
+        affinity.AFFINITY_ENV: str(job_cpu),
+        affinity.AHEAD_AFFINITY_ENV: str(ahead_cpu),
+    }
+    code = _gated_script(record, job_file)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(read,))
+    os.close(read)
+    deadline = time.monotonic() + 60
+    while not record.exists():  # it saves its record as it reaches the gate
+        assert proc.poll() is None and time.monotonic() < deadline, "the process never reached its gate"
+        time.sleep(0.05)
+    return proc, write, record
+
+
+@two_cores
+def test_the_gate_holds_the_process_until_opened_and_moves_every_thread(tmp_path):
+    proc, gate, record = _start_gated(tmp_path, job_cpu=CORES[0], ahead_cpu=CORES[1])
+    time.sleep(0.5)
+    assert proc.poll() is None  # still at the gate
+    os.write(gate, f"{time.time()!r}\n".encode())
+    os.close(gate)
+    assert proc.wait(timeout=60) == 0
+    got = json.loads(record.read_text())
+    assert got["started_ahead"] is True and got["gate_wait_s"] >= 0.5
+    assert got["ahead_cpus"] == str(CORES[1]) and got["cpu_affinity"] == str(CORES[0]) and got["cpu_pinned"]
+    assert got["threads_on_one_set"] is True
+
+
+@two_cores
+def test_a_gate_closed_unopened_ends_the_process(tmp_path):
+    proc, gate, record = _start_gated(tmp_path, job_cpu=CORES[0], ahead_cpu=CORES[1])
+    os.close(gate)
+    assert proc.wait(timeout=60) == 0
+    assert "started_ahead" not in json.loads(record.read_text())
+
+
+def test_spare_cores_are_the_nodes_cores_beyond_its_jobs():
+    n = len(CORES)
+    assert spare_cores("cpu", 1, node_jobs=1)[0] == n - 1
+    spare, layout = spare_cores("cpu", 1)  # as many one-core jobs as cores
+    assert spare == 0 and f"this node's {n} cores go to its {n} job" in layout
+    assert spare_cores("cpu", n)[0] == 0
+
+
+@two_cores
+def test_processes_started_ahead_share_the_spare_cores_and_say_why_not(lock_dir):
+    first = reserve_ahead(1)
+    assert not isinstance(first, str) and len(first.lease.cpus) == 1
+    assert "held by other processes started ahead" in reserve_ahead(1)  # one spare core: taken
+    first.release()
+    held = affinity.reserve_cores(len(CORES))  # every core held by jobs
+    try:
+        assert "no spare core was free" in reserve_ahead(1)
+    finally:
+        held.release()
+    again = reserve_ahead(1)
+    assert not isinstance(again, str)
+    again.release()
+
+
+def test_no_process_starts_ahead_for_a_job_not_pinned(tmp_path):
+    steps = [Step((), tmp_path / f"r{i}.json", tmp_path / "log") for i in range(2)]
+    unpinned = affinity.CoreLease((), note="only 0 of the 1 cores this job wants were free")
+    with Overlap(steps, unpinned, "cpu", 1, spawn=None, kill=kill_tree, node_jobs=1) as overlap:
+        assert overlap.take(0) is None and overlap.take(1) is None
+        assert overlap.off_reason() == f"the job's processes are not pinned to cores ({unpinned.note})"
+    single = Overlap(steps[:1], unpinned, "cpu", 1, spawn=None, kill=kill_tree)
+    assert single.take(0) is None and single.off_reason() is None  # one process: nothing to overlap
+
+
+@two_cores
+def test_a_process_started_ahead_and_never_run_is_ended(lock_dir, tmp_path):
+    """The step before it is past its compile: the next one starts (here a bare interpreter at its
+    gate); the job then stops there (that step failed, or the job was cancelled): it is ended, its
+    cores freed."""
+    steps = [Step((), tmp_path / f"r{i}.json", tmp_path / "log") for i in range(2)]
+    started: list[subprocess.Popen] = []
+
+    def spawn(step, extra, fds):
+        code = "import os, sys; os.read(int(os.environ['CO_GATE_FD']), 64); sys.exit(3)"
+        started.append(
+            subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **extra}, pass_fds=fds)
+        )
+        return started[-1]
+
+    job_cores = affinity.reserve_cores(1)
+    with Overlap(steps, job_cores, "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=1) as overlap:
+        assert overlap.take(0) is None
+        watch = overlap.watch(0)
+        steps[0].result_file.write_text(json.dumps({"phase": "compile"}))
+        watch()
+        assert not started  # still compiling: nothing starts
+        time.sleep(0.01)
+        steps[0].result_file.write_text(json.dumps({"phase": "timing"}))
+        os.utime(steps[0].result_file, ns=(time.time_ns(), time.time_ns() + 1))
+        watch()
+        assert len(started) == 1 and started[0].poll() is None
+    assert started[0].poll() is not None  # ended, its gate never opened
+    job_cores.release()
+    free = reserve_ahead(1)  # its spare core is free again
+    assert not isinstance(free, str)
+    free.release()

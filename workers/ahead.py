@@ -1,0 +1,293 @@
+"""A job's next process, started before the device is free: the runner's side of the overlap.
+
+Every process of a job is a fresh interpreter, and each spends seconds (35-55 s on the H100
+host) importing torch, transformers and the model's code before it measures anything. While one
+process of a job is past its compile (`AHEAD_FROM`: warming the compiled side up, timing,
+counting FLOPs, checking accuracy), the runner starts the next one (`Overlap`). That process
+imports, builds the model and its inputs on the host, and waits at its gate
+(`workers.bench_gate`) before it touches the device or makes its first compute call; the runner
+opens the gate when the process before it has ended. Nothing of the method changes: each process
+is still a fresh interpreter with its own caches, and none runs a compute call while another of
+its job does.
+
+Until its gate opens, the process runs on cores of its own, never the job's: the timing process
+keeps its cores to itself. Those cores come from the node's spare cores, the ones no job's
+reservation can need (`spare_cores`: the node's cores less its job slots times each job's
+cores), and a node-wide token per spare core (`ahead<i>.lock` beside the cores' lock files)
+keeps the processes started ahead on a node, all jobs together, within them, so they never leave
+a starting job short of its cores. Where the node has no spare core, where the job is not pinned,
+or where the spare cores are taken, the process starts after the one before it, as it always
+did, and the row's `ahead_off` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from compiler.env import format_cpus
+from workers import affinity
+from workers.bench_gate import GATE_FD_ENV
+
+AHEAD_FROM = frozenset({"compiled_warmup", "timing", "flops", "accuracy", "done"})
+"""Phases of a process (its RESULT.json's `phase`) once its compile is over: the next process of
+its job starts then."""
+AHEAD_CORES = 2
+"""Cores a process started ahead takes at most: its imports run on one, its build on more."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One process of a job: its `workers.bench` flags, its result and log files, and whether
+    its compile's streamed kernel choices are the job's (the first, cold one)."""
+
+    flags: tuple[str, ...]
+    result_file: Path
+    log_file: Path
+    keep_choices: bool = False
+
+
+def _gpu_count() -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML here: count by cores
+        return None
+
+
+def spare_cores(device: str, threads: int, node_jobs: int | None = None) -> tuple[int, str]:
+    """(cores of this node no job's reservation can need, the node's layout in words).
+    `node_jobs`: jobs of `threads` cores the node runs at once; by default one per GPU on a GPU
+    node (NVML's count), else as many as its cores hold, as `orchestrator.fleet.inventory` plans
+    the node's slots."""
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, threads)
+    if node_jobs is None:
+        node_jobs = max(1, cores // threads)
+        gpus = _gpu_count() if device == "cuda" else None
+        if gpus:
+            node_jobs = min(node_jobs, gpus)
+    jobs = f"{node_jobs} job{'' if node_jobs == 1 else 's'}"
+    each = f"{threads} core{'' if threads == 1 else 's'}{'' if node_jobs == 1 else ' each'}"
+    return cores - node_jobs * threads, f"this node's {cores} cores go to its {jobs} of {each}"
+
+
+def _lock(path: Path) -> int | None:
+    """An exclusive lock on `path` (created), never blocking: its descriptor, or None."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@dataclass
+class AheadCores:
+    """Cores a process started ahead holds until its gate opens, and the node's tokens for them."""
+
+    lease: affinity.CoreLease
+    tokens: list[int]
+
+    def release(self) -> None:
+        self.lease.release()
+        for fd in self.tokens:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing drops the flock
+        self.tokens.clear()
+
+
+def reserve_ahead(spare: int, directory: Path | None = None) -> AheadCores | str:
+    """Up to `AHEAD_CORES` of this node's `spare` cores for a process started ahead: one token
+    each (`ahead<i>.lock`, i < spare), then as many free cores; or why none, in words."""
+    directory = directory or affinity.lock_dir()
+    with contextlib.suppress(OSError):
+        directory.mkdir(parents=True, exist_ok=True)
+    tokens = []
+    for i in range(spare):
+        fd = _lock(directory / f"ahead{i}.lock")
+        if fd is not None:
+            tokens.append(fd)
+            if len(tokens) == AHEAD_CORES:
+                break
+    if not tokens:
+        return f"the node's {spare} spare cores were held by other processes started ahead"
+    lease = affinity.reserve_cores(len(tokens), directory=directory)
+    if not lease.pinned:
+        AheadCores(lease, tokens).release()
+        return f"no spare core was free ({lease.note})"
+    return AheadCores(lease, tokens)
+
+
+@dataclass
+class Started:
+    """A process started ahead: its step's index, the process, its cores and its gate."""
+
+    index: int
+    proc: subprocess.Popen
+    cores: AheadCores
+    gate: int
+    """The write end of the gate's pipe (-1 once opened or closed)."""
+    spawned: float
+    """When it was started (`time.monotonic()`)."""
+
+    def open_gate(self) -> None:
+        """Tell the process the device is free (the time now, on this clock)."""
+        with contextlib.suppress(OSError):  # it died meanwhile: the runner finds out as it waits
+            os.write(self.gate, f"{time.time()!r}\n".encode())
+        self._close_gate()
+
+    def _close_gate(self) -> None:
+        if self.gate >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.gate)
+            self.gate = -1
+
+    def drop(self, kill: Callable[[subprocess.Popen], None]) -> None:
+        """End a process that will not run: its gate closed unopened (it exits), then killed."""
+        self._close_gate()
+        kill(self.proc)
+        self.cores.release()
+
+
+Spawn = Callable[[Step, dict[str, str], tuple[int, ...]], subprocess.Popen]
+"""Starts a step's process with extra environment variables and file descriptors to pass."""
+
+
+class Overlap:
+    """The processes of one job (`steps`, in order), each after the first started ahead where it
+    can be. While step i runs, the runner calls `watch(i)`'s check at every poll; once step i is
+    past its compile, step i + 1 is started ahead. `take(i)` gives the runner step i's process
+    if it was started ahead (the runner opens its gate), and `close` drops one never taken.
+    `off_reason` says why some step that ran was not started ahead."""
+
+    def __init__(
+        self,
+        steps: list[Step],
+        job_cores: affinity.CoreLease,
+        device: str,
+        threads: int,
+        spawn: Spawn,
+        kill: Callable[[subprocess.Popen], None],
+        node_jobs: int | None = None,
+    ):
+        self.steps, self.spawn, self.kill = steps, spawn, kill
+        self.reasons: dict[int, str] = {}
+        self.ran: list[int] = []
+        self.started: Started | None = None
+        """The next step's process, started ahead, its gate shut."""
+        self.running: Started | None = None
+        """The running step's process where it was started ahead, until it leaves its cores."""
+        self.spare = 0
+        self.off: str | None = None
+        """Why no step of this job starts ahead."""
+        if len(steps) > 1:
+            if not job_cores.pinned:
+                self.off = f"the job's processes are not pinned to cores ({job_cores.note})"
+            else:
+                self.spare, layout = spare_cores(device, threads, node_jobs)
+                if self.spare < 1:
+                    self.off = f"no spare core: {layout}"
+
+    def watch(self, index: int) -> Callable[[], None]:
+        """The check to call while step `index` runs: it frees the cores of a process started
+        ahead once that process has passed its gate, and starts the next step ahead once this
+        one is past its compile (both read from the step's result file, when it changes)."""
+        path = self.steps[index].result_file
+        seen: list[int] = []
+
+        def check() -> None:
+            try:
+                mtime = path.stat().st_mtime_ns
+            except OSError:
+                return
+            if seen and seen[-1] == mtime:
+                return
+            seen.append(mtime)
+            try:
+                result = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return
+            if self.running is not None and result.get("started_ahead"):
+                self._leave_cores()
+            if result.get("phase") in AHEAD_FROM:
+                self._start(index + 1)
+
+        return check
+
+    def _start(self, index: int) -> None:
+        if self.off or index >= len(self.steps) or self.started is not None or index in self.reasons:
+            return
+        cores = reserve_ahead(self.spare)
+        if isinstance(cores, str):
+            self.reasons[index] = cores
+            return
+        read, write = os.pipe()
+        extra = {GATE_FD_ENV: str(read), affinity.AHEAD_AFFINITY_ENV: format_cpus(cores.lease.cpus)}
+        try:
+            proc = self.spawn(self.steps[index], extra, (read,))
+        except OSError as exc:
+            os.close(write)
+            cores.release()
+            self.reasons[index] = f"it could not be started ahead: {exc}"
+            return
+        finally:
+            os.close(read)
+        self.started = Started(index, proc, cores, write, time.monotonic())
+
+    def _leave_cores(self) -> None:
+        if self.running is not None:
+            self.running.cores.release()
+            self.running = None
+
+    def take(self, index: int) -> Started | None:
+        """Step `index`'s process if it was started ahead (its gate still shut), else None; the
+        runner starts it then. Frees the cores of the step before, if it still held some."""
+        self._leave_cores()
+        self.ran.append(index)
+        started, self.started = self.started, None
+        if started is not None and started.index == index:
+            self.running = started
+            return started
+        if started is not None:  # never happens: a step is only started ahead of its own turn
+            started.drop(self.kill)
+        if index > 0 and index not in self.reasons:
+            self.reasons[index] = (
+                self.off or "the process before it ended before it was seen past its compile"
+            )
+        return None
+
+    def off_reason(self) -> str | None:
+        """Why some process of the job that ran was not started ahead (None: every later one
+        was, or the job ran one process)."""
+        reasons = [self.reasons[i] for i in self.ran if i in self.reasons]
+        return "; ".join(dict.fromkeys(reasons)) or None
+
+    def close(self) -> None:
+        """Drop a process started ahead that was never taken; free every core still held."""
+        if self.started is not None:
+            self.started.drop(self.kill)
+            self.started = None
+        self._leave_cores()
+
+    def __enter__(self) -> Overlap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
