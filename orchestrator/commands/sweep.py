@@ -81,7 +81,7 @@ def add_parsers(sub) -> None:
 
 def cmd_sweep(args) -> int:
     from orchestrator.fleet.driver import run_sweep
-    from orchestrator.fleet.preflight import preflight
+    from orchestrator.fleet.preflight import history_problem, preflight
     from orchestrator.fleet.progress import format_duration
     from reports import efficiency
     from store.schema import results_path
@@ -110,12 +110,9 @@ def cmd_sweep(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     out = ready.out
-    for earlier in ready.history:
-        if not results_path(earlier).is_dir():
-            print(
-                f"error: --history {earlier}: not an output directory (it has no results/)", file=sys.stderr
-            )
-            return EXIT_BAD_INPUT
+    if problem := history_problem(ready, "--history"):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if not check_plan_locally(spec, args):
         return EXIT_BAD_INPUT
     summary, code = drive(lambda: run_sweep(spec, opts, ready=ready))

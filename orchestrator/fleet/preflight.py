@@ -56,9 +56,8 @@ def check_inputs(spec: Any, opts: Any, plan: Callable[[dict[str, HardwareClass]]
         )
     check_options(opts)
     ready = preflight(opts)
-    for earlier in ready.history:
-        if not results_path(earlier).is_dir():
-            raise OptionsError(f"history_dirs: {earlier}: not an output directory (it has no results/)")
+    if problem := history_problem(ready, "history_dirs:"):
+        raise OptionsError(problem)
     ray_started = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # run_sweep keeps it
     if opts.address not in (None, "local") or ray_started:
         return ready  # the cluster's classes are known once it is reached
@@ -66,6 +65,13 @@ def check_inputs(spec: Any, opts: Any, plan: Callable[[dict[str, HardwareClass]]
         raise OptionsError(problem)
     plan(local_classes(opts.cpus_per_job))
     return ready
+
+
+def history_problem(ready: Checked, name: str) -> str | None:
+    """The error line for the first history location that is no output directory (it has no
+    results/), `name` saying how the caller gave them; None where every one is an output."""
+    earlier = next((h for h in ready.history if not results_path(h).is_dir()), None)
+    return None if earlier is None else f"{name} {earlier}: not an output directory (it has no results/)"
 
 
 def scratch_problem(path: Any, name: str = "--scratch") -> str | None:
