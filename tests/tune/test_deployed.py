@@ -140,6 +140,37 @@ def test_a_lower_precision_that_does_not_beat_the_stock_user_is_not_deployed():
     assert why.startswith("not deployed: ro+freezing (bf16): ") and "does not lie above 1" in why, why
 
 
+def test_a_lower_precision_close_behind_is_confirmed_and_deployed_where_the_fastest_fails():
+    """resnet-50 at batch 1 on an H100: an fp32 knob ranked first and bf16 close behind, both well
+    ahead of the stock config. The fp32 one's confirmation could not tell it from the stock config;
+    bf16, confirmed too, beats the stock user and is the bf16 budget's preset."""
+    knobs = {("ro+freezing", "fp32"): 3.4, ("ro+freezing", "bf16"): 3.5}
+    confirm = {
+        "H100/resnet/bs16/fp32/ro/vs/default": (9.0, 12.0, 10.0),
+        "H100/resnet/bs16/fp32/ro+freezing/vs/ro": (9.0, 12.0, 9.0),  # ranked fast, timed as stock
+        "H100/resnet/bs16/bf16/ro+freezing/vs/ro": (3.5, 6.0, 4.0),
+    }
+    decided, ran = tune(RUNG0, knobs, confirm)
+    assert ran == set(confirm)  # bf16 confirmed although fp32 ranked first
+    stock, bf16 = decided.entries
+    assert (stock["config"], stock["source"], stock["precision"]) == ("ro", "stock", "fp32")
+    assert (bf16["config"], bf16["precision"]) == ("ro+freezing", "bf16")
+    assert bf16["vs_stock_compile"] == pytest.approx(9.0 / 3.5, rel=0.02)
+    # where both beat the stock user, the faster is served, and the decision names the other
+    confirm["H100/resnet/bs16/fp32/ro+freezing/vs/ro"] = (3.0, 12.0, 9.0)
+    decided, _ = tune(RUNG0, knobs, confirm)
+    stock, bf16 = decided.entries
+    assert (bf16["config"], bf16["precision"]) == ("ro+freezing", "fp32")
+    why = decided.decisions["H100/resnet/bs16/fp32 (bf16 budget)"]
+    assert "ro+freezing (bf16) beats the stock user too" in why, why
+    # a lower precision ranked slower than the stock config is not confirmed
+    knobs = {("ro+freezing", "fp32"): 3.4}  # on the fastest base only: fp32's
+    rung0 = {**RUNG0, ("default", "bf16"): 11.0, ("ro", "bf16"): 10.0}
+    del confirm["H100/resnet/bs16/bf16/ro+freezing/vs/ro"]
+    _, ran = tune(rung0, knobs, confirm)
+    assert ran == set(confirm)
+
+
 def test_the_stock_users_choice_is_the_faster_stock_mode_or_eager():
     # default beat reduce-overhead in the stock user's own processes, and no candidate beats it
     confirm = {
