@@ -307,7 +307,13 @@ def choose(options, user, stock, rows) -> tuple[dict[str, Any] | None, str]:
         return stock, "; ".join([*passed, stock["decision"]])
     entry, why = min(won, key=lambda ew: served_ms(ew[0]))
     slower = [
-        f"{e['config']} ({e['precision']}) beats the stock user too, at {served_ms(e):.4g} ms"
+        f"{e['config']} ({e['precision']}), "
+        + (
+            "the stock user's own choice"
+            if deployed.same_choice(e, stock)
+            else "which beats the stock user too"
+        )
+        + f", is slower at {served_ms(e):.4g} ms"
         for e, _ in won
         if e is not entry and not deployed.same_choice(e, entry)
     ]
