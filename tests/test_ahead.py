@@ -22,7 +22,7 @@ from compiler.config import CompileConfig
 from compiler.env import format_cpus, parse_cpus
 from tests.ahead_model import LOG_ENV
 from workers import affinity
-from workers.ahead import Overlap, Step, reserve_ahead, spare_cores
+from workers.ahead import OFF_BY_RUN, Overlap, Step, gpu_job_cores, reserve_ahead, spare_cores
 from workers.bench_gate import GATE_FD_ENV
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import kill_tree, run_job
@@ -152,6 +152,32 @@ def test_a_gate_closed_unopened_ends_the_process(tmp_path):
     os.close(gate)
     assert proc.wait(timeout=60) == 0
     assert "started_ahead" not in json.loads(record.read_text())
+
+
+def test_a_run_without_the_overlap_starts_each_process_after_the_one_before(lock_dir, tmp_path):
+    """`--no-overlap` (an A/A check of the overlap): the option reaches every job's task, and the
+    job's processes run one after another, its row saying why."""
+    import inspect
+
+    from orchestrator.fleet.driver import task_kwargs
+    from orchestrator.fleet.options import SweepOptions
+    from workers.task import execute_job
+
+    assert task_kwargs(SweepOptions(out_dir="o", overlap=False), None) == {"overlap": False}
+    assert task_kwargs(SweepOptions(out_dir="o"), "h:1") == {"shared_cache": "h:1"}
+    assert inspect.signature(execute_job).parameters["overlap"].default is True
+    row = run_job(_job(), threads=1, node_jobs=1, scratch_root=str(tmp_path), overlap=False)
+    assert row["status"] == "ok", row.get("error")
+    assert row["started_ahead"] == [False, False] and row["ahead_off"] == OFF_BY_RUN
+    assert row["gate_wait_s"] == [0.0, 0.0] and row["ahead_hidden_s"] == 0.0
+
+
+def test_a_gpu_job_leaves_two_cores_of_its_share_for_the_process_started_ahead():
+    """A GPU node's cores go to its GPUs' jobs less 2 each (`orchestrator.fleet.inventory`): the
+    spare cores a job's next process imports and builds on while the one before it times."""
+    assert [gpu_job_cores(n) for n in (16, 8, 6, 5, 2, 1)] == [14, 6, 4, 5, 2, 1]
+    # a 64-core host with 4 GPUs: jobs of 14 cores leave 8 spare; the worker sees the same layout
+    assert 64 - 4 * gpu_job_cores(64 // 4) == 8
 
 
 def test_spare_cores_are_the_nodes_cores_beyond_its_jobs():

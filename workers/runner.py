@@ -355,6 +355,7 @@ def run_job(
     lock_clocks: bool = False,
     shared_cache: str | None = None,
     node_jobs: int | None = None,
+    overlap: bool = True,
 ) -> dict[str, Any]:
     """Run `job` in fresh subprocesses; return its row's fields (see workers.bench and
     workers.repeats) plus `status`, `error` and `subprocess_s`.
@@ -365,7 +366,8 @@ def run_job(
     and `measure.warm_compile`, a second process only compiles warm. Each later process starts
     while the one before it is past its compile, on spare cores of the node, and waits at a gate
     until that one has ended (`workers.ahead`; `node_jobs`: the jobs this node runs at once, by
-    default its GPUs or as many as its cores hold). The processes are pinned to
+    default its GPUs or as many as its cores hold; `overlap` False: never, `--no-overlap`). The
+    processes are pinned to
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
     clock is locked for the job where NVML allows it. With `shared_cache` (HOST:PORT of a Redis
     server) its processes share compile and autotune work there (a run option: the job's id and
@@ -394,12 +396,12 @@ def run_job(
             def spawn(step: Step, extra: dict[str, str], fds: tuple[int, ...]) -> subprocess.Popen:
                 return _spawn(step, job_file, {**env, **extra}, fds)
 
-            with Overlap(steps, cores, job.device, threads, spawn, kill_tree, node_jobs) as overlap:
-                _run_steps(job, steps, job_file, env, overlap, done)
+            with Overlap(steps, cores, job.device, threads, spawn, kill_tree, node_jobs, overlap) as ahead:
+                _run_steps(job, steps, job_file, env, ahead, done)
         warm = done[-1] if len(done) > 1 and steps[-1].flags == ("--warm",) else None
         result = merge(done[0], done[1 : len(done) - (warm is not None)], warm)
         if len(steps) > 1:
-            result["ahead_off"] = overlap.off_reason()
+            result["ahead_off"] = ahead.off_reason()
         notes = [] if cores.pinned else [f"not pinned to cores: {cores.note}"]
         if lock_clocks and gpu:
             result["clocks_locked"] = clock_lock.locked_mhz is not None

@@ -92,6 +92,7 @@ def execute_job(
     extra_path: tuple[str, ...] = (),
     lock_clocks: bool = False,
     shared_cache: str | None = None,
+    overlap: bool = True,
 ) -> dict[str, Any]:
     """Body of the per-job Ray task: run the job, return its result fields plus where it ran; or,
     when its driver stops the sweep (`stop_key`) or the task is cancelled (`ray.cancel` without
@@ -113,6 +114,7 @@ def execute_job(
                 extra_path=extra_path,
                 lock_clocks=lock_clocks,
                 shared_cache=shared_cache,
+                overlap=overlap,
             )
     except JobCancelled as stop:  # stopped by its driver (or `ray.cancel` without force): read
         return {"cancelled": True, **stop.kept}

@@ -159,6 +159,14 @@ def add_cluster_flags(p: argparse.ArgumentParser, what: str) -> None:
         help="lower every job's time limit to at most this (for a run that must end within a window); "
         "jobs that hit it become `timeout` rows",
     )
+    p.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="start each process of a job only after the one before it has ended (default: the next one "
+        "starts while the one before it times, imports and builds on the node's spare cores, and waits at a "
+        "gate before it touches the device; rows record started_ahead, gate_wait_s and ahead_off). For an "
+        "A/A check of the overlap, or a node whose spare cores run other work",
+    )
 
 
 def add_only(p: argparse.ArgumentParser) -> None:
@@ -240,6 +248,7 @@ def sweep_options(args, out, **extra):
         scratch_root=args.scratch,
         timeout_cap_s=args.timeout_cap,
         allow_missing=args.allow_missing,
+        overlap=not args.no_overlap,
         argv=sys.argv,
         **extra,
     )

@@ -90,6 +90,11 @@ def _add_forwarded(p) -> None:
         "--lock-clocks", action="store_true", help="as for `sweep`: lock GPU SM clocks during each job"
     )
     p.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="as for `sweep`: start each process of a job only after the one before it has ended",
+    )
+    p.add_argument(
         "--shared-cache",
         action="store_true",
         help="as for `sweep`: jobs share their compile work through Redis",
@@ -131,6 +136,7 @@ FORWARDED = (
     "--allow-missing",
     "--max-attempts",
     "--lock-clocks",
+    "--no-overlap",
     "--shared-cache",
     "--cache-redis",
 )

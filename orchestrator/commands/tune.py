@@ -325,6 +325,7 @@ def _tune_options(args, spec, deadline: float | None):
         cpus_per_job=args.cpus_per_job,
         timeout_cap_s=args.timeout_cap,
         allow_missing=args.allow_missing,
+        overlap=not args.no_overlap,
         scratch_root=args.scratch,
         shared_cache=not args.no_shared_cache,
         cache_redis=cache_redis,

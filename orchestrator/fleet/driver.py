@@ -348,6 +348,17 @@ def _announce(
         print("".join(f"note: {n}\n" for n in notes), end="", file=stream)
 
 
+def task_kwargs(opts: SweepOptions, cache_address: str | None) -> dict[str, Any]:
+    """The run options every job's task takes as keywords (`workers.task.execute_job`), given
+    only where they differ from its defaults."""
+    found: dict[str, Any] = {}
+    if cache_address:
+        found["shared_cache"] = cache_address
+    if not opts.overlap:
+        found["overlap"] = False
+    return found
+
+
 def _scheduler(
     run: _Plan,
     opts: SweepOptions,
@@ -366,7 +377,7 @@ def _scheduler(
         emit=recorder.emit,
         inventory=lambda: cluster_classes(opts.cpus_per_job),
         max_attempts=opts.max_attempts,
-        task_kwargs={"shared_cache": cache_address} if cache_address else {},
+        task_kwargs=task_kwargs(opts, cache_address),
         keep=recorder.sink.add_side,
     )
 

@@ -2,8 +2,9 @@
 
 A GPU node's class is its accelerator type (node label `ray.io/accelerator-type`, or resource
 `accelerator_type:X`, both set by Ray from the NVML name: A100, V100, T4, H100, ...). A node with
-no GPU belongs to the class `cpu`. A job slot is one GPU on GPU nodes, and `cpus_per_job` cores
-on CPU nodes.
+no GPU belongs to the class `cpu`. A job slot is one GPU on GPU nodes, with its share of the
+node's cores less the two a process started ahead uses (`workers.ahead.gpu_job_cores`), and
+`cpus_per_job` cores on CPU nodes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compiler.hardware import CPU_CLASS
+from workers.ahead import gpu_job_cores
 from workers.job import DeviceKind
 
 ACCEL_LABEL = "ray.io/accelerator-type"
@@ -72,7 +74,8 @@ def classes_from_nodes(
         cpus = int(res.get("CPU", 0))
         if device == "cuda":
             gpus = int(res.get("GPU", 0))
-            hw.cpus_per_job = max(1, min(hw.cpus_per_job if hw.slots else cpus, cpus // max(gpus, 1)))
+            mine = gpu_job_cores(cpus // max(gpus, 1))
+            hw.cpus_per_job = max(1, min(hw.cpus_per_job if hw.slots else mine, mine))
             hw.slots += gpus
         else:
             hw.cpus_per_job = cpu_job

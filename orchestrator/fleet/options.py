@@ -34,6 +34,9 @@ class SweepOptions:
     first); their rows never count as done."""
     scratch_root: str | None = None
     """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
+    overlap: bool = True
+    """Start a job's next process ahead, on the node's spare cores, while the one before it times
+    (`workers.ahead`); False (`--no-overlap`) starts each after the one before it has ended."""
     lock_clocks: bool = False
     """Lock each GPU job's SM clock at its maximum through NVML (root only); rows say if it took."""
     shared_cache: bool = False
@@ -56,7 +59,7 @@ class OptionsError(ValueError):
     """`SweepOptions` a sweep cannot run with; the message names each field and what it takes."""
 
 
-_FLAGS = ("resume", "allow_missing", "lock_clocks", "shared_cache")
+_FLAGS = ("resume", "allow_missing", "lock_clocks", "shared_cache", "overlap")
 
 
 def check_options(opts: Any) -> None:

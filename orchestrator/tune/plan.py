@@ -62,6 +62,8 @@ class TuneOptions:
     cpus_per_job: int | None = None
     timeout_cap_s: float | None = None
     allow_missing: bool = False
+    overlap: bool = True
+    """`SweepOptions.overlap` of every round (`--no-overlap`: False)."""
     scratch_root: str | None = None
     shared_cache: bool = True
     """Share compile and autotune work between the tune's jobs through Redis (see `orchestrator.tune.search`)."""

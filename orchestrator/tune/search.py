@@ -222,6 +222,7 @@ class TuneContext:
             resume=True,
             cpus_per_job=opts.cpus_per_job,
             allow_missing=opts.allow_missing,
+            overlap=opts.overlap,
             scratch_root=opts.scratch_root,
             shared_cache=cache_address is not None,
             cache_redis=cache_address,

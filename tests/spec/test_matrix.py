@@ -301,8 +301,9 @@ def test_classes_from_nodes():
     assert list(classes) == ["A100", "T4", "cpu"]
     a100, t4, cpu = classes["A100"], classes["T4"], classes["cpu"]
     assert (a100.device, a100.slots, a100.node_ids) == ("cuda", 6, ["a1", "a2"])
-    assert a100.cpus_per_job == 6  # min(32 // 4, 12 // 2)
-    assert (t4.device, t4.slots, t4.node_ids, t4.cpus_per_job) == ("cuda", 1, ["t1"], 8)
+    # a GPU job's share of its node's cores, less 2 spare for its next process started ahead
+    assert a100.cpus_per_job == 4  # min(32 // 4 - 2, 12 // 2 - 2)
+    assert (t4.device, t4.slots, t4.node_ids, t4.cpus_per_job) == ("cuda", 1, ["t1"], 6)
     # CPU jobs default to all cores of the smallest alive CPU node (not the dead 2-core one).
     assert (cpu.device, cpu.cpus_per_job, cpu.slots, cpu.node_ids) == ("cpu", 8, 3, ["c1", "c2"])
 
@@ -310,7 +311,7 @@ def test_classes_from_nodes():
 def test_classes_from_nodes_with_cpus_per_job():
     classes = classes_from_nodes(NODES, cpus_per_job=4)
     assert (classes["cpu"].cpus_per_job, classes["cpu"].slots) == (4, 6)
-    assert (classes["A100"].cpus_per_job, classes["A100"].slots) == (6, 6)  # GPU slots are GPUs
+    assert (classes["A100"].cpus_per_job, classes["A100"].slots) == (4, 6)  # GPU slots are GPUs
 
 
 def test_cpu_node_smaller_than_cpus_per_job_gives_no_class():
@@ -325,7 +326,7 @@ def test_gpu_node_without_accelerator_type_and_lowercase_alive():
     ]
     classes = classes_from_nodes(nodes)
     assert list(classes) == ["GPU", "cpu"]
-    assert (classes["GPU"].slots, classes["GPU"].cpus_per_job) == (2, 2)
+    assert (classes["GPU"].slots, classes["GPU"].cpus_per_job) == (2, 2)  # too few to set 2 aside
     assert (classes["cpu"].slots, classes["cpu"].node_ids) == (1, ["z"])
 
 

@@ -1,0 +1,153 @@
+"""The start-up overlap measured: one sweep run twice, once with `--no-overlap` and once with each
+job's next process started ahead (`workers.ahead`), then compared.
+
+Per model it prints the job efficiency of each run (compiling, timing and checking accuracy over
+the jobs' wall time: `reports.efficiency`), and for the sweep the wall time of each run (its first
+job's dispatch to its last job's end) and their ratio. The two runs are then compared cell by
+cell with the project's own regression rules (`reports.regression.compare`, `thresholds.json`)
+as an A/A check: the overlap must not move any timing, so no cell may be flagged either way.
+Writes `OUT/overlap-summary.json`: `{"gpu", "efficiency_on", "efficiency_off", "wall_s_on",
+"wall_s_off", "aa_flagged", ...}`.
+
+    python benchmarks/overlap.py sweeps/overlap-gpu.yaml --out runs/overlap [--only PATTERNS] [SWEEP FLAGS]
+    python benchmarks/overlap.py --compare runs/overlap/off runs/overlap/on --out runs/overlap
+
+The off run goes first (`--order on,off` turns it round); flags after the known ones (e.g.
+`--cpus-per-job 1`, `--address auto`) go to both sweeps. `--resume` resumes both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from compiler import statistics as cstats  # noqa: E402
+from reports.efficiency import efficiency  # noqa: E402
+from reports.regression import compare  # noqa: E402
+from store.schema import read_results  # noqa: E402
+
+FLAGGED = ("regression", "improvement", "watch")
+"""Verdicts an A/A comparison must not give."""
+
+
+def wall_s(rows: list[dict[str, Any]]) -> float:
+    """A run's wall time from its rows: the first job's dispatch to the last job's end."""
+    spans = []
+    for r in rows:
+        if r.get("started_at") and r.get("wall_s") is not None:
+            start = datetime.fromisoformat(str(r["started_at"])).timestamp()
+            spans.append((start, start + r["wall_s"]))
+    if not spans:
+        raise SystemExit("error: no row with started_at and wall_s: not a sweep output of this project")
+    return max(e for _, e in spans) - min(s for s, _ in spans)
+
+
+def per_model(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each model's job efficiency over its jobs."""
+    found = {}
+    for model in sorted({r["model"] for r in rows}):
+        e = efficiency(r for r in rows if r["model"] == model)
+        if e is not None:
+            found[model] = round(e.efficiency, 4)
+    return found
+
+
+def summarize(off_dir: Path, on_dir: Path) -> dict[str, Any]:
+    """The comparison of an off and an on output."""
+    off_table, on_table = read_results(str(off_dir), latest=True), read_results(str(on_dir), latest=True)
+    off, on = off_table.to_pylist(), on_table.to_pylist()
+    if not off or not on:
+        raise SystemExit(f"error: no result rows in {off_dir if not off else on_dir}")
+    aa = compare(on_table, off_table, cstats.load_thresholds())
+    flagged = [f"{c.name}: {c.verdict}" for c in aa.cells if c.verdict in FLAGGED]
+    gpus = sorted({r.get("device_name") or r["hardware"] for r in on})
+    e_on, e_off = efficiency(on), efficiency(off)
+    return {
+        "gpu": ", ".join(gpus),
+        "efficiency_on": per_model(on),
+        "efficiency_off": per_model(off),
+        "wall_s_on": round(wall_s(on), 1),
+        "wall_s_off": round(wall_s(off), 1),
+        "aa_flagged": flagged,
+        "sweep_efficiency_on": round(e_on.efficiency, 4) if e_on else None,
+        "sweep_efficiency_off": round(e_off.efficiency, 4) if e_off else None,
+        "started_ahead_on": f"{e_on.ahead} of {e_on.later}" if e_on else None,
+        "hidden_s_on": round(e_on.hidden_s, 1) if e_on else None,
+        "ahead_off_on": dict(e_on.off) if e_on else {},
+        "aa_verdicts": {
+            v: sum(c.verdict == v for c in aa.cells) for v in sorted({c.verdict for c in aa.cells})
+        },
+        "statuses_on": {s: sum(r["status"] == s for r in on) for s in sorted({r["status"] for r in on})},
+        "statuses_off": {s: sum(r["status"] == s for r in off) for s in sorted({r["status"] for r in off})},
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = [
+        f"GPU: {summary['gpu']}",
+        "| model | job efficiency, overlap off | overlap on |",
+        "|---|---|---|",
+    ]
+    for model in sorted(summary["efficiency_on"].keys() | summary["efficiency_off"].keys()):
+        off, on = summary["efficiency_off"].get(model), summary["efficiency_on"].get(model)
+        lines.append(
+            f"| {model} | {'-' if off is None else f'{off:.0%}'} | {'-' if on is None else f'{on:.0%}'} |"
+        )
+    ratio = summary["wall_s_off"] / summary["wall_s_on"] if summary["wall_s_on"] else float("nan")
+    lines += [
+        f"sweep wall time: {summary['wall_s_off']:.0f} s off, {summary['wall_s_on']:.0f} s on ({ratio:.2f}x less)",
+        f"processes started ahead (on): {summary['started_ahead_on']}, hiding {summary['hidden_s_on']} s",
+        f"A/A (on against off, the regression rules): {summary['aa_verdicts']}; flagged: "
+        + ("; ".join(summary["aa_flagged"]) or "none"),
+    ]
+    return "\n".join(lines)
+
+
+def _sweep(sweep: str, out: Path, overlap: bool, extra: list[str]) -> None:
+    cmd = [sys.executable, "-m", "orchestrator", "sweep", sweep, "--out", str(out), *extra]
+    if not overlap:
+        cmd.append("--no-overlap")
+    print("$", " ".join(cmd[1:]), flush=True)
+    done = subprocess.run(cmd)
+    if done.returncode not in (0, 1):  # 1: some job failed, a row like any other
+        raise SystemExit(f"error: the sweep into {out} exited {done.returncode}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("sweep", nargs="?", help="the sweep file both runs use")
+    parser.add_argument("--out", type=Path, required=True, help="where OUT/off, OUT/on and the summary go")
+    parser.add_argument(
+        "--compare", nargs=2, type=Path, metavar=("OFF", "ON"), help="compare two outputs only"
+    )
+    parser.add_argument(
+        "--order", default="off,on", choices=["off,on", "on,off"], help="which run goes first"
+    )
+    args, extra = parser.parse_known_args(argv)
+    if args.compare:
+        off_dir, on_dir = args.compare
+    else:
+        if not args.sweep:
+            parser.error("give a sweep file, or --compare OFF ON")
+        off_dir, on_dir = args.out / "off", args.out / "on"
+        for which in args.order.split(","):
+            _sweep(args.sweep, on_dir if which == "on" else off_dir, which == "on", extra)
+    summary = summarize(off_dir, on_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overlap-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(render(summary))
+    print(f"wrote {args.out / 'overlap-summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
