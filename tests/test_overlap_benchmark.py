@@ -80,3 +80,12 @@ def test_the_overlap_benchmark_refuses_an_output_without_rows(tmp_path):
     (tmp_path / "off").mkdir()
     done = _run("--compare", str(tmp_path / "off"), str(tmp_path / "off"), "--out", str(tmp_path / "s"))
     assert done.returncode != 0 and "error:" in done.stderr, done.stderr
+
+
+def test_the_published_overlap_summary_has_the_fields_the_results_page_reads():
+    """docs/results/overlap-summary.json is the benchmark's output, unedited."""
+    doc = json.loads((ROOT / "docs/results/overlap-summary.json").read_text())
+    assert doc["gpu"].startswith("NVIDIA H100")
+    assert set(doc["efficiency_on"]) == set(doc["efficiency_off"]) and doc["efficiency_on"]
+    assert all(0 < v < 1 for v in (*doc["efficiency_on"].values(), *doc["efficiency_off"].values()))
+    assert doc["wall_s_on"] > 0 and doc["wall_s_off"] > 0 and isinstance(doc["aa_flagged"], list)
