@@ -1,19 +1,22 @@
 """The regression report as one self-contained HTML file: no script or style from the network,
-charts drawn as inline SVG, a table sortable by a few lines of inline JavaScript, and every
-string from the data escaped (model names, errors and reasons are user-controlled text).
+charts drawn as inline SVG (`reports.charts`), a table sortable by a few lines of inline
+JavaScript, and every string from the data escaped (model names, errors and reasons are
+user-controlled text).
 
 Per hardware class a bar chart of the compiled speedup over eager per cell, baseline beside
-current, and one of the cold compile times; then the cells with their verdicts and reasons.
+current, and one of the cold compile times; in history mode a trend chart per cell (model, batch
+size, precision, config) with its interval band, every run named on hover; then the cells with
+their verdicts and reasons.
 """
 
 from __future__ import annotations
 
-import html
 from collections import defaultdict
 
+from reports.charts import COLORS, Point, bar_chart, page_end, page_head, trend_chart
+from reports.charts import esc as _e
 from reports.regression_cells import CellChange, Comparison
 
-COLORS = {"baseline": "#9aa5b1", "current": "#1f6feb"}
 VERDICT_COLORS = {
     "regression": "#cf222e",
     "watch": "#9a6700",
@@ -22,116 +25,6 @@ VERDICT_COLORS = {
     "new": "#8250df",
     "missing": "#bc4c00",
 }
-
-STYLE = """
-body{font-family:system-ui,sans-serif;margin:24px;color:#1f2328}
-h1{font-size:20px} h2{font-size:16px;margin-top:28px} h3{font-size:13px;font-weight:600;margin:12px 0 0}
-table{border-collapse:collapse;font-size:13px} th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left}
-th{cursor:pointer;background:#f6f8fa} .chart{margin:8px 0 16px} .legend span{margin-right:12px}
-"""
-
-SORT_JS = """
-document.querySelectorAll('table.sortable th').forEach(function (th, col) {
-  th.addEventListener('click', function () {
-    var body = th.closest('table').tBodies[0];
-    var rows = Array.prototype.slice.call(body.rows);
-    var asc = th.dataset.asc !== 'true'; th.dataset.asc = asc;
-    rows.sort(function (a, b) {
-      var x = a.cells[col].dataset.v || a.cells[col].textContent;
-      var y = b.cells[col].dataset.v || b.cells[col].textContent;
-      var nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-      return asc ? c : -c;
-    });
-    rows.forEach(function (r) { body.appendChild(r); });
-  });
-});
-"""
-
-
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def bar_chart(title: str, labels: list[str], series: dict[str, list[float | None]], unit: str) -> str:
-    """Grouped horizontal bars, one group per label, one bar per series; an inline <svg>."""
-    bar, gap, label_w, plot_w = 12, 8, 260, 420
-    n = len(series)
-    height = len(labels) * (n * bar + gap) + 30
-    top = max([v for vals in series.values() for v in vals if v is not None] or [1.0])
-    parts = [
-        f"<h3>{_e(title)} ({_e(unit)})</h3>",
-        f'<svg class="chart" role="img" width="{label_w + plot_w + 80}" height="{height}" '
-        f'xmlns="http://www.w3.org/2000/svg"><title>{_e(title)}</title>',
-    ]
-    for i, label in enumerate(labels):
-        y0 = i * (n * bar + gap) + 20
-        parts.append(f'<text x="0" y="{y0 + n * bar / 2 + 4}" font-size="12">{_e(label)}</text>')
-        for j, (name, values) in enumerate(series.items()):
-            value = values[i]
-            if value is None:
-                continue
-            w = max(1.0, plot_w * value / top)
-            y = y0 + j * bar
-            parts.append(
-                f'<rect class="bar" data-series="{_e(name)}" x="{label_w}" y="{y}" width="{w:.1f}" '
-                f'height="{bar - 2}" fill="{COLORS.get(name, "#555")}"><title>{_e(label)} {_e(name)}: '
-                f"{value:.3f} {_e(unit)}</title></rect>"
-                f'<text x="{label_w + w + 4:.1f}" y="{y + bar - 3}" font-size="10">{value:.2f}</text>'
-            )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def trend_chart(title: str, runs: list[str], series: dict[str, list[float | None]], unit: str) -> str:
-    """One line per series over the runs (oldest left), a gap where a run has no value; an inline
-    <svg> with a labelled y range and the first and last run names on the x axis."""
-    left, plot_w, plot_h, top_pad = 60, 520, 160, 20
-    values = [v for vals in series.values() for v in vals if v is not None]
-    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    if hi - lo < 1e-9:
-        lo, hi = lo - 0.5, hi + 0.5
-    step = plot_w / max(1, len(runs) - 1)
-
-    def xy(i: int, v: float) -> str:
-        return f"{left + i * step:.1f},{top_pad + plot_h * (hi - v) / (hi - lo):.1f}"
-
-    legend_h = 14 * len(series)
-    parts = [
-        f"<h3>{_e(title)} ({_e(unit)})</h3>",
-        f'<svg class="chart trend" role="img" width="{left + plot_w + 20}" '
-        f'height="{top_pad + plot_h + 40 + legend_h}" xmlns="http://www.w3.org/2000/svg"><title>{_e(title)}</title>',
-        f'<line x1="{left}" y1="{top_pad}" x2="{left}" y2="{top_pad + plot_h}" stroke="#999"/>',
-        f'<line x1="{left}" y1="{top_pad + plot_h}" x2="{left + plot_w}" y2="{top_pad + plot_h}" stroke="#999"/>',
-        f'<text x="0" y="{top_pad + 4}" font-size="10">{hi:.2f}</text>',
-        f'<text x="0" y="{top_pad + plot_h}" font-size="10">{lo:.2f}</text>',
-        f'<text x="{left}" y="{top_pad + plot_h + 14}" font-size="10">{_e(runs[0])}</text>',
-        f'<text x="{left + plot_w}" y="{top_pad + plot_h + 14}" font-size="10" text-anchor="end">'
-        f"{_e(runs[-1])}</text>",
-    ]
-    for n, (name, vals) in enumerate(series.items()):
-        color = PALETTE[n % len(PALETTE)]
-        segment: list[str] = []
-        for i, v in enumerate([*vals, None]):  # a None ends a segment
-            if v is not None:
-                segment.append(xy(i, v))
-                parts.append(
-                    f'<circle class="point" cx="{xy(i, v).split(",")[0]}" cy="{xy(i, v).split(",")[1]}" r="2.5" '
-                    f'fill="{color}"><title>{_e(name)} {_e(runs[i])}: {v:.3f} {_e(unit)}</title></circle>'
-                )
-            elif segment:
-                parts.append(
-                    f'<polyline class="line" data-series="{_e(name)}" fill="none" stroke="{color}" '
-                    f'stroke-width="1.5" points="{" ".join(segment)}"/>'
-                )
-                segment = []
-        y = top_pad + plot_h + 30 + 14 * n
-        parts.append(f'<text x="{left}" y="{y}" font-size="11" fill="{color}">&#9632; {_e(name)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def render_html(comparison: Comparison, title: str = "Regression report") -> str:
@@ -150,12 +43,10 @@ def render_html(comparison: Comparison, title: str = "Regression report") -> str
 
 
 def _head(comparison: Comparison, title: str) -> list[str]:
-    """The page's head (title, style), the counts per verdict and the thresholds used."""
+    """The page's head (title, policy, style), the counts per verdict and the thresholds used."""
     counts = comparison.counts()
     return [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
+        page_head(title),
         "<p>" + ", ".join(f"<b>{n}</b> {_e(v)}" for v, n in counts.items() if n) + "</p>",
         f"<p>Thresholds v{comparison.thresholds.version}: a latency change counts beyond "
         f"{comparison.thresholds.latency_change:.0%} at {comparison.thresholds.level:.0%} confidence.</p>",
@@ -223,17 +114,30 @@ def _class_charts(comparison: Comparison) -> list[str]:
 
 
 def _trend(comparison: Comparison) -> list[str]:
-    """History mode: per hardware class, every cell's speedup over the runs compared."""
+    """History mode: per hardware class, one small chart per cell (model, batch size, precision,
+    config) of its speedup over the runs compared, with its 95% interval as a band; hovering a
+    point names its run."""
     if not comparison.trend:
         return []
     runs = [label for label, _ in next(iter(comparison.trend.values()))]
-    out = [f"<h2>Trend over the last {len(runs)} runs</h2>"]
-    by_hw: dict[str, dict[str, list[float | None]]] = defaultdict(dict)
-    for name, points in comparison.trend.items():
-        hw, rest = name.split("/", 1)
-        by_hw[hw][rest] = [v for _, v in points]
-    for hw, series in sorted(by_hw.items()):
-        out.append(trend_chart(f"{hw}: speedup over eager, per run", runs, series, "x"))
+    out = [
+        f"<h2>Trend over the last {len(runs)} runs</h2><p>Speedup over eager per cell and run, "
+        "the band its 95% interval; hover a point for its run, a cross marks a run where the cell "
+        "was not ok.</p>"
+    ]
+    by_hw: dict[str, list[str]] = defaultdict(list)
+    for name in comparison.trend:
+        by_hw[name.split("/", 1)[0]].append(name)
+    for hw, names in sorted(by_hw.items()):
+        out.append(f"<h3>{_e(hw)}</h3><div class='grid'>")
+        for name in names:
+            bands = comparison.trend_ci.get(name) or [(None, None)] * len(runs)
+            points = [
+                None if v is None else Point(v, lo, hi)
+                for (_, v), (lo, hi) in zip(comparison.trend[name], bands, strict=True)
+            ]
+            out.append(trend_chart(name.split("/", 1)[1], runs, points, "x"))
+        out.append("</div>")
     return out
 
 
@@ -254,7 +158,7 @@ def _cells_table(comparison: Comparison) -> list[str]:
         out.append(f"<th>{head}</th>")
     out.append("</tr></thead><tbody>")
     out += [_cell_row(c) for c in comparison.cells]
-    out.append(f"</tbody></table><script>{SORT_JS}</script></body></html>")
+    out.append("</tbody></table>" + page_end())
     return out
 
 

@@ -142,5 +142,5 @@ def compare_history(
             cell.reasons.append(f"watch: over the threshold on {1 + sum(held)} of the last {k} runs ({rule})")
         else:
             cell.reasons.append(f"rule fired: {rule}, every one over the threshold")
-    newest.trend = speedup_trend(runs, labels or [f"run {i + 1}" for i in range(len(runs))])
+    newest.trend, newest.trend_ci = speedup_trend(runs, labels or [f"run {i + 1}" for i in range(len(runs))])
     return newest

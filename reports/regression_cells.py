@@ -84,6 +84,9 @@ class Comparison:
     trend: dict[str, list[tuple[str, float | None]]] = field(default_factory=dict)
     """History mode: per cell name, (run label, speedup over eager or None where not ok) for every
     run compared, oldest first (the HTML report's trend charts)."""
+    trend_ci: dict[str, list[tuple[float | None, float | None]]] = field(default_factory=dict)
+    """History mode: per cell name, beside `trend`, each run's 95% interval of that speedup (low,
+    high; None where the run has none): the band of the cell's trend chart."""
 
     def counts(self) -> dict[str, int]:
         found = dict.fromkeys(VERDICTS, 0)
@@ -126,5 +129,6 @@ class Comparison:
             "by_model": self.by_model(),
             "environment": self.environment,
             "trend": self.trend,
+            "trend_ci": self.trend_ci,
             "cells": [{"name": c.name, **asdict(c)} for c in self.cells],
         }

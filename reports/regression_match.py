@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from compiler import statistics as cstats
 from reports.regression_cells import ENV_KEYS, KEY, CellChange
+from reports.run_cells import Speedup, row_speedup
 from store.rows import latest_rows
 
 
@@ -71,14 +72,32 @@ def environment_diff(
     return diff
 
 
-def speedup_trend(runs: list[pa.Table], labels: list[str]) -> dict[str, list[tuple[str, float | None]]]:
-    """Per cell name, each run's speedup over eager (None where the cell was not ok)."""
+def speedup_trend(
+    runs: list[pa.Table], labels: list[str]
+) -> tuple[dict[str, list[tuple[str, float | None]]], dict[str, list[tuple[float | None, float | None]]]]:
+    """Per cell name, each run's speedup over eager (None where the cell was not ok), and beside
+    it each run's 95% interval of that speedup: the one its row was written with
+    (`reports.run_cells.row_speedup` without recomputing: a window of runs holds many rows, and
+    the figure is the same `statistics.paired_speedup` of the same samples), from the samples
+    where the row has none."""
     per_run = [latest_by_cell(table) for table in runs]
     trend: dict[str, list[tuple[str, float | None]]] = {}
+    bands: dict[str, list[tuple[float | None, float | None]]] = {}
     for key in sorted({k for rows in per_run for k in rows}, key=lambda k: tuple(map(str, k))):
         name = CellChange(*key).name
-        trend[name] = [
-            (label, rows[key]["speedup"] if key in rows and rows[key]["status"] == "ok" else None)
-            for label, rows in zip(labels, per_run, strict=True)
-        ]
-    return trend
+        trend[name], bands[name] = [], []
+        for label, rows in zip(labels, per_run, strict=True):
+            row = rows.get(key)
+            ok = row is not None and row["status"] == "ok"
+            trend[name].append((label, row["speedup"] if ok else None))
+            found = _stored_or_sampled(row) if ok else None
+            bands[name].append((found.low, found.high) if found else (None, None))
+    return trend, bands
+
+
+def _stored_or_sampled(row: dict[str, Any]) -> Speedup | None:
+    """A row's speedup interval as written, or from its samples where it was written without one."""
+    stored = row_speedup(row, from_samples=False)
+    if stored is not None and stored.low is not None and stored.high is not None:
+        return stored
+    return row_speedup(row)

@@ -179,18 +179,27 @@ def hostile_history(table_jobs, make_result):
         for r in rows:
             if r["model"] == "mlp":
                 r["model"] = "<script>alert(1)</script>"
+        for r in rows:  # the interval a job writes beside its speedup (workers/repeats.py)
+            r["speedup_ci_low"], r["speedup_ci_high"] = r["speedup"] * 0.97, r["speedup"] * 1.02
         if night == 1:
             rows[0]["status"], rows[0]["error"] = "crash", "x"  # a gap in that cell's line
         runs.append(rows_to_table(rows))
     return compare_history(runs, labels=["2026-11-20T020000Z", "2026-11-21T020000Z", "<b>night</b>"])
 
 
-def test_history_html_draws_a_trend_line_per_cell_with_gaps_for_failures(table_jobs, make_result):
+def test_history_html_draws_a_trend_chart_per_cell_with_its_band_and_every_night_on_hover(
+    table_jobs, make_result
+):
     import html.parser
 
     comparison = hostile_history(table_jobs, make_result)
     assert len(comparison.trend) == len(table_jobs)
     assert all(len(points) == 3 for points in comparison.trend.values())
+    (crashed,) = [name for name, points in comparison.trend.items() if points[1][1] is None]
+    assert comparison.trend_ci[crashed][1] == (None, None)
+    low, high = comparison.trend_ci[crashed][0]
+    assert low == pytest.approx(comparison.trend[crashed][0][1] * 0.97)
+    assert high == pytest.approx(comparison.trend[crashed][0][1] * 1.02)
     page = render_html(comparison)
     assert "<b>night</b>" not in page and "&lt;b&gt;night&lt;/b&gt;" in page
     assert "<script>alert(1)</script>" not in page
@@ -198,18 +207,31 @@ def test_history_html_draws_a_trend_line_per_cell_with_gaps_for_failures(table_j
     class Count(html.parser.HTMLParser):
         def __init__(self):
             super().__init__()
-            self.trends, self.lines, self.points = 0, 0, 0
+            self.trends, self.lines, self.points, self.bands, self.crosses = 0, 0, 0, 0, 0
+            self.tag, self.titles = "", []
 
         def handle_starttag(self, tag, attrs):
             self.trends += tag == "svg" and ("class", "chart trend") in attrs
             self.lines += tag == "polyline"
             self.points += tag == "circle"
+            self.bands += tag == "polygon" and ("class", "band") in attrs
+            self.crosses += tag == "path" and ("class", "missing") in attrs
+            self.tag = tag
+
+        def handle_data(self, data):
+            if self.tag == "title":
+                self.titles.append(data)
 
     counted = Count()
     counted.feed(page)
-    assert counted.trends == 2  # one per hardware class
+    assert counted.trends == len(table_jobs)  # one chart per cell: model, batch size, precision, config
     assert counted.points == 3 * len(table_jobs) - 1  # a point per run and cell, but the crash
+    assert counted.crosses == 1  # where the crashed night is
     assert counted.lines == len(table_jobs) + 1  # the crashed cell's line is cut in two
+    assert counted.bands == len(table_jobs) + 1  # and so is its band
+    for night in ("2026-11-20T020000Z", "2026-11-21T020000Z", "<b>night</b>"):  # every night on hover
+        assert sum(t.startswith(f"{night}: ") for t in counted.titles) == len(table_jobs), night
+    assert "2026-11-21T020000Z: no ok row" in counted.titles
 
 
 def test_html_report_escapes_every_string_and_draws_its_charts(table_jobs, make_result):
@@ -238,33 +260,31 @@ def test_html_report_escapes_every_string_and_draws_its_charts(table_jobs, make_
 
 
 def test_html_report_renders_in_headless_chromium(table_jobs, make_result, tmp_path):
-    """The page in a real browser: the charts are in the DOM with their bars, the hostile model
-    name is text in the DOM, not an element. Needs Debian's `chromium`; without it the test is skipped
-    and says why."""
-    import shutil
+    """The page in a real browser: the charts are in the DOM with their bars, bands and points, the
+    hostile model name is text in the DOM, not an element, and the page makes no network request
+    (Chromium's net log; tests/test_charts.py checks that the log catches one). Needs Debian's
+    `chromium`; without it the test is skipped and says why."""
     import subprocess
 
-    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-    if browser is None:
-        pytest.skip(
-            "no chromium on this machine (apt-get install chromium): the HTML report was not rendered"
-        )
+    from tests.pages import QUIET, browser, load
+
     page = tmp_path / "report.html"
     page.write_text(render_html(hostile_history(table_jobs, make_result)))
-    flags = ["--headless", "--no-sandbox", "--disable-gpu"]
-    dom = subprocess.run(
-        [browser, *flags, "--dump-dom", page.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    assert dom.count("<svg") == 6 and 'class="bar"' in dom  # speedup, compile time, trend per class
-    assert dom.count('class="chart trend"') == 2 and dom.count("<polyline") == len(table_jobs) + 1
+    dom, requests, log = load(page, tmp_path)
+    assert requests == [] and "Content Security Policy" not in log
+    # speedup and compile time per class, a trend per cell
+    assert dom.count("<svg") == 4 + len(table_jobs) and 'class="bar"' in dom
+    assert (
+        dom.count('class="chart trend"') == len(table_jobs) and dom.count("<polyline") == len(table_jobs) + 1
+    )
+    assert dom.count('class="band"') == len(table_jobs) + 1
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
     shot = tmp_path / "shot.png"
     subprocess.run(
-        [browser, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True
+        [browser(), *QUIET, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
     )
     assert shot.stat().st_size > 10_000
 

@@ -6,6 +6,7 @@ import contextlib
 import sys
 
 from orchestrator.commands.common import EXIT_BAD_INPUT, add_budgets, budgets_from_args, print_what_won
+from orchestrator.commands.targets import check_page_path, write_pages
 from store.location_forms import arg as location_arg
 from workers.runner import plural
 
@@ -20,7 +21,8 @@ def add_parsers(sub) -> None:
         "torch.compile in its faster stock mode, fp32 under torch's defaults) with its error against fp64; per "
         "class and precision a default for models never swept (eligible on the most cells, then the best "
         "geometric-mean speedup). Written as the `presets` table (OUT/presets.parquet) and as JSON keyed by "
-        "hardware class and software stack.",
+        "hardware class and software stack. --html FILE charts their gain over a stock PyTorch user (also of a "
+        "tune's output: its deployed.json).",
     )
     p.add_argument(
         "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
@@ -32,6 +34,14 @@ def add_parsers(sub) -> None:
         help="accuracy budgets to decide under, comma-separated (stock, tf32, fp16, bf16 or a number: max "
         "relative error against fp64); a preset per budget, the fastest config that fits it. Default: the "
         "sweep's own `accuracy:` (none: a preset per precision swept)",
+    )
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write one self-contained HTML page of what the presets gain (works offline, fetches nothing): "
+        "per accuracy budget, each preset's speedup over a stock PyTorch user's torch.compile with its 95%% "
+        "interval, as a chart and a table. On a tune's output (OUT holds deployed.json), the page of that "
+        "deployed.json: the tune's presets are not derived again and nothing is written into OUT",
     )
     p.set_defaults(func=cmd_presets)
 
@@ -62,14 +72,18 @@ def _versus(p: dict) -> str:
 def cmd_presets(args) -> int:
     from compiler.accuracy import parse_budgets
     from orchestrator.tune.presets import write_presets
+    from store.layout import DEPLOYED_FILE
     from store.lock import holding
     from store.storage import StorageError, checked
 
     try:
+        check_page_path(args.html, "--html")
         accuracy = None
         if args.accuracy is not None:
             accuracy = parse_budgets(filter(None, (a.strip() for a in args.accuracy.split(","))))
         out = checked(args.out)
+        if out.join(DEPLOYED_FILE).is_file():
+            return _tune_page(args, out)
         # it writes into OUT: held while it does (a missing OUT is refused below, and not created)
         locked = (
             holding(out, again="Run `orchestrate presets` once it has finished.") if out.exists() else None
@@ -81,6 +95,8 @@ def cmd_presets(args) -> int:
         return EXIT_BAD_INPUT
     except OSError as exc:
         print(f"error: {args.out}: cannot write the presets there ({exc.strerror or exc})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.html and write_pages([(args.html, _page(data["presets"], f"Presets of {args.out}"), "--html")]):
         return EXIT_BAD_INPUT
     for p in data["presets"]:
         vs_default = f"{p['speedup_vs_default']:.2f}x" if p["speedup_vs_default"] else "n/a"
@@ -111,4 +127,58 @@ def cmd_presets(args) -> int:
             )
     print_what_won(data.get("what_won"))
     print(f"wrote {path}")
+    if args.html:
+        print(f"wrote {args.html}")
+    return 0
+
+
+def _page(entries: list[dict], title: str) -> str:
+    """The deployed-gain page of preset entries (their `deployed.json` summary)."""
+    from orchestrator.tune.deployed import summary
+    from reports.deployed_html import render_deployed_html
+
+    return render_deployed_html(summary(entries), title)
+
+
+def _tune_page(args, out) -> int:
+    """A tune's output: the page of its deployed.json (--html), its presets as the tune decided them."""
+    import json
+
+    from reports.deployed_html import render_deployed_html
+    from store.layout import DEPLOYED_FILE, PRESETS_FILE
+
+    given = [
+        f
+        for f, v in (
+            ("--accuracy", args.accuracy),
+            ("--max-compile-s", args.max_compile_s),
+            ("--max-memory-mb", args.max_memory_mb),
+        )
+        if v is not None
+    ]
+    if not args.html or given:
+        what = f"{', '.join(given)} derive presets from a sweep" if given else "its presets are decided"
+        print(
+            f"error: {args.out} is a tune's output: {what}; the tune's presets are {out.join(PRESETS_FILE)}. "
+            f"Give --html FILE (alone) for the page of its {DEPLOYED_FILE}, or run `orchestrate presets` on a "
+            "sweep's output",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    try:
+        deployed = json.loads(out.join(DEPLOYED_FILE).read_text())
+        if not isinstance(deployed, dict) or not isinstance(deployed.get("cells"), list):
+            raise ValueError("not a deployed summary (no list of cells)")
+    except (OSError, ValueError) as exc:
+        print(f"error: {out.join(DEPLOYED_FILE)}: cannot read it: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if write_pages([(args.html, render_deployed_html(deployed, f"Deployed gain of {args.out}"), "--html")]):
+        return EXIT_BAD_INPUT
+    for name, figures in (deployed.get("budgets") or {}).items():
+        geo = figures.get("geomean_vs_stock_compile")
+        print(
+            f"{name} budget: {figures.get('cells')} cells, geomean "
+            f"{'-' if geo is None else f'{geo:.3f}x'} over stock torch.compile"
+        )
+    print(f"wrote {args.html}")
     return 0

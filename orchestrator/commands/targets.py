@@ -5,6 +5,7 @@ them as strays or a later run would overwrite them."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from store.layout import SWEEP_DATA, SWEEP_MARKS, TUNE_DATA, TUNE_MARKS
@@ -74,3 +75,18 @@ def check_not_output_data(path: Path, target: str, flag: str, beside: str | None
 def outputs_among(folders, marks: tuple[str, ...]):
     """The folders, in order, that hold one of `marks`: sweep outputs."""
     return (folder for folder in folders if any((folder / mark).exists() for mark in marks))
+
+
+def write_pages(pages: list[tuple[str | None, str, str]]) -> int | None:
+    """Write each (file, text, flag) given a file; EXIT_BAD_INPUT with a line naming the flag where
+    one cannot be written, else None."""
+    from orchestrator.commands.common import EXIT_BAD_INPUT
+
+    for target, text, flag in pages:
+        if target:
+            try:
+                Path(target).write_text(text)
+            except OSError as exc:
+                print(f"error: {flag} {target}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+    return None
