@@ -33,8 +33,8 @@ def test_malformed_ids_are_refused_with_an_example(model_id):
 @pytest.mark.skipif(external.installed("timm"), reason="checks the message for a missing package")
 def test_missing_package_names_the_install_command():
     problem = external.check_id("timm:resnet50")
-    assert "not installed" in problem and "pip install timm" in problem
-    with pytest.raises(ValueError, match="pip install timm"):
+    assert "not installed" in problem and "pip install 'compile-orchestrator[timm]'" in problem
+    with pytest.raises(ValueError, match=r"the project's timm extra"):
         external.build("timm:resnet50", {})
 
 
@@ -48,7 +48,7 @@ def test_sweep_file_with_a_missing_library_fails_validation_at_its_line(tmp_path
     with pytest.raises(SpecError) as caught:
         load_spec(sweep)
     text = str(caught.value)
-    assert f"{sweep}:4:" in text and "pip install torchvision" in text
+    assert f"{sweep}:4:" in text and "pip install 'compile-orchestrator[torchvision]'" in text
 
 
 def test_default_names_keep_the_library_apart():

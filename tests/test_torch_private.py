@@ -71,6 +71,14 @@ def test_the_recorder_on_an_unchecked_torch_records_nothing_and_says_why(monkeyp
     with warned, KernelChoiceRecorder() as recorder:
         assert _savers() == before  # nothing registered: the compile would go on unrecorded
     assert recorder.unavailable and recorder.rows == []
+    # and the row says so, in its notes (`workers.bench_compile`)
+    from types import SimpleNamespace
+
+    from workers.bench_compile import _record_kernels
+
+    run = SimpleNamespace(notes=[], result={})
+    _record_kernels(run, recorder, set())
+    assert run.notes == [f"no kernel choices recorded: {recorder.unavailable}"]
 
 
 def _code(path: Path) -> str:

@@ -84,6 +84,8 @@ def _record_kernels(run: JobRecord, choices, earlier: set) -> None:
         run.result["autotuned_ops"] = choices.ops
     if choices.stream_error:
         run.notes.append(f"kernel choices not streamed to disk ({choices.stream_error})")
+    if choices.unavailable:
+        run.notes.append(f"no kernel choices recorded: {choices.unavailable}")
     kernels = triton_kernel_rows(exclude=earlier)  # settled by the first run, just made
     if kernels and "repeat" not in run.result:
         run.result["triton_kernels"] = kernels

@@ -89,8 +89,9 @@ def _resolve(model_id: str) -> tuple[str, str, str]:
     library, name = parse_id(model_id)
     if not installed(library):
         raise ValueError(
-            f"{model_id!r} needs the {library} package, which is not installed here; "
-            f"install it with `pip install {library}` on the driver and every worker node"
+            f"{model_id!r} needs the {library} package, which is not installed here; install the "
+            f"project's {library} extra, `pip install 'compile-orchestrator[{library}]'` (from a checkout: "
+            f"`pip install -e '.[{library}]'`), on the driver and every worker node"
         )
     if library == "timm":
         import timm
