@@ -409,7 +409,8 @@ def _print_summary(summary, out) -> None:
         f"{plural(summary.tuned + summary.stock + summary.eager, 'preset')} ({', '.join(summary.budgets)}): "
         f"{summary.tuned} tuned, {summary.stock} the stock config, {summary.eager} eager (do not compile); "
         f"{plural(summary.no_preset, 'cell')} without a preset.\n"
-        f"presets: {out.join('presets.json')}  (next: orchestrate export {shlex.quote(str(out))} --hardware CLASS "
+        + (summary.time_went + "\n" if summary.time_went else "")
+        + f"presets: {out.join('presets.json')}  (next: orchestrate export {shlex.quote(str(out))} --hardware CLASS "
         + ("--budget NAME " if len(summary.budgets) > 1 else "")
         + "--dest DIR)"
     )

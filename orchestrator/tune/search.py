@@ -79,6 +79,7 @@ from orchestrator.tune.plan import (
 )
 from orchestrator.tune.presets import durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import Candidate
+from reports import efficiency
 from store.layout import DEPLOYED_FILE, ROUNDS, TUNE_FILE
 from store.lock import holding
 from store.rows import latest_rows
@@ -108,6 +109,8 @@ class TuneSummary:
     """`deployed.json`: per cell and budget what was deployed and its speedup over a stock user."""
     budgets: list[str] = field(default_factory=list)
     """The accuracy budgets the presets were decided under (a preset per cell and budget)."""
+    time_went: str = ""
+    """Where the time of the jobs this tune ran went (`reports.efficiency`), over all its rounds."""
 
 
 def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -> TuneSummary:
@@ -201,6 +204,8 @@ class TuneContext:
     """`time.monotonic()` at the tune's start, for its wall time."""
     jobs_run: dict[str, int] = field(default_factory=dict)
     """Jobs each round ran, by round name."""
+    timed_rows: list[dict[str, Any]] = field(default_factory=list)
+    """The rows this tune's rounds ran (not those a resumed tune found): where its time went."""
 
     @classmethod
     def open(
@@ -275,9 +280,12 @@ def run_round(ctx: TuneContext, name: str, jobs: list[Job], what: str) -> dict[s
     if jobs:
         # a folder of the tune's output, checked with it, on the tune's live cluster and cache
         ready = Checked(where, [])
-        run_sweep(ctx.spec, ctx.round_options(name), ctx.stream, plan=lambda classes: jobs, ready=ready)
+        ran = run_sweep(ctx.spec, ctx.round_options(name), ctx.stream, plan=lambda classes: jobs, ready=ready)
     ctx.jobs_run[name] = len(jobs)
-    rows = latest_rows(read_results(where).to_pylist(), lambda r: r["job_id"])
+    everything = read_results(where).to_pylist()
+    if jobs:
+        ctx.timed_rows += [r for r in everything if r.get("run_id") == ran.run_id]
+    rows = latest_rows(everything, lambda r: r["job_id"])
     check_rows_kept(name, where, jobs, rows, ctx.resume)
     return rows
 
@@ -435,4 +443,5 @@ def summarize(
         pruned=ctx.pruned,
         deployed=summary,
         budgets=[b.name for b in ctx.budgets],
+        time_went=efficiency.render(ctx.timed_rows),
     )

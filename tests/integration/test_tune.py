@@ -112,6 +112,8 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     assert main([*args, "--eta", "2", "--confirm-repeats", "2"]) == 0
     printed = capsys.readouterr().out
     assert "1 cell, " in printed and "without a preset" in printed
+    # where the time of the tune's jobs went, over its rounds (3 jobs: rung 0, knobs, confirm)
+    assert "of wall time over 3 jobs; " in printed.split("without a preset")[1], printed
 
     # the bases first (the stock config, in the cell's own precision: the stock budget on a CPU
     # searches no other), then the knob on the fastest base
