@@ -87,6 +87,11 @@ class Thresholds:
     """Random weights: outputs that amplify a relative input change of the budget's rounding more
     than this many times are ill-conditioned (a saturated or discontinuous head); their error says
     more of the random weights than of the arithmetic: undetermined."""
+    confirm_extend_gain: float = 1.05
+    """A tune extends a confirmation (more fresh processes, pooled with the first ones) where a
+    candidate measured at least this much faster than what it must beat, but its interval did not
+    lie above 1 (`orchestrator.tune.search.run_extend`): few processes of a launch-bound cell give
+    wide intervals."""
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:

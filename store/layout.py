@@ -31,7 +31,7 @@ SWEEP_DATA = (*TABLE_DIRS, LEDGER_DIR, QUARANTINE_DIR, SNAPSHOT_FILE, *SWEEP_MAR
 """A sweep output's own files and folders: no report page or export goes there."""
 
 # A tune's output: its rounds are sweep outputs one level down
-ROUNDS = ("rung0", "knobs", "rung1", "confirm")
+ROUNDS = ("rung0", "knobs", "rung1", "confirm", "extend")
 """The tune's rounds, in order, each a sweep output (orchestrator.tune.search)."""
 TUNE_FILE = "tune.json"
 """The tune's record: its options, budgets and every cell's log."""

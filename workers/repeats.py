@@ -172,6 +172,40 @@ def merge(
     return row
 
 
+def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from rows of the same cell and configs whose processes ran in separate jobs (a
+    tune's confirmation and its extension: `orchestrator.tune.search.run_extend`): the first row
+    with the latency and device-time columns over every process of those that timed, and each
+    accuracy figure the worst any of them measured. Rows that did not time are left out; with
+    fewer than two that did, the first that did (else the first) unchanged."""
+    timed = [
+        r
+        for r in rows
+        if r.get("status") == "ok" and r.get("eager_samples_ms") and r.get("compiled_samples_ms")
+    ]
+    if len(timed) < 2:
+        return dict(timed[0] if timed else rows[0])
+    row = dict(timed[0])
+
+    def groups(key: str, per: str = "samples_per_repeat") -> list[list[float]]:
+        return [g for r in timed for g in cstats.split_groups(r[key], r.get(per))]
+
+    baseline = groups("baseline_samples_ms") if all(r.get("baseline_samples_ms") for r in timed) else None
+    row.update(latency_fields(groups("eager_samples_ms"), groups("compiled_samples_ms"), baseline))
+    if all(r.get("compiled_device_samples_ms") and r.get("eager_device_samples_ms") for r in timed):
+        per = "device_samples_per_repeat"
+        row.update(
+            device_fields(
+                groups("eager_device_samples_ms", per),
+                groups("compiled_device_samples_ms", per),
+                row["eager_ms"],
+                row["compiled_ms"],
+            )
+        )
+    _keep_worst_accuracy(row, timed)
+    return row
+
+
 def _add_process_totals(row: dict[str, Any], processes: list[dict[str, Any]]) -> None:
     """How many processes the job ran, their wall time and each phase's, summed; and, process by
     process, whether it was started ahead and how long it waited at its gate (`workers.ahead`),

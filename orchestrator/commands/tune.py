@@ -144,7 +144,7 @@ def _add_search_space_flags(p) -> None:
 
 
 def _add_round_flags(p) -> None:
-    """How the rounds keep and confirm candidates: --eta, --confirm-repeats, --no-eager."""
+    """How the rounds keep and confirm candidates: --eta, --confirm-repeats, --extend-repeats, --no-eager."""
     p.add_argument(
         "--eta",
         type=whole(2),
@@ -158,6 +158,15 @@ def _add_round_flags(p) -> None:
         default=3,
         metavar="N",
         help="fresh processes that time the candidate against the stock config (default 3, at least 2)",
+    )
+    p.add_argument(
+        "--extend-repeats",
+        type=whole(0),
+        default=2,
+        metavar="N",
+        help="where a confirmation measured a speedup of at least confirm_extend_gain (thresholds.json: 1.05) "
+        "but its interval did not lie above 1, time every confirmation job of the cell again in N more fresh "
+        "processes and decide on all of them together (OUT/extend; default 2, 0: never)",
     )
     p.add_argument(
         "--no-eager",
@@ -321,6 +330,7 @@ def _tune_options(args, spec, deadline: float | None):
         budgets=budgets,
         eta=args.eta,
         confirm_repeats=args.confirm_repeats,
+        extend_repeats=args.extend_repeats,
         eager_presets=not args.no_eager,
         cpus_per_job=args.cpus_per_job,
         timeout_cap_s=args.timeout_cap,

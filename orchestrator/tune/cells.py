@@ -147,7 +147,7 @@ def decide(
     if why is not None:
         entry = preset_entry(stock[1], cell.dtype, source="stock", decision=why, **_stock_fields(stock, n))
         return reconsider(entry, why, stock[1], "compiled")
-    return _confirmed(cell, stock, tuned, n, row, apart, reconsider)
+    return _confirmed(cell, stock, tuned, n, row, apart, reconsider, log)
 
 
 Ranked = tuple[Candidate, dict[str, Any]]
@@ -209,9 +209,11 @@ def _confirmed(
     row: dict[str, Any],
     apart: dict[str, Any] | None,
     reconsider: Callable[..., tuple[dict[str, Any] | None, str]],
+    log: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
     """The preset where the confirmation ran: the candidate where its interval of stock / candidate
-    lies above 1 (`cstats.beats`), else the stock config, timed beside it."""
+    lies above 1 (`cstats.beats`), else the stock config, timed beside it (the refused estimate
+    noted in `log`: `note_refused`)."""
     (s_cand, s_row), (c, r) = stock, tuned
     iv, stock_ms, how, stock_side, scope = _interval(row, apart)
     figures = (
@@ -236,12 +238,20 @@ def _confirmed(
         entry = preset_entry(row, cell.dtype, source="tuned", decision=why, **paired, **own)
         return reconsider(entry, why, row, "compiled", best_stock)
     why = f"stock: {figures}, an interval that does not lie above 1"
+    note_refused(log, iv.estimate)
     entry = preset_entry(s_row, cell.dtype, source="stock", decision=why, **paired)
     entry["compiled_ms"] = stock_ms  # the stock side, measured with the candidate
     entry["speedup_vs_stock"] = 1.0
     entry["speedup_vs_stock_ci_low"] = entry["speedup_vs_stock_ci_high"] = None
     entry["speedup_vs_stock_from"] = None
     return reconsider(entry, why, *stock_side, best_stock)
+
+
+def note_refused(log: dict[str, Any] | None, estimate: float) -> None:
+    """Note in a decision's `log` the estimate of a speedup refused for its interval: where one is
+    large enough, the tune extends the confirmation (`orchestrator.tune.search.run_extend`)."""
+    if log is not None:
+        log.setdefault("refused", []).append(round(float(estimate), 4))
 
 
 def _interval(

@@ -29,7 +29,7 @@ from typing import Any
 from compiler import statistics as cstats
 from compiler.accuracy import Budget
 from orchestrator.tune.budgets import CellBudgets, Pick, Picks, stock_mode
-from orchestrator.tune.cells import Cell, decide
+from orchestrator.tune.cells import Cell, decide, note_refused
 from orchestrator.tune.presets import Budgets
 from orchestrator.tune.space import Candidate
 from workers.job import Job
@@ -284,6 +284,8 @@ def decide_other(
         iv = versus(user, user.side, (row, side))
         figures = f"{cand.config.name} ({policy}): {iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {user.label}"
         (passed if cstats.beats(iv) else refused).append((cand, row, side, figures))
+        if not cstats.beats(iv):
+            note_refused(log, iv.estimate)
     if not passed:
         return None, "; ".join(f"{f}, an interval that does not lie above 1" for *_, f in refused)
     cand, row, side, figures = min(passed, key=lambda p: p[1][f"{p[2]}_ms"])

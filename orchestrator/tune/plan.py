@@ -27,6 +27,7 @@ from workers.job import Baseline, Job, MeasureSpec, software_stack
 
 DEFAULT_ETA = 3
 DEFAULT_CONFIRM_REPEATS = 3
+DEFAULT_EXTEND_REPEATS = 2
 
 
 class NothingToTune(ValueError):
@@ -56,6 +57,8 @@ class TuneOptions:
     eta: int = DEFAULT_ETA
     """Rung 0 keeps the best 1/eta of each cell's candidates (at least one) for rung 1."""
     confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
+    extend_repeats: int = DEFAULT_EXTEND_REPEATS
+    """Fresh processes an inconclusive confirmation is extended by (`search.run_extend`); 0: none."""
     eager_presets: bool = True
     """A cell's preset may be eager where its row timed eager faster (`orchestrator.tune.eager`);
     False (`--no-eager`) keeps the compiled config and only records the check."""
@@ -80,11 +83,14 @@ class TuneOptions:
 
 
 def rung_measure(
-    measure: MeasureSpec, rung: str, confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
+    measure: MeasureSpec,
+    rung: str,
+    confirm_repeats: int = DEFAULT_CONFIRM_REPEATS,
+    extend_repeats: int = DEFAULT_EXTEND_REPEATS,
 ) -> MeasureSpec:
     """How each round measures: rung 0 cheaply (a quarter of the timed calls, in few rounds),
     rung 1 as the sweep says, the confirmation in `confirm_repeats` processes (at least 2, so
-    its interval covers the spread between processes). One process each before that; FLOPs are
+    its interval covers the spread between processes), its extension in `extend_repeats` more. One process each before that; FLOPs are
     not counted (the tuner compares latencies)."""
     one = dataclasses.replace(measure, flops=False, warm_compile=False, repeats=1)
     if rung == "rung0":
@@ -93,6 +99,8 @@ def rung_measure(
         )
     if rung == "rung1":
         return one
+    if rung == "extend":  # more processes of the confirmation's jobs, pooled with its own
+        return dataclasses.replace(one, repeats=max(1, extend_repeats))
     return dataclasses.replace(one, repeats=max(2, confirm_repeats))
 
 

@@ -2,7 +2,7 @@
 fastest configuration within the budget that beats a stock PyTorch user by a margin the
 statistics support.
 
-Successive halving, in four rounds of jobs dispatched across the cluster like any sweep
+Successive halving, in rounds of jobs dispatched across the cluster like any sweep
 (`orchestrator.tune.stages` says what each round hands the next):
 
 1. `rung0`: the bases of every cell (the sweep's stock configs, and torch's max-autotune modes on
@@ -25,6 +25,10 @@ Successive halving, in four rounds of jobs dispatched across the cluster like an
    candidate wins only where the interval of stock / candidate lies above 1
    (`compiler.statistics.beats`), eager where it beats the choice, and a lower precision only where
    it beats the stock user too.
+5. `extend`: where that refused a speedup of at least `confirm_extend_gain` (thresholds.json) for
+   an interval that did not lie above 1 (few processes of a launch-bound cell give wide ones),
+   every confirmation job of the cell again in `--extend-repeats` more fresh processes; the
+   decision rests on all of them, pooled (`workers.repeats.pool`).
 
 Candidates recompile across rungs, and the candidates of one cell share GEMM/conv shapes, so
 their jobs share compile and autotune work through a Redis server by default
@@ -33,7 +37,7 @@ address handed to every rung. Rows say what their compile got from it (`compile_
 `compile_from_cache` and the hit/miss columns).
 
 Each round is a sweep output of its own under OUT (`OUT/rung0`, `OUT/knobs`, `OUT/rung1`,
-`OUT/confirm`: `orchestrate report` works on each), so an interrupted tune resumes with `--resume`
+`OUT/confirm`, `OUT/extend`: `orchestrate report` works on each), so an interrupted tune resumes with `--resume`
 from the jobs already recorded. OUT also gets `tune.json` (every cell's candidates, figures,
 judgements and decisions), the presets (`presets.parquet`, `presets.json`; `orchestrate export`
 reads them) and `deployed.json` (per cell and budget, the speedup over stock eager and stock
@@ -42,7 +46,7 @@ reads them) and `deployed.json` (per cell and budget, the speedup over stock eag
 In code, `_run_tune` is the list of stages, each a function taking the `TuneContext` (what every
 round needs: the sweep, the options, OUT, the cache's address, the stack) and what the stage
 before it produced: `run_rung0` → `run_knobs` → `run_rung1` → `run_confirm` (each a `Round`: its
-jobs and rows, run by `run_round`), then `decide` → `write` → `summarize`. The plan they draw
+jobs and rows, run by `run_round`) → `run_extend`, then `decide` → `write` → `summarize`. The plan they draw
 from (options, cells, candidates, each round's jobs) is `orchestrator.tune.plan`; what each stage
 does per cell is `orchestrator.tune.stages`.
 """
@@ -57,6 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from compiler import statistics as cstats
 from compiler.accuracy import Budget
 from orchestrator.fleet.cache import SNAPSHOT_FILE, check_address, shared_cache
 from orchestrator.fleet.driver import SweepOptions, ray_session, run_sweep
@@ -87,6 +92,7 @@ from store.runlog import check_same_sweep
 from store.schema import read_results
 from store.storage import Location, checked, refusal_stops
 from workers.job import Job, software_stack
+from workers.repeats import pool
 from workers.runner import plural
 
 
@@ -147,7 +153,7 @@ def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, st
         runs, rung0 = run_rung0(ctx)
         knobs = run_knobs(ctx, runs, rung0)
         rung1 = run_rung1(ctx, runs, knobs)
-        confirmed = run_confirm(ctx, runs, rung1)
+        confirmed = run_extend(ctx, runs, run_confirm(ctx, runs, rung1))
     decided = decide(ctx, runs, confirmed)
     won = write(ctx, runs, decided, rung0, knobs)
     return summarize(ctx, runs, decided, won)
@@ -355,6 +361,47 @@ def run_confirm(
         )
         jobs += [j for j in made if j.job_id not in {k.job_id for k in jobs}]
     return run_round(ctx, "confirm", jobs, stages.confirm_summary(runs.values(), ctx.opts.confirm_repeats))
+
+
+def run_extend(
+    ctx: TuneContext, runs: dict[Cell, stages.CellRun], confirmed: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Stage 4b, extend. Takes the confirmation's rows; decides each cell once on them, and where
+    that refused a speedup of at least `confirm_extend_gain` (thresholds.json) for an interval that
+    did not lie above 1, runs every confirmation job of the cell again in --extend-repeats more
+    fresh processes. Produces the confirmation's rows by job id, each extended one pooled with its
+    extension (`workers.repeats.pool`): the decision then rests on all their processes."""
+    if ctx.opts.extend_repeats < 1:
+        return confirmed
+    gain = cstats.load_thresholds().confirm_extend_gain
+    measure = rung_measure(ctx.spec.measure, "extend", ctx.opts.confirm_repeats, ctx.opts.extend_repeats)
+    more: dict[str, Job] = {}
+    for run in runs.values():
+        if run.picks is None or run.state is None:
+            continue
+        stages.decide(run, ctx.budgets, confirmed, ctx.opts.budgets, ctx.opts.eager_presets, ctx.stock_names)
+        refused = stages.refused_gain(run)
+        if refused is None or refused < gain:
+            continue
+        run.log["extended"] = (
+            f"a speedup of {refused:.3f}x refused on its interval: {ctx.opts.extend_repeats} more processes"
+        )
+        for jobs in run.confirm.values():
+            for job in jobs.jobs():
+                more[job.job_id] = dataclasses.replace(job, measure=measure)
+    if not more:
+        return confirmed
+    what = (
+        f"{plural(len(more), 'confirmation job')} of "
+        f"{plural(sum(1 for r in runs.values() if 'extended' in r.log), 'cell')} whose interval could not "
+        f"tell a speedup of {gain:g}x or more, each in {ctx.opts.extend_repeats} more fresh processes"
+    )
+    rows = run_round(ctx, "extend", list(more.values()), what)
+    pooled = dict(confirmed)
+    for job_id, job in more.items():
+        if job_id in confirmed and job.job_id in rows:
+            pooled[job_id] = pool([confirmed[job_id], rows[job.job_id]])
+    return pooled
 
 
 @dataclass

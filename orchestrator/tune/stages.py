@@ -214,6 +214,16 @@ def decide(
     return found
 
 
+def refused_gain(run: CellRun) -> float | None:
+    """The largest speedup estimate the cell's decision refused because its interval did not lie
+    above 1 (`cells.note_refused`), in its own precision or under any budget; None: none. The
+    notes of its own precision are taken, so that a decision made again notes afresh."""
+    found = list(run.log.pop("refused", []))
+    for blog in (run.log.get("budgets") or {}).values():
+        found += blog.get("refused", [])
+    return max(found) if found else None
+
+
 def looser_never_slower(
     decided: list[tuple[Budget, str, dict[str, Any] | None]], state: tb.CellBudgets
 ) -> list[tuple[Budget, str, dict[str, Any] | None]]:
