@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -112,8 +113,10 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     assert main([*args, "--eta", "2", "--confirm-repeats", "2"]) == 0
     printed = capsys.readouterr().out
     assert "1 cell, " in printed and "without a preset" in printed
-    # where the time of the tune's jobs went, over its rounds (3 jobs: rung 0, knobs, confirm)
-    assert "of wall time over 3 jobs; " in printed.split("without a preset")[1], printed
+    # where the time of the tune's jobs went, over its rounds: rung 0, knobs, confirm (3 jobs),
+    # and the extension's where a loaded machine left the confirmation inconclusive
+    went = re.search(r"of wall time over (\d+) jobs; ", printed.split("without a preset")[1])
+    assert went and int(went[1]) in (3, 3 + 1), printed
 
     # the bases first (the stock config, in the cell's own precision: the stock budget on a CPU
     # searches no other), then the knob on the fastest base
