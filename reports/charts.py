@@ -72,6 +72,19 @@ def page_head(title: str) -> str:
     )
 
 
+def table_start(heads: tuple[str, ...]) -> str:
+    """A table the page's sorter sorts (`table.sortable`), up to its first row: its head of
+    `heads`; `TABLE_END` closes it."""
+    return (
+        "<table class='sortable'><thead><tr>"
+        + "".join(f"<th>{h}</th>" for h in heads)
+        + "</tr></thead><tbody>"
+    )
+
+
+TABLE_END = "</tbody></table>"
+
+
 def page_end() -> str:
     """A page's end: the table sorter (the one script, allowed by its hash)."""
     return f"<script>{SORT_JS}</script></body></html>"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.charts import Bar, interval_chart, page_end, page_head
+from reports.charts import TABLE_END, Bar, interval_chart, page_end, page_head, table_start
 from reports.charts import esc as _e
 
 NO_BUDGET = "None"
@@ -86,7 +86,6 @@ def render_deployed_html(summary: dict[str, Any], title: str = "Deployed gain") 
 
 
 def _table(cells: list[dict[str, Any]]) -> list[str]:
-    out = ["<table class='sortable'><thead><tr>"]
     heads = (
         "cell",
         "preset",
@@ -97,8 +96,7 @@ def _table(cells: list[dict[str, Any]]) -> list[str]:
         "accuracy",
         "source",
     )
-    out += [f"<th>{h}</th>" for h in heads]
-    out.append("</tr></thead><tbody>")
+    out = [table_start(heads)]
     for c in cells:
         gain = c.get("vs_stock_compile")
         out.append(
@@ -108,5 +106,5 @@ def _table(cells: list[dict[str, Any]]) -> list[str]:
             f"<td>{_error(c.get('max_rel_err'))} ({_error(c.get('stock_max_rel_err'))})</td>"
             f"<td>{_e(c.get('accuracy_decision') or '-')}</td><td>{_e(c.get('source') or '-')}</td></tr>"
         )
-    out.append("</tbody></table>")
+    out.append(TABLE_END)
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from reports.charts import COLORS, Point, bar_chart, page_end, page_head, trend_chart
+from reports.charts import COLORS, TABLE_END, Point, bar_chart, page_end, page_head, table_start, trend_chart
 from reports.charts import esc as _e
 from reports.regression_cells import CellChange, Comparison
 
@@ -144,7 +144,6 @@ def _trend(comparison: Comparison) -> list[str]:
 def _cells_table(comparison: Comparison) -> list[str]:
     """Every cell with its verdict, latencies, ratios and reasons, in a sortable table; the page's
     end."""
-    out = ["<h2>Cells</h2><table class='sortable'><thead><tr>"]
     heads = (
         "cell",
         "verdict",
@@ -154,11 +153,9 @@ def _cells_table(comparison: Comparison) -> list[str]:
         "device ms",
         "device ratio [95% CI]",
     )
-    for head in (*heads, "judged on", "reasons"):
-        out.append(f"<th>{head}</th>")
-    out.append("</tr></thead><tbody>")
+    out = ["<h2>Cells</h2>", table_start((*heads, "judged on", "reasons"))]
     out += [_cell_row(c) for c in comparison.cells]
-    out.append("</tbody></table>" + page_end())
+    out.append(TABLE_END + page_end())
     return out
 
 

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pyarrow as pa
 
-from reports.charts import Bar, bar_chart, interval_chart, page_end, page_head
+from reports.charts import TABLE_END, Bar, bar_chart, interval_chart, page_end, page_head, table_start
 from reports.charts import esc as _e
 from reports.run_cells import RunCell, by_class, run_cells
 
@@ -59,7 +59,6 @@ def _num(value: object, fmt: str) -> str:
 
 
 def _table(cells: list[RunCell]) -> list[str]:
-    out = ["<h2>Cells</h2><table class='sortable'><thead><tr>"]
     heads = (
         "cell",
         "status",
@@ -71,8 +70,7 @@ def _table(cells: list[RunCell]) -> list[str]:
         "compile s",
         "peak MiB",
     )
-    out += [f"<th>{h}</th>" for h in heads]
-    out.append("</tr></thead><tbody>")
+    out = ["<h2>Cells</h2>", table_start(heads)]
     for c in cells:
         r, s = c.row, c.speedup
         ci = "" if s is None or s.low is None else f"[{s.low:.3f}, {s.high:.3f}]"
@@ -84,5 +82,5 @@ def _table(cells: list[RunCell]) -> list[str]:
             f"<td>{ci}</td><td>{'-' if s is None else s.processes}</td><td>{_num(r.get('compile_s'), '.1f')}</td>"
             f"<td>{_num(None if peak is None else peak / 2**20, '.0f')}</td></tr>"
         )
-    out.append("</tbody></table>" + page_end())
+    out.append(TABLE_END + page_end())
     return out
