@@ -27,6 +27,7 @@ from store.layout import TUNE_FILE
 from store.schema import read_results
 from tests.elf import package_needed
 from workers import toy
+from workers.repeats import pool as pool_rows
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +39,7 @@ from torch._inductor.cpu_vec_isa import pick_vec_isa
 
 pick_vec_isa()  # the C++ compiler's ISA probe (4 s here): once per process, with or without a bundle
 from workers import toy
+from workers.repeats import pool as pool_rows
 
 model, inputs = toy.mlp(4)
 if sys.argv[1] == "plain":
@@ -146,6 +148,17 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
         pair["baseline_samples_ms"], pair["compiled_samples_ms"], pair["samples_per_repeat"]
     )
     assert iv.low == pytest.approx(pair["speedup_vs_baseline_ci_low"])
+    # where a loaded machine left that interval short of a gain the tune would take, the extension
+    # timed the pair again in more processes and the decision rests on both jobs' processes, pooled
+    extended = read_results(out / "extend").to_pylist() if (out / "extend").exists() else []
+    decided = pool_rows([pair, *extended])
+    if extended:
+        assert [e["config"] for e in extended] == [pair["config"]] and len(
+            decided["compiled_samples_ms"]
+        ) > 48
+        iv = cstats.paired_speedup(
+            decided["baseline_samples_ms"], decided["compiled_samples_ms"], decided["samples_per_repeat"]
+        )
     (preset,) = read_presets_table(out).to_pylist()
     tune_log = json.loads((out / TUNE_FILE).read_text())["cells"]["cpu/mlp/bs4/fp32"]
     assert tune_log["decision"] == preset["decision"]
@@ -157,11 +170,17 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
     assert deployed["vs_stock_compile"] == pytest.approx(preset["vs_stock_compile"])
     low, high = deployed["vs_stock_compile_ci"]
     assert low <= deployed["vs_stock_compile"] <= high and preset["stock_compile_config"] == "default"
-    assert preset["stock_eager_ms"] == pair["eager_ms"] and preset["stock_compile_ms"] == pair["baseline_ms"]
+    assert (
+        preset["stock_eager_ms"] == decided["eager_ms"]
+        and preset["stock_compile_ms"] == decided["baseline_ms"]
+    )
     assert preset["vs_stock_from"].startswith("paired: ")
     # eager was checked on the confirmation's own processes, and kept out by --no-eager
     check = tune_log["eager_check"]
-    assert check["job_id"] == pair["job_id"] and check["processes"] == 2 and check["verdict"] == "kept", check
+    processes = 2 + sum(e["repeats"] for e in extended)
+    assert (
+        check["job_id"] == pair["job_id"] and check["processes"] == processes and check["verdict"] == "kept"
+    ), check
     if cstats.beats(iv):
         assert preset["source"] == "tuned" and preset["config"] == "default+no_shape_padding"
         assert preset["speedup_vs_stock_ci_low"] > 1
