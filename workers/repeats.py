@@ -159,11 +159,7 @@ def merge(
     _add_process_totals(row, [*repeats, *([warm] if warm else [])])
     row["repeat_compile_s"] = [p.get("compile_s") for p in repeats if p.get("compile_s") is not None]
     _keep_worst_accuracy(row, repeats)
-    timed = [
-        p
-        for p in repeats
-        if p.get("status") == "ok" and p.get("eager_samples_ms") and p.get("compiled_samples_ms")
-    ]
+    timed = _timed(repeats)
     if len(timed) > 1:
         _merge_latency(row, timed)
         _merge_host(row, timed)
@@ -172,17 +168,22 @@ def merge(
     return row
 
 
+def _timed(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Those of `results` (a job's processes, or rows) that are ok and timed both sides."""
+    return [
+        r
+        for r in results
+        if r.get("status") == "ok" and r.get("eager_samples_ms") and r.get("compiled_samples_ms")
+    ]
+
+
 def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One row from rows of the same cell and configs whose processes ran in separate jobs (a
     tune's confirmation and its extension: `orchestrator.tune.search.run_extend`): the first row
     with the latency and device-time columns over every process of those that timed, and each
     accuracy figure the worst any of them measured. Rows that did not time are left out; with
     fewer than two that did, the first that did (else the first) unchanged."""
-    timed = [
-        r
-        for r in rows
-        if r.get("status") == "ok" and r.get("eager_samples_ms") and r.get("compiled_samples_ms")
-    ]
+    timed = _timed(rows)
     if len(timed) < 2:
         return dict(timed[0] if timed else rows[0])
     row = dict(timed[0])

@@ -148,8 +148,11 @@ def second_chance(state: CellBudgets, ok: Results, results: Results, limits: Bud
     lower = next(((c, r) for c, r in ok if not c.stock and c.dtype != state.own), None)
     if first is None or lower is None or first.dtype != state.own:
         return None
-    stock = sorted(r["compiled_ms"] for c, r in results if c.stock and r is not None and eligible(r, limits))
-    return lower[0] if stock and lower[1]["compiled_ms"] < stock[0] else None
+    stock = min(
+        (r["compiled_ms"] for c, r in results if c.stock and r is not None and eligible(r, limits)),
+        default=None,
+    )
+    return lower[0] if stock is not None and lower[1]["compiled_ms"] < stock else None
 
 
 @dataclass(frozen=True)

@@ -283,8 +283,10 @@ def decide_other(
     for cand, row, side in sides:
         iv = versus(user, user.side, (row, side))
         figures = f"{cand.config.name} ({policy}): {iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}] over {user.label}"
-        (passed if cstats.beats(iv) else refused).append((cand, row, side, figures))
-        if not cstats.beats(iv):
+        if cstats.beats(iv):
+            passed.append((cand, row, side, figures))
+        else:
+            refused.append((cand, row, side, figures))
             note_refused(log, iv.estimate)
     if not passed:
         return None, "; ".join(f"{f}, an interval that does not lie above 1" for *_, f in refused)

@@ -376,6 +376,7 @@ def run_extend(
     gain = cstats.load_thresholds().confirm_extend_gain
     measure = rung_measure(ctx.spec.measure, "extend", ctx.opts.confirm_repeats, ctx.opts.extend_repeats)
     more: dict[str, Job] = {}
+    cells = 0
     for run in runs.values():
         if run.picks is None or run.state is None:
             continue
@@ -386,14 +387,14 @@ def run_extend(
         run.log["extended"] = (
             f"a speedup of {refused:.3f}x refused on its interval: {ctx.opts.extend_repeats} more processes"
         )
+        cells += 1
         for jobs in run.confirm.values():
             for job in jobs.jobs():
                 more[job.job_id] = dataclasses.replace(job, measure=measure)
     if not more:
         return confirmed
     what = (
-        f"{plural(len(more), 'confirmation job')} of "
-        f"{plural(sum(1 for r in runs.values() if 'extended' in r.log), 'cell')} whose interval could not "
+        f"{plural(len(more), 'confirmation job')} of {plural(cells, 'cell')} whose interval could not "
         f"tell a speedup of {gain:g}x or more, each in {ctx.opts.extend_repeats} more fresh processes"
     )
     rows = run_round(ctx, "extend", list(more.values()), what)
