@@ -105,14 +105,26 @@ class Cluster:
         self._wait_for(node)
         return node
 
-    def ray_nodes(self) -> list[dict[str, Any]]:
+    def ray_nodes(self, until_port: int | None = None, within: float = 0.0) -> list[dict[str, Any]]:
+        """`ray.nodes()` of the cluster, from a driver of its own in a fresh process (none in this
+        one); with `until_port`, that driver asks again every 0.2 s, for up to `within` seconds,
+        until the node of that node-manager port is alive (one interpreter start and connection a
+        wait, not one a poll)."""
         code = (
-            f"import json, ray; ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False); "
-            "print('NODES=' + json.dumps(ray.nodes()))"
+            "import json, time, ray\n"
+            f"ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False)\n"
+            f"end = time.monotonic() + {within}\n"
+            "while True:\n"
+            "    nodes = ray.nodes()\n"
+            f"    if time.monotonic() >= end or any(n.get('Alive') and n.get('NodeManagerPort') == {until_port}"
+            " for n in nodes):\n"
+            "        break\n"
+            "    time.sleep(0.2)\n"
+            "print('NODES=' + json.dumps(nodes))\n"
         )
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60 + within
         )
         found = [ln for ln in out.stdout.splitlines() if ln.startswith("NODES=")]
         return json.loads(found[-1][len("NODES=") :]) if found else []
@@ -124,7 +136,8 @@ class Cluster:
                 raise RuntimeError(
                     f"ray start of node {node.name} exited {node.proc.returncode}: see node-{node.name}.log"
                 )
-            for n in self.ray_nodes():
+            within = max(0.0, min(10.0, deadline - time.monotonic()))
+            for n in self.ray_nodes(node.manager_port, within):
                 if n.get("Alive") and n.get("NodeManagerPort") == node.manager_port:
                     node.node_id = n["NodeID"]
                     print(
@@ -167,17 +180,37 @@ class Cluster:
         self._end(node)
 
     def _end(self, node: Node) -> None:
+        self._reap(self._term(node))
+
+    @staticmethod
+    def _term(node: Node) -> Node | None:
+        """SIGTERM the node's `ray start` group if it still runs; the node, or None if it did not."""
         if node.proc and node.proc.poll() is None:
             try:
                 os.killpg(node.proc.pid, signal.SIGTERM)
-                node.proc.wait(timeout=30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(node.proc.pid, signal.SIGKILL)
+                return node
+            except ProcessLookupError:
+                pass
+        return None
+
+    @staticmethod
+    def _reap(node: Node | None) -> None:
+        """Wait up to 30 s for a node `_term` signalled to end, then SIGKILL its group."""
+        if node is None or node.proc is None:
+            return
+        try:
+            node.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.proc.pid, signal.SIGKILL)
 
     def stop(self) -> None:
-        for node in reversed(self.nodes):
-            self._end(node)
+        """End every node still running: the GPU nodes all at once, then the head."""
+        head, *gpu_nodes = self.nodes or [None]
+        for node in [self._term(n) for n in reversed(gpu_nodes)]:
+            self._reap(node)
+        if head is not None:
+            self._end(head)
 
 
 def gpu_class(fake: bool) -> tuple[str, int]:

@@ -41,53 +41,87 @@ configs:
 TABLE_STACK = {"python": "3.11", "torch": "2.13.0", "triton": "absent", "transformers": "4.50.0"}
 
 
-# Seconds each slow test file took in a fresh-clone CI run on the 2-core machine (two workers,
-# 2026-11-27): a scheduling hint only, so a stale figure costs balance, never a result. A file not
-# named here counts as DEFAULT_FILE_S.
+# Seconds each test file took, summed over its tests, in a run of the CI command on this 2-core
+# machine (two workers, this file's order, 2026-11-27: 15m27s, the workers ending 0.2 s apart):
+# a scheduling hint only, so a stale figure costs balance, never a result. A file not named here
+# counts as DEFAULT_FILE_S if it holds an integration test, else QUICK_TEST_S a test.
 FILE_S = {
-    "tests/test_benchmarks.py": 420,  # since that run: 324 s alone, x1.3 (CI over alone, below)
-    "tests/integration/test_shared_cache.py": 165,  # since that run: alone 183 s before, 121 after
-    "tests/integration/test_tune.py": 195,
-    "tests/integration/test_output_safety.py": 100,  # since that run: alone 98 s before, 72 after
-    "tests/integration/test_full_disk.py": 125,
-    "tests/integration/test_seed_models.py": 90,
-    "tests/integration/test_sweep_cpu.py": 65,
-    "tests/integration/test_submit.py": 55,  # since that run: alone 57 s before, 52 after
-    "tests/integration/test_fleet_lost_node.py": 56,
-    "tests/integration/test_fleet.py": 45,
-    "tests/integration/test_core_venv.py": 35,  # 31-41 s measured alone, not yet in a CI run
-    "tests/integration/test_notebook.py": 40,
-    "tests/integration/test_deadline.py": 44,
-    "tests/integration/test_s3_output.py": 40,
-    "tests/integration/test_interrupt.py": 38,
-    "tests/integration/test_location_locks.py": 33,
-    "tests/integration/test_harness_failures.py": 32,
-    "tests/integration/test_damaged_output.py": 30,
+    "tests/test_benchmarks.py": 368,
+    "tests/integration/test_tune.py": 154,
+    "tests/integration/test_shared_cache.py": 154,
+    "tests/integration/test_full_disk.py": 133,  # 137 in that run, before its fourth job went
+    "tests/integration/test_output_safety.py": 90,
+    "tests/test_kernel_choices.py": 67,  # with its two integration tests (one waits out a 40 s timeout)
+    "tests/integration/test_submit.py": 62,
+    "tests/integration/test_seed_models.py": 59,
+    "tests/integration/test_fleet_lost_node.py": 46,
+    "tests/test_runner_faults.py": 43,
+    "tests/integration/test_deadline.py": 43,
+    "tests/integration/test_sweep_cpu.py": 41,
+    "tests/tune/test_export_apply.py": 36,
+    "tests/integration/test_s3_output.py": 33,
+    "tests/integration/test_core_venv.py": 32,
+    "tests/integration/test_fleet.py": 30,
+    "tests/test_isa_probe.py": 27,
+    "tests/integration/test_interrupt.py": 25,
+    "tests/integration/test_harness_failures.py": 25,
+    "tests/test_cli_refusals.py": 25,
+    "tests/test_cli_locations.py": 24,
+    "tests/spec/test_bad_files.py": 23,
+    "tests/integration/test_no_orphans.py": 21,
+    "tests/integration/test_damaged_output.py": 20,
+    "tests/integration/test_location_locks.py": 19,
+    "tests/test_ahead.py": 19,
+    "tests/integration/test_notebook.py": 18,
+    "tests/tune/test_apply_sources.py": 18,
+    "tests/test_device_time.py": 18,
+    "tests/test_measure_method.py": 18,
+    "tests/test_regression.py": 14,
+    "tests/integration/test_nightly.py": 10,
+    "tests/tune/test_runtime_settings.py": 10,
+    "tests/test_weights.py": 8,
+    "tests/tune/test_deployed.py": 8,
 }
 DEFAULT_FILE_S = 15
+QUICK_TEST_S = 0.1
 
 
 @pytest.hookimpl(trylast=True)  # after -m has deselected: the halves are of what runs
 def pytest_collection_modifyitems(config, items):
-    """Each half of the collection starts with integration test files (real Ray, real compiles: up
-    to minutes a test), longest first, the two halves' totals balanced, and ends with the quick
-    tests. `-n 2 --dist worksteal` hands each worker one half and lets an idle worker take the end
-    of the other's queue, so both start on long tests at once and the run ends on short ones, rather
-    than on one worker finishing a long test alone (docs/testing.md). A file's tests stay together
-    (a module fixture is built once); the order is the same in every worker, as xdist requires."""
+    """Two halves of the collection, balanced by the seconds their files take (`FILE_S`), each
+    with its integration test files (real Ray, real compiles: up to minutes a test) first, then
+    the fast tier's, each part longest first, so that each half ends on its quickest tests.
+    `-n 2 --dist worksteal` hands each worker one half (the first len // 2 tests, the rest) and
+    lets an idle worker take the end of the other's queue, so both start on long tests at once and
+    the run ends on short ones, rather than on one worker finishing a long test alone
+    (docs/testing.md). A file's tests stay together (a module fixture is built once), but for the
+    quickest tests at a half's end, moved to the other half's end so that the first half holds
+    exactly len // 2; the order is the same in every worker, as xdist requires."""
     files: dict[str, list] = {}
     for item in items:
-        if item.get_closest_marker("integration"):
-            files.setdefault(item.nodeid.split("::")[0], []).append(item)
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    integration = {f for f, tests in files.items() if any(t.get_closest_marker("integration") for t in tests)}
+
+    def seconds(name: str) -> float:
+        default = DEFAULT_FILE_S if name in integration else QUICK_TEST_S * len(files[name])
+        return FILE_S.get(name, default)
+
     halves: tuple[list, list] = ([], [])
-    totals = [0, 0]
-    for name in sorted(files, key=lambda f: (-FILE_S.get(f, DEFAULT_FILE_S), f)):
+    totals = [0.0, 0.0]
+    for name in sorted(files, key=lambda f: (f not in integration, -seconds(f), f)):
         lighter = totals.index(min(totals))
-        totals[lighter] += FILE_S.get(name, DEFAULT_FILE_S)
+        totals[lighter] += seconds(name)
         halves[lighter].extend(files[name])
-    quick = [i for i in items if not i.get_closest_marker("integration")]
-    cut = max(0, len(items) // 2 - len(halves[0]))
-    items[:] = [*halves[0], *quick[:cut], *halves[1], *quick[cut:]]
+    first, second = halves
+    target = len(items) // 2
+    if len(first) > target:
+        second.extend(first[target:])
+        del first[target:]
+    elif len(first) < target:
+        moved = second[len(second) - (target - len(first)) :]
+        del second[len(second) - len(moved) :]
+        first.extend(moved)
+    items[:] = [*first, *second]
 
 
 def default_sigint() -> None:

@@ -66,8 +66,9 @@ def test_dispatch_prints_its_rate():
 
 @pytest.mark.integration
 def test_overhead_prints_its_percentiles():
-    out = bench("overhead.py", "--jobs", "3")
-    assert "3 jobs on {" in out and "target median overhead <= 1 s:" in out
+    """Two jobs, one after the other (a job takes every core): a median and a p90 of two."""
+    out = bench("overhead.py", "--jobs", "2")
+    assert "2 jobs on {" in out and "target median overhead <= 1 s:" in out
     [row] = [line.split() for line in out.splitlines() if line.startswith("orchestration overhead")]
     assert float(row[-3].rstrip("s")) >= 0  # the median, in seconds
 

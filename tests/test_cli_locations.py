@@ -23,6 +23,11 @@ from orchestrator.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "sweeps" / "smoke.yaml")
+# The sweep file of the sweeps and nightlies run as processes below: what they check is the address,
+# after the file is read; smoke.yaml's hf: models would have each process import transformers and
+# torch to validate them (about 2.5 s of CPU a process), the toy MLP imports neither. (`submit`
+# takes a file of the project only: it ships the project to the cluster.)
+TOY_SWEEP = "name: toy\nmodels: [{id: 'python:workers.toy:mlp', name: mlp}]\nbatch_sizes: [1]\nconfigs: {default: {}}\n"
 LONG_NAME = "/tmp/" + "n" * 300
 LONG_PATH = "/tmp/" + "/".join(["p" * 200] * 25)
 
@@ -225,16 +230,16 @@ NEVER_ANSWERS = {
     ),
     "logs": (["logs", "raysubmit_x", "--address", "127.0.0.1:{port}"], "sent no HTTP answer in time"),
     "submit": (
-        ["submit", SMOKE, "--address", "http://127.0.0.1:{port}", "--no-wait"],
+        ["submit", SMOKE, "--address", "http://127.0.0.1:{port}", "--no-wait"],  # a file of the project
         "sent no HTTP answer in time",
     ),
-    "sweep": (["sweep", SMOKE, "--out", "out", "--address", "127.0.0.1:{port}"], "sent nothing in 5 s"),
+    "sweep": (["sweep", "{sweep}", "--out", "out", "--address", "127.0.0.1:{port}"], "sent nothing in 5 s"),
     "sweep-ray-client": (
-        ["sweep", SMOKE, "--out", "out", "--address", "ray://127.0.0.1:{port}"],
+        ["sweep", "{sweep}", "--out", "out", "--address", "ray://127.0.0.1:{port}"],
         "sent nothing in 5 s",
     ),
     "nightly": (
-        ["nightly", SMOKE, "--history", "hist", "--address", "127.0.0.1:{port}"],
+        ["nightly", "{sweep}", "--history", "hist", "--address", "127.0.0.1:{port}"],
         "sent nothing in 5 s",
     ),
 }
@@ -242,15 +247,19 @@ NEVER_ANSWERS = {
 
 def test_a_port_that_never_answers_fails_in_seconds(silent_port, tmp_path):
     """Every front door, each in a directory of its own. Each run mostly waits out the 5 s probe,
-    so they go three at a time (one after the other they took 50 s of the suite's time)."""
+    so they all go at once (one after the other they took 50 s of the suite's time, three at a
+    time 29 s)."""
+
+    sweep = tmp_path / "toy.yaml"
+    sweep.write_text(TOY_SWEEP)
 
     def run(name: str) -> tuple[Path, subprocess.CompletedProcess, float]:
         cwd = tmp_path / name
         cwd.mkdir()
         args, _ = NEVER_ANSWERS[name]
-        return (cwd, *run_cli([a.format(port=silent_port) for a in args], cwd))
+        return (cwd, *run_cli([a.format(port=silent_port, sweep=sweep) for a in args], cwd))
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=len(NEVER_ANSWERS)) as pool:
         runs = dict(zip(NEVER_ANSWERS, pool.map(run, NEVER_ANSWERS), strict=True))
     for name, (cwd, done, took) in runs.items():
         _, says = NEVER_ANSWERS[name]
@@ -262,7 +271,8 @@ def test_a_port_that_never_answers_fails_in_seconds(silent_port, tmp_path):
 
 
 def test_a_web_server_given_as_the_cluster_address_is_refused(http_port, tmp_path):
-    done, _ = run_cli(["sweep", SMOKE, "--out", "out", "--address", f"127.0.0.1:{http_port}"], tmp_path)
+    (tmp_path / "toy.yaml").write_text(TOY_SWEEP)
+    done, _ = run_cli(["sweep", "toy.yaml", "--out", "out", "--address", f"127.0.0.1:{http_port}"], tmp_path)
     assert done.returncode == 2, done.stderr
     assert "answers, but not as a Ray cluster (no gRPC)" in one_line(done.stderr)
     assert not (tmp_path / "out").exists()
