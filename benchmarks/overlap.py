@@ -38,12 +38,13 @@ FLAGGED = ("regression", "improvement", "watch")
 
 
 def wall_s(rows: list[dict[str, Any]]) -> float:
-    """A run's wall time from its rows: the first job's dispatch to the last job's end."""
+    """A run's wall time from its rows: the first job's dispatch to the last job's end (a row's
+    `wall_s` leaves out its wait for a GPU behind another job, `lane_wait_s`, which its span holds)."""
     spans = []
     for r in rows:
         if r.get("started_at") and r.get("wall_s") is not None:
             start = datetime.fromisoformat(str(r["started_at"])).timestamp()
-            spans.append((start, start + r["wall_s"]))
+            spans.append((start, start + r["wall_s"] + (r.get("lane_wait_s") or 0.0)))
     if not spans:
         raise SystemExit("error: no row with started_at and wall_s: not a sweep output of this project")
     return max(e for _, e in spans) - min(s for s, _ in spans)
@@ -79,6 +80,7 @@ def summarize(off_dir: Path, on_dir: Path) -> dict[str, Any]:
         "sweep_efficiency_on": round(e_on.efficiency, 4) if e_on else None,
         "sweep_efficiency_off": round(e_off.efficiency, 4) if e_off else None,
         "started_ahead_on": f"{e_on.ahead} of {e_on.later}" if e_on else None,
+        "firsts_ahead_on": e_on.firsts if e_on else None,
         "hidden_s_on": round(e_on.hidden_s, 1) if e_on else None,
         "ahead_off_on": dict(e_on.off) if e_on else {},
         "aa_verdicts": {
@@ -103,7 +105,8 @@ def render(summary: dict[str, Any]) -> str:
     ratio = summary["wall_s_off"] / summary["wall_s_on"] if summary["wall_s_on"] else float("nan")
     lines += [
         f"sweep wall time: {summary['wall_s_off']:.0f} s off, {summary['wall_s_on']:.0f} s on ({ratio:.2f}x less)",
-        f"processes started ahead (on): {summary['started_ahead_on']}, hiding {summary['hidden_s_on']} s",
+        f"processes started ahead (on): {summary['started_ahead_on']} after a job's first, and "
+        f"{summary.get('firsts_ahead_on') or 0} jobs' first, hiding {summary['hidden_s_on']} s",
         f"A/A (on against off, the regression rules): {summary['aa_verdicts']}; flagged: "
         + ("; ".join(summary["aa_flagged"]) or "none"),
     ]

@@ -4,8 +4,9 @@ The end of `orchestrate sweep` prints it for the run's rows, and `orchestrate re
 output's, so that a user sees at once whether a sweep was compile-bound, import-bound or
 timing-bound. From the results' columns (`store.fields`):
 
-- the wall time is each job's `wall_s` (from dispatch to result; `subprocess_s` for a row without
-  it), summed over the jobs;
+- the wall time is each job's `wall_s` (from dispatch to result, less its wait for a GPU behind
+  another job, `lane_wait_s`: `workers.lanes`; `subprocess_s` for a row without it), summed over
+  the jobs;
 - the **job efficiency** is the share of it spent compiling, timing and checking accuracy
   (`phase_compile_s`, `phase_timing_s`, `phase_accuracy_s`);
 - each phase's share is its `phase_<name>_s` over the wall time, except that the start-up of
@@ -31,9 +32,15 @@ STARTUP = ("start", "imports", "build")
 TOP = 3
 BOUND = {"imports": "import-bound", "start": "start-up-bound", "exit": "exit-bound"}
 """How a sweep is named by its largest phase (else `<phase>-bound`)."""
-COLUMNS = ["wall_s", "subprocess_s", "ahead_hidden_s", "started_ahead", "ahead_off", "run_id"] + [
-    f"phase_{p}_s" for p in PHASES
-]
+COLUMNS = [
+    "wall_s",
+    "subprocess_s",
+    "ahead_hidden_s",
+    "started_ahead",
+    "ahead_off",
+    "lane_wait_s",
+    "run_id",
+] + [f"phase_{p}_s" for p in PHASES]
 """The results columns the summary reads."""
 
 
@@ -50,6 +57,9 @@ class Efficiency:
     later: int = 0
     """Processes after a job's first (those that could start ahead)."""
     ahead: int = 0
+    """Of those, the ones started ahead."""
+    firsts: int = 0
+    """Jobs whose first process started ahead, behind the job before it on its GPU (`workers.lanes`)."""
     off: Counter = field(default_factory=Counter)
     """Why processes were not started ahead: jobs per reason."""
 
@@ -95,7 +105,8 @@ def _add_row(total: Efficiency, row: dict[str, Any]) -> None:
     total.hidden_s += hidden
     ahead = row.get("started_ahead") or []
     total.later += max(0, len(ahead) - 1)
-    total.ahead += sum(bool(a) for a in ahead)
+    total.ahead += sum(bool(a) for a in ahead[1:])
+    total.firsts += bool(ahead and ahead[0])
     if row.get("ahead_off"):
         total.off[row["ahead_off"]] += 1
 
@@ -116,9 +127,10 @@ def summary_lines(e: Efficiency) -> list[str]:
         f"{e.wall_s:.0f} s of wall time over {e.jobs} job{'' if e.jobs == 1 else 's'}; "
         f"{e.bound}: {top} of the wall time"
     ]
-    if e.later:
+    if e.later or e.firsts:
+        firsts = f" and {e.firsts} jobs' first, behind the job before each on its GPU" if e.firsts else ""
         lines.append(
-            f"processes started ahead: {e.ahead} of the {e.later} after a job's first, "
+            f"processes started ahead: {e.ahead} of the {e.later} after a job's first{firsts}, "
             f"hiding {e.hidden_s:.1f} s of start-up"
         )
     for reason, jobs in e.off.most_common(2):

@@ -363,7 +363,11 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("cpu_pinned", pa.bool_(), "the processes were pinned to cores reserved for the job"),
     ("python_version", pa.string(), "Python version in the job process"),
     ("started_at", pa.timestamp("us", tz="UTC"), "when the job's subprocess started"),
-    ("wall_s", pa.float64(), "driver-side time from dispatch to result, s"),
+    (
+        "wall_s",
+        pa.float64(),
+        "driver-side time from dispatch to result, less lane_wait_s (the wait for a GPU behind another job), s",
+    ),
     ("subprocess_s", pa.float64(), "lifetime of the job's subprocesses, summed, s"),
     ("job_processes", pa.int32(), "fresh processes the job ran (repeats, plus a separate warm compile)"),
     ("phase_start_s", pa.float64(), "phase times, s, summed over the job's processes: interpreter start"),
@@ -408,6 +412,12 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         pa.string(),
         "why a later process of the job was not started ahead (no spare core on the node, the job not "
         "pinned, ...); null where each was, or the job ran one process",
+    ),
+    (
+        "lane_wait_s",
+        pa.float64(),
+        "seconds the job waited for a GPU of its node behind the job on it, its first process started ahead "
+        "meanwhile (workers.lanes); null where GPU jobs did not go through lanes",
     ),
     (
         "job_efficiency",

@@ -43,7 +43,7 @@ from store.storage import Location, Target, resolve
 
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -75,6 +75,8 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   `stock_compile_*`, `vs_stock_eager*`, `vs_stock_compile*`, `within_precision_*`).
 - 10: results gain the start-up overlap of a job's processes (`workers.ahead`): `started_ahead`
   and `gate_wait_s` per process, `ahead_hidden_s`, `ahead_cpus` and `ahead_off`.
+- 11: results gain `lane_wait_s`, the time a GPU job waited for its GPU behind another job with its
+  first process started ahead (`workers.lanes`); `wall_s` leaves that wait out.
 """
 FP32_MEANT_STRICT_BEFORE = 9
 """Schema versions below this wrote `fp32` for what is `fp32-strict` now."""

@@ -105,6 +105,7 @@ def _gated_script(record: Path, job_file: Path) -> str:
         run.pass_gate()  # its first save: the record appears as it reaches the gate
         cores = {{os.sched_getaffinity(int(t)) == os.sched_getaffinity(0) for t in os.listdir("/proc/self/task")}}
         run.result["threads_on_one_set"] = cores == {{True}}
+        run.result["gate_var"] = os.environ.get("CO_TEST_GATE_VAR")
         run.save(final=True)
         """
     )
@@ -137,13 +138,27 @@ def test_the_gate_holds_the_process_until_opened_and_moves_every_thread(tmp_path
     proc, gate, record = _start_gated(tmp_path, job_cpu=CORES[0], ahead_cpu=CORES[1])
     time.sleep(0.5)
     assert proc.poll() is None  # still at the gate
-    os.write(gate, f"{time.time()!r}\n".encode())
+    os.write(gate, (json.dumps({"at": time.time()}) + "\n").encode())
     os.close(gate)
     assert proc.wait(timeout=60) == 0
     got = json.loads(record.read_text())
     assert got["started_ahead"] is True and got["gate_wait_s"] >= 0.5
     assert got["ahead_cpus"] == str(CORES[1]) and got["cpu_affinity"] == str(CORES[0]) and got["cpu_pinned"]
     assert got["threads_on_one_set"] is True
+
+
+@two_cores
+def test_the_gate_gives_the_job_its_cores_and_variables(tmp_path):
+    """A job that waited for its GPU learns its cores and its GPU at the gate (`workers.lanes`):
+    the message's cores win over those it was started with, its variables are set before it goes on."""
+    proc, gate, record = _start_gated(tmp_path, job_cpu=CORES[1], ahead_cpu=CORES[1])
+    message = {"at": time.time(), "cpus": str(CORES[0]), "env": {"CO_TEST_GATE_VAR": "7"}}
+    os.write(gate, (json.dumps(message) + "\n").encode())
+    os.close(gate)
+    assert proc.wait(timeout=60) == 0
+    got = json.loads(record.read_text())
+    assert got["cpu_affinity"] == str(CORES[0]) and got["threads_on_one_set"] is True
+    assert got["gate_var"] == "7"
 
 
 @two_cores
@@ -172,12 +187,13 @@ def test_a_run_without_the_overlap_starts_each_process_after_the_one_before(lock
     assert row["gate_wait_s"] == [0.0, 0.0] and row["ahead_hidden_s"] == 0.0
 
 
-def test_a_gpu_job_leaves_two_cores_of_its_share_for_the_process_started_ahead():
-    """A GPU node's cores go to its GPUs' jobs less 2 each (`orchestrator.fleet.inventory`): the
-    spare cores a job's next process imports and builds on while the one before it times."""
-    assert [gpu_job_cores(n) for n in (16, 8, 6, 5, 2, 1)] == [14, 6, 4, 5, 2, 1]
-    # a 64-core host with 4 GPUs: jobs of 14 cores leave 8 spare; the worker sees the same layout
-    assert 64 - 4 * gpu_job_cores(64 // 4) == 8
+def test_a_gpu_job_leaves_three_cores_of_its_share_for_the_processes_started_ahead():
+    """A GPU node's cores go to its GPUs' jobs less 3 each (`orchestrator.fleet.inventory`), or
+    fewer where the job would keep fewer than 4: the spare cores a job's two later processes and
+    the next job's first import and build on while the job's process times."""
+    assert [gpu_job_cores(n) for n in (16, 8, 7, 6, 5, 4, 2, 1)] == [13, 5, 4, 4, 4, 4, 2, 1]
+    # a 64-core host with 4 GPUs: jobs of 13 cores leave 12 spare; the worker sees the same layout
+    assert 64 - 4 * gpu_job_cores(64 // 4) == 12
 
 
 def test_spare_cores_are_the_nodes_cores_beyond_its_jobs():
@@ -207,17 +223,19 @@ def test_processes_started_ahead_share_the_spare_cores_and_say_why_not(lock_dir)
 def test_no_process_starts_ahead_for_a_job_not_pinned(tmp_path):
     steps = [Step((), tmp_path / f"r{i}.json", tmp_path / "log") for i in range(2)]
     unpinned = affinity.CoreLease((), note="only 0 of the 1 cores this job wants were free")
-    with Overlap(steps, unpinned, "cpu", 1, spawn=None, kill=kill_tree, node_jobs=1) as overlap:
+    with Overlap(steps, "cpu", 1, spawn=None, kill=kill_tree, node_jobs=1) as overlap:
+        overlap.use_cores(unpinned)
         assert overlap.take(0) is None and overlap.take(1) is None
         assert overlap.off_reason() == f"the job's processes are not pinned to cores ({unpinned.note})"
-    single = Overlap(steps[:1], unpinned, "cpu", 1, spawn=None, kill=kill_tree)
+    single = Overlap(steps[:1], "cpu", 1, spawn=None, kill=kill_tree)
+    single.use_cores(unpinned)
     assert single.take(0) is None and single.off_reason() is None  # one process: nothing to overlap
 
 
 @two_cores
 def test_a_process_started_ahead_and_never_run_is_ended(lock_dir, tmp_path):
-    """The step before it is past its compile: the next one starts (here a bare interpreter at its
-    gate); the job then stops there (that step failed, or the job was cancelled): it is ended, its
+    """The step before it is past its gate, on the device: the next one starts (here a bare
+    interpreter at its gate); the job then stops there (that step failed, or the job was cancelled): it is ended, its
     cores freed."""
     steps = [Step((), tmp_path / f"r{i}.json", tmp_path / "log") for i in range(2)]
     started: list[subprocess.Popen] = []
@@ -230,14 +248,15 @@ def test_a_process_started_ahead_and_never_run_is_ended(lock_dir, tmp_path):
         return started[-1]
 
     job_cores = affinity.reserve_cores(1)
-    with Overlap(steps, job_cores, "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=1) as overlap:
+    with Overlap(steps, "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=1) as overlap:
+        overlap.use_cores(job_cores)
         assert overlap.take(0) is None
         watch = overlap.watch(0)
-        steps[0].result_file.write_text(json.dumps({"phase": "compile"}))
+        steps[0].result_file.write_text(json.dumps({"phase": "build"}))
         watch()
-        assert not started  # still compiling: nothing starts
+        assert not started  # still building, before its gate: nothing starts
         time.sleep(0.01)
-        steps[0].result_file.write_text(json.dumps({"phase": "timing"}))
+        steps[0].result_file.write_text(json.dumps({"phase": "eager"}))
         os.utime(steps[0].result_file, ns=(time.time_ns(), time.time_ns() + 1))
         watch()
         assert len(started) == 1 and started[0].poll() is None

@@ -1,16 +1,17 @@
-"""A job's next process, started before the device is free: the runner's side of the overlap.
+"""A job's later processes, started before the device is free: the runner's side of the overlap.
 
-Every process of a job is a fresh interpreter, and each spends seconds (35-55 s on the H100
-host) importing torch, transformers and the model's code before it measures anything. While one
-process of a job is past its compile (`AHEAD_FROM`: warming the compiled side up, timing,
-counting FLOPs, checking accuracy), the runner starts the next one (`Overlap`). That process
-imports, builds the model and its inputs on the host, and waits at its gate
+Every process of a job is a fresh interpreter, and each spends seconds (35-55 s a job on the
+H100 host) importing torch, transformers and the model's code, and the compile stack, before it
+measures anything. Once a job's process is past its gate, on the device (`AHEAD_FROM`), the
+runner starts each later process of the job (`Overlap`); and a job waiting for its GPU behind
+another job starts its first process the same way (`workers.lanes`). Such a process imports
+(Dynamo and Inductor too), builds the model and its inputs on the host, and waits at its gate
 (`workers.bench_gate`) before it touches the device or makes its first compute call; the runner
 opens the gate when the process before it has ended. Nothing of the method changes: each process
 is still a fresh interpreter with its own caches, and none runs a compute call while another of
-its job does.
+its job (or of another job on its GPU) does.
 
-Until its gate opens, the process runs on cores of its own, never the job's: the timing process
+Until its gate opens, the process runs on a core of its own, never a job's: the timing process
 keeps its cores to itself. Those cores come from the node's spare cores, the ones no job's
 reservation can need (`spare_cores`: the node's cores less its job slots times each job's
 cores), and a node-wide token per spare core (`ahead<i>.lock` beside the cores' lock files)
@@ -29,30 +30,37 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from compiler.env import format_cpus
 from workers import affinity
-from workers.bench_gate import GATE_FD_ENV
+from workers.bench_gate import GATE_FD_ENV, NVML_CHECK_ENV
 
-AHEAD_FROM = frozenset({"compiled_warmup", "timing", "flops", "accuracy", "done"})
-"""Phases of a process (its RESULT.json's `phase`) once its compile is over: the next process of
-its job starts then."""
-AHEAD_CORES = 2
-"""Cores a process started ahead takes at most: its imports run on one, its build on more."""
+AHEAD_FROM = frozenset({"eager", "compile", "compiled_warmup", "timing", "flops", "accuracy", "done"})
+"""Phases of a process (its RESULT.json's `phase`) once it is past its gate, on the device: the
+later processes of its job start then."""
+AHEAD_CORES = 1
+"""Cores a process started ahead takes: its imports run on one."""
+SPARE_PER_GPU = 3
+"""Cores a GPU node keeps aside per GPU for processes started ahead: a job's two later
+processes, started as its first one reaches the device, and the next job's first
+(`workers.lanes`)."""
 MIN_JOB_CORES = 4
-"""The fewest cores a GPU job keeps when its node sets `AHEAD_CORES` per GPU aside
+"""The fewest cores a GPU job keeps when its node sets `SPARE_PER_GPU` per GPU aside
 (`gpu_job_cores`); with fewer, the job takes them all and its processes start one after another."""
+
 OFF_BY_RUN = "turned off for this run (--no-overlap)"
 
 
 def gpu_job_cores(per_gpu: int) -> int:
-    """The cores a GPU job reserves on a node with `per_gpu` cores per GPU: all but `AHEAD_CORES`,
-    which stay spare for its next process started ahead (the timing process's cores stay its
-    own), where at least `MIN_JOB_CORES` remain; else all of them, and no process starts ahead
-    (`ahead_off`: no spare core). On a 64-core host with 4 GPUs: 14 cores a job, 8 spare."""
-    return per_gpu - AHEAD_CORES if per_gpu - AHEAD_CORES >= MIN_JOB_CORES else per_gpu
+    """The cores a GPU job reserves on a node with `per_gpu` cores per GPU: all but
+    `SPARE_PER_GPU`, which stay spare for the processes started ahead (the timing process's cores
+    stay its own), or all but as many of them as leave the job `MIN_JOB_CORES`; all of them where
+    not even one can be spared, and no process starts ahead (`ahead_off`: no spare core). On a
+    64-core host with 4 GPUs: 13 cores a job, 12 spare."""
+    spare = min(SPARE_PER_GPU, per_gpu - MIN_JOB_CORES)
+    return per_gpu - spare if spare >= 1 else per_gpu
 
 
 @dataclass(frozen=True)
@@ -158,11 +166,15 @@ class Started:
     """The write end of the gate's pipe (-1 once opened or closed)."""
     spawned: float
     """When it was started (`time.monotonic()`)."""
+    message: dict[str, object] = field(default_factory=dict)
+    """What its gate tells it besides the time (`Overlap.use_cores`: the job's cores, its GPU)."""
 
     def open_gate(self) -> None:
-        """Tell the process the device is free (the time now, on this clock)."""
+        """Tell the process the device is free: the time now (this clock, `at`), and `message`'s
+        fields (`workers.bench_gate.wait_at_gate`)."""
+        line = json.dumps({"at": time.time(), **self.message}) + "\n"
         with contextlib.suppress(OSError):  # it died meanwhile: the runner finds out as it waits
-            os.write(self.gate, f"{time.time()!r}\n".encode())
+            os.write(self.gate, line.encode())
         self._close_gate()
 
     def _close_gate(self) -> None:
@@ -183,16 +195,18 @@ Spawn = Callable[[Step, dict[str, str], tuple[int, ...]], subprocess.Popen]
 
 
 class Overlap:
-    """The processes of one job (`steps`, in order), each after the first started ahead where it
-    can be. While step i runs, the runner calls `watch(i)`'s check at every poll; once step i is
-    past its compile, step i + 1 is started ahead. `take(i)` gives the runner step i's process
-    if it was started ahead (the runner opens its gate), and `close` drops one never taken.
-    `off_reason` says why some step that ran was not started ahead."""
+    """The processes of one job (`steps`, in order), each started ahead where it can be. While
+    step i runs, the runner calls `watch(i)`'s check at every poll; once step i is past its gate
+    (on the device: `AHEAD_FROM`), every later step not started yet is started ahead, each on a
+    spare core of its own, waiting at its gate. `start_first` starts step 0 ahead (a job waiting
+    for its GPU behind another job: `workers.lanes`). `use_cores` gives the job's cores once it
+    holds them (and what the gates tell: the cores, the GPU); `take(i)` gives the runner step i's
+    process if it was started ahead (the runner opens its gate), and `close` drops those never
+    taken. `off_reason` says why some step that ran was not started ahead."""
 
     def __init__(
         self,
         steps: list[Step],
-        job_cores: affinity.CoreLease,
         device: str,
         threads: int,
         spawn: Spawn,
@@ -200,30 +214,37 @@ class Overlap:
         node_jobs: int | None = None,
         enabled: bool = True,
     ):
-        self.steps, self.spawn, self.kill = steps, spawn, kill
+        self.steps, self.spawn, self.kill, self.device = steps, spawn, kill, device
         self.reasons: dict[int, str] = {}
         self.ran: list[int] = []
-        self.started: Started | None = None
-        """The next step's process, started ahead, its gate shut."""
+        self.started: dict[int, Started] = {}
+        """Later steps' processes, started ahead, their gates shut."""
         self.running: Started | None = None
         """The running step's process where it was started ahead, until it leaves its cores."""
+        self.gate_message: dict[str, object] = {}
         self.spare = 0
         self.off: str | None = None
         """Why no step of this job starts ahead."""
-        if len(steps) > 1:
-            if not enabled:
-                self.off = OFF_BY_RUN
-            elif not job_cores.pinned:
-                self.off = f"the job's processes are not pinned to cores ({job_cores.note})"
-            else:
-                self.spare, layout = spare_cores(device, threads, node_jobs)
-                if self.spare < 1:
-                    self.off = f"no spare core: {layout}"
+        if not enabled:
+            self.off = OFF_BY_RUN
+        else:
+            self.spare, layout = spare_cores(device, threads, node_jobs)
+            if self.spare < 1:
+                self.off = f"no spare core: {layout}"
+
+    def use_cores(self, job_cores: affinity.CoreLease, env: dict[str, str] | None = None) -> None:
+        """The job's cores, now that it holds them, and the environment variables (its GPU) the
+        processes started ahead take at their gates. Unpinned cores turn the overlap off for the
+        steps not started yet (their processes could not keep off the job's cores)."""
+        cpus = job_cores.cpus if job_cores.pinned else tuple(sorted(os.sched_getaffinity(0)))
+        self.gate_message = {"cpus": format_cpus(cpus), "env": dict(env or {})}
+        if not job_cores.pinned and self.off is None:
+            self.off = f"the job's processes are not pinned to cores ({job_cores.note})"
 
     def watch(self, index: int) -> Callable[[], None]:
         """The check to call while step `index` runs: it frees the cores of a process started
-        ahead once that process has passed its gate, and starts the next step ahead once this
-        one is past its compile (both read from the step's result file, when it changes)."""
+        ahead once that process has passed its gate, and starts the later steps ahead once this
+        one is past its gate (both read from the step's result file, when it changes)."""
         path = self.steps[index].result_file
         seen: list[int] = []
 
@@ -242,29 +263,39 @@ class Overlap:
             if self.running is not None and result.get("started_ahead"):
                 self._leave_cores()
             if result.get("phase") in AHEAD_FROM:
-                self._start(index + 1)
+                for later in range(index + 1, len(self.steps)):
+                    if later not in self.started and not self._start(later):
+                        break
 
         return check
 
-    def _start(self, index: int) -> None:
-        if self.off or index >= len(self.steps) or self.started is not None or index in self.reasons:
-            return
+    def start_first(self) -> bool:
+        """Start step 0 ahead (its job waits for its GPU), unless it was; whether it is."""
+        return 0 in self.started or self._start(0)
+
+    def _start(self, index: int) -> bool:
+        if self.off:
+            return False
         cores = reserve_ahead(self.spare)
         if isinstance(cores, str):
             self.reasons[index] = cores
-            return
+            return False
         read, write = os.pipe()
         extra = {GATE_FD_ENV: str(read), affinity.AHEAD_AFFINITY_ENV: format_cpus(cores.lease.cpus)}
+        if self.device == "cuda":  # torch counts devices through NVML until the gate: no CUDA init
+            extra[NVML_CHECK_ENV] = "1"
         try:
             proc = self.spawn(self.steps[index], extra, (read,))
         except OSError as exc:
             os.close(write)
             cores.release()
             self.reasons[index] = f"it could not be started ahead: {exc}"
-            return
+            return False
         finally:
             os.close(read)
-        self.started = Started(index, proc, cores, write, time.monotonic())
+        self.reasons.pop(index, None)
+        self.started[index] = Started(index, proc, cores, write, time.monotonic())
+        return True
 
     def _leave_cores(self) -> None:
         if self.running is not None:
@@ -276,16 +307,13 @@ class Overlap:
         runner starts it then. Frees the cores of the step before, if it still held some."""
         self._leave_cores()
         self.ran.append(index)
-        started, self.started = self.started, None
-        if started is not None and started.index == index:
+        started = self.started.pop(index, None)
+        if started is not None:
+            started.message = self.gate_message
             self.running = started
             return started
-        if started is not None:  # never happens: a step is only started ahead of its own turn
-            started.drop(self.kill)
         if index > 0 and index not in self.reasons:
-            self.reasons[index] = (
-                self.off or "the process before it ended before it was seen past its compile"
-            )
+            self.reasons[index] = self.off or "the process before it ended before it was seen past its gate"
         return None
 
     def off_reason(self) -> str | None:
@@ -295,10 +323,10 @@ class Overlap:
         return "; ".join(dict.fromkeys(reasons)) or None
 
     def close(self) -> None:
-        """Drop a process started ahead that was never taken; free every core still held."""
-        if self.started is not None:
-            self.started.drop(self.kill)
-            self.started = None
+        """Drop every process started ahead that was never taken; free every core still held."""
+        for started in self.started.values():
+            started.drop(self.kill)
+        self.started.clear()
         self._leave_cores()
 
     def __enter__(self) -> Overlap:

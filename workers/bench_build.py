@@ -4,14 +4,16 @@ The model gets random weights (seed 0) unless the job names a checkpoint; its `I
 task-correct input sets (one for a python: factory, which makes its own) are rotated call by call
 in every warm-up and timed round. Both are cast to the job's device and precision; an fp32 copy
 of the model stays on the host for the fp64 reference of the accuracy phase. A process started
-ahead (`workers.ahead`) builds on the host, then waits at its gate before it casts or moves
-anything (`JobRecord.pass_gate`).
+ahead (`workers.ahead`) also imports the compile stack first (Dynamo and Inductor: seconds that
+would otherwise come after its gate), builds on the host, then waits at its gate before it casts
+or moves anything (`JobRecord.pass_gate`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from contextlib import suppress
 
 from workers.bench_calls import cast_inputs
 from workers.bench_record import JobRecord
@@ -29,6 +31,12 @@ def build(run: JobRecord, keep_fp32_copy: bool = True, precision: str | None = N
     from compiler.precision import apply_precision
 
     job = run.job
+    if run.ahead:  # its compile's imports, while the process before it still runs
+        run.enter("imports")
+        import torch._dynamo  # noqa: F401
+
+        with suppress(ImportError):  # another torch layout: it loads at the first compile instead
+            import torch._inductor.compile_fx  # noqa: F401
     run.enter("build")
     device = torch.device("cuda" if job.device == "cuda" else "cpu")
     dtype = apply_precision(precision or job.dtype)

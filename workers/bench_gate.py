@@ -3,20 +3,27 @@
 A later process of a job may start while the one before it still times the model: it imports,
 builds the model and its inputs on the host, pinned to cores of its own (`AHEAD_AFFINITY_ENV`),
 then waits here, before it touches the device or makes its first compute call. The runner opens
-the gate when the process before it has ended: it writes the time it did so (its clock, seconds
-since the epoch) and a newline into the pipe whose read end is `GATE_FD_ENV`. The process then
-moves every one of its threads onto the job's own cores (`workers.affinity.AFFINITY_ENV`) and
-goes on as any other process of the job. A gate closed without that line means the runner
-dropped the process (the one before it failed, the job was cancelled): it exits at once.
+the gate when the process before it has ended: it writes one line of JSON into the pipe whose
+read end is `GATE_FD_ENV`: `at`, the time it did so (its clock, seconds since the epoch), `cpus`,
+the job's own cores, and `env`, variables the process takes before it goes on (the GPU it runs
+on, `CUDA_VISIBLE_DEVICES`, for a job that waited for a GPU: `workers.lanes`). The process then
+moves every one of its threads onto the job's cores and goes on as any other process of the job.
+A gate closed without that line means the runner dropped the process (the one before it failed,
+the job was cancelled): it exits at once.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import suppress
+from typing import Any
 
 GATE_FD_ENV = "CO_GATE_FD"
 """The read end of the pipe a process started ahead waits on (set only for such a process)."""
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""torch counts CUDA devices through NVML where this is set, without initialising CUDA: a GPU
+process started ahead learns its device only at its gate (set until then)."""
 
 
 def gate_fd() -> int | None:
@@ -25,9 +32,10 @@ def gate_fd() -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def wait_at_gate(fd: int) -> float | None:
-    """Block until the runner opens the gate; the time it opened it, or None where it closed
-    the gate without opening it (or wrote something that is no time)."""
+def wait_at_gate(fd: int) -> dict[str, Any] | None:
+    """Block until the runner opens the gate; its message (`at`, the time it opened it, and
+    `cpus` and `env` where it gave them), or None where it closed the gate without opening it
+    (or wrote something that is no such message)."""
     data = b""
     try:
         while not data.endswith(b"\n"):
@@ -39,9 +47,11 @@ def wait_at_gate(fd: int) -> float | None:
         with suppress(OSError):
             os.close(fd)
     try:
-        return float(data)
-    except ValueError:
+        message = json.loads(data)
+        message["at"] = float(message["at"])
+    except (ValueError, TypeError, KeyError):
         return None
+    return message
 
 
 def pin_every_thread(cpus: set[int]) -> bool:
@@ -57,3 +67,29 @@ def pin_every_thread(cpus: set[int]) -> bool:
     except OSError:
         return False
     return True
+
+
+class WrongDevice(RuntimeError):
+    """A process started ahead runs on another GPU than the one its gate gave it."""
+
+
+def check_device(visible: str) -> None:
+    """After the gate gave this process its GPU (`visible`, the `CUDA_VISIBLE_DEVICES` it took
+    then): raise `WrongDevice` where CUDA's device 0 is another GPU, as it is where something
+    initialised CUDA before the gate, under the variable the process was started with."""
+    import torch
+
+    from compiler import clocks
+
+    try:
+        with clocks.nvml_device(0) as (pynvml, handle):
+            expected = str(pynvml.nvmlDeviceGetUUID(handle))
+    except Exception:  # no NVML: nothing to check against
+        return
+    got = str(torch.cuda.get_device_properties(0).uuid)
+    if expected.removeprefix("GPU-") != got.removeprefix("GPU-"):
+        raise WrongDevice(
+            f"CUDA's device 0 is GPU {got}, not the GPU {visible} ({expected}) this process was given "
+            f"at its gate: CUDA was initialised before the gate (some import called it), so the job "
+            f"would have shared another job's GPU"
+        )

@@ -103,24 +103,32 @@ class JobRecord:
 
     def pass_gate(self) -> None:
         """In a process started ahead, wait at the gate until the process before it has ended,
-        then move onto the job's cores and record `started_ahead`, `gate_wait_s` (how long it
-        waited, ready before the device was free), `ahead_hidden_s` (how much of its start-up ran
-        while the process before it still ran) and `ahead_cpus`. The wait counts in no phase. A
-        no-op in any other process, and after the first call."""
+        take the variables the gate gives (the job's GPU), move onto the job's cores and record
+        `started_ahead`, `gate_wait_s` (how long it waited, ready before the device was free),
+        `ahead_hidden_s` (how much of its start-up ran while the process before it still ran) and
+        `ahead_cpus`. The wait counts in no phase. A no-op in any other process, and after the
+        first call."""
         fd, self._gate = self._gate, None
         if fd is None:
             return
         ready = time.time()
         self.close_phase()
         self.save()
-        opened = bench_gate.wait_at_gate(fd)
-        if opened is None:  # the runner dropped this process: nothing of it is wanted
+        message = bench_gate.wait_at_gate(fd)
+        if message is None:  # the runner dropped this process: nothing of it is wanted
             os._exit(0)
+        opened = message["at"]
         before = format_cpus(os.sched_getaffinity(0))
-        for name in (bench_gate.GATE_FD_ENV, AHEAD_AFFINITY_ENV):  # not for this process's children
+        for name in (
+            bench_gate.GATE_FD_ENV,
+            AHEAD_AFFINITY_ENV,
+            bench_gate.NVML_CHECK_ENV,
+        ):  # not for its children
             os.environ.pop(name, None)
-        wanted = os.environ.get(AFFINITY_ENV)
+        os.environ.update({str(k): str(v) for k, v in (message.get("env") or {}).items()})
+        wanted = message.get("cpus") or os.environ.get(AFFINITY_ENV)
         if wanted:
+            os.environ[AFFINITY_ENV] = wanted
             pinned = bench_gate.pin_every_thread(parse_cpus(wanted))
             if not pinned:
                 self.notes.append(f"could not move onto the job's cores {wanted} after the gate")
@@ -135,6 +143,8 @@ class JobRecord:
         if self.job.device == "cuda":  # its description waited for the device too
             from compiler.env import describe
 
+            if "CUDA_VISIBLE_DEVICES" in (message.get("env") or {}):
+                bench_gate.check_device(os.environ["CUDA_VISIBLE_DEVICES"])
             self.result.update(describe(self.job.device))
         self._phase_t0 = time.perf_counter()
         self.save()

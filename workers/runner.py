@@ -40,6 +40,7 @@ from workers import affinity
 from workers.ahead import Overlap, Started, Step
 from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV, choices_stream
 from workers.job import Job
+from workers.lanes import VISIBLE, Held, Lane, LaneStopped
 from workers.repeats import merge
 
 POLL_S = 0.1
@@ -313,6 +314,46 @@ def _job_scratch(
     return scratch, job_file, scratch / "log.txt", env
 
 
+def _take_device(
+    stack: contextlib.ExitStack,
+    job: Job,
+    threads: int,
+    ahead: Overlap,
+    env: dict[str, str],
+    lane: Lane | None,
+    lock_clocks: bool,
+) -> tuple[Held | None, affinity.CoreLease, Any]:
+    """What a job holds while it runs, each kept until `stack` closes: with `lane`, a GPU with no
+    job on it (its first process started ahead while it waits); then its cores (near its GPU
+    first) and, with `lock_clocks`, its GPU's locked clock. `env` and the gates get the GPU and
+    the cores."""
+    gpu = job.device == "cuda"
+    gate_env: dict[str, str] = {}
+    held = None
+    if lane is not None:
+        ahead.start_first()  # and again while it waits, where no spare core was free
+        held = stack.enter_context(_hold(lane, ahead.start_first))
+        if gpu:  # this job's GPU, for NVML here (its cores, clocks) and its processes
+            os.environ[VISIBLE] = env[VISIBLE] = gate_env[VISIBLE] = held.gpu
+    cores = stack.enter_context(affinity.core_lease(threads, clocks.gpu_local_cpus() if gpu else set()))
+    clock_lock = stack.enter_context(
+        clocks.locked_clocks() if gpu and lock_clocks else contextlib.nullcontext()
+    )
+    _pin(env, cores)
+    ahead.use_cores(cores, gate_env)
+    return held, cores, clock_lock
+
+
+@contextlib.contextmanager
+def _hold(lane: Lane, waiting: Callable[[], object]) -> Iterator[Held]:
+    """`lane.hold`, a stop while waiting being a cancellation (nothing ran: nothing to keep)."""
+    try:
+        with lane.hold(_stop_check, waiting) as held:
+            yield held
+    except LaneStopped:
+        raise JobCancelled({}) from None
+
+
 def _pin(env: dict[str, str], cores: affinity.CoreLease) -> None:
     """Tell the job processes which cores they hold (they pin themselves before importing torch)."""
     if cores.pinned:
@@ -356,6 +397,7 @@ def run_job(
     shared_cache: str | None = None,
     node_jobs: int | None = None,
     overlap: bool = True,
+    lane: Lane | None = None,
 ) -> dict[str, Any]:
     """Run `job` in fresh subprocesses; return its row's fields (see workers.bench and
     workers.repeats) plus `status`, `error` and `subprocess_s`.
@@ -363,10 +405,12 @@ def run_job(
     The first process compiles cold and measures everything. With `measure.repeats: N`, N - 1
     more processes (one after another, on the same device and cores) compile against the cache
     the first filled and time again; their compile times are the warm compile. With one repeat
-    and `measure.warm_compile`, a second process only compiles warm. Each later process starts
-    while the one before it is past its compile, on spare cores of the node, and waits at a gate
-    until that one has ended (`workers.ahead`; `node_jobs`: the jobs this node runs at once, by
-    default its GPUs or as many as its cores hold; `overlap` False: never, `--no-overlap`). The
+    and `measure.warm_compile`, a second process only compiles warm. The later processes start
+    once the first is past its gate, on spare cores of the node, each waiting at a gate until
+    the one before it has ended (`workers.ahead`; `node_jobs`: the jobs this node runs at once, by
+    default its GPUs or as many as its cores hold; `overlap` False: never, `--no-overlap`). With
+    `lane` (`workers.lanes`), the job first waits for a GPU of the lane with no job on it, its
+    first process started ahead meanwhile, and takes its cores once it holds one. The
     processes are pinned to
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
     clock is locked for the job where NVML allows it. With `shared_cache` (HOST:PORT of a Redis
@@ -385,23 +429,25 @@ def run_job(
             f"{type(exc).__name__}: {exc} (--scratch must name a writable directory)",
         }
     gpu = job.device == "cuda"
-    prefer = clocks.gpu_local_cpus() if gpu else set()
-    lock = clocks.locked_clocks() if gpu and lock_clocks else contextlib.nullcontext()
     steps = _steps(job, scratch, log_file)
     done: list[dict[str, Any]] = []
+
+    def spawn(step: Step, extra: dict[str, str], fds: tuple[int, ...]) -> subprocess.Popen:
+        return _spawn(step, job_file, {**env, **extra}, fds)
+
     try:
-        with affinity.core_lease(threads, prefer) as cores, lock as clock_lock:
-            _pin(env, cores)
-
-            def spawn(step: Step, extra: dict[str, str], fds: tuple[int, ...]) -> subprocess.Popen:
-                return _spawn(step, job_file, {**env, **extra}, fds)
-
-            with Overlap(steps, cores, job.device, threads, spawn, kill_tree, node_jobs, overlap) as ahead:
-                _run_steps(job, steps, job_file, env, ahead, done)
+        with contextlib.ExitStack() as stack:
+            ahead = stack.enter_context(
+                Overlap(steps, job.device, threads, spawn, kill_tree, node_jobs, overlap)
+            )
+            held, cores, clock_lock = _take_device(stack, job, threads, ahead, env, lane, lock_clocks)
+            _run_steps(job, steps, job_file, env, ahead, done)
         warm = done[-1] if len(done) > 1 and steps[-1].flags == ("--warm",) else None
         result = merge(done[0], done[1 : len(done) - (warm is not None)], warm)
-        if len(steps) > 1:
+        if len(steps) > 1 or lane is not None:
             result["ahead_off"] = ahead.off_reason()
+        if held is not None:
+            result["lane_wait_s"] = held.waited_s
         notes = [] if cores.pinned else [f"not pinned to cores: {cores.note}"]
         if lock_clocks and gpu:
             result["clocks_locked"] = clock_lock.locked_mhz is not None

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.job import Job
+from workers.lanes import VISIBLE, Lane, node_gpus
 from workers.runner import JobCancelled, run_job, stopping_when
 
 RAYLET_POLL_S = 0.2
@@ -85,6 +86,18 @@ def _stop_requested() -> Callable[[], bool]:
     return check
 
 
+def _node_gpu_count() -> int | None:
+    """The GPUs this task's node offers Ray (`ray.nodes()`), or None where that cannot be read."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        me = ray.get_runtime_context().get_node_id()
+        for node in ray.nodes():
+            if node.get("NodeID") == me:
+                return int(node.get("Resources", {}).get("GPU", 0))
+    return None
+
+
 def execute_job(
     job_dict: dict[str, Any],
     threads: int,
@@ -93,11 +106,14 @@ def execute_job(
     lock_clocks: bool = False,
     shared_cache: str | None = None,
     overlap: bool = True,
+    lanes: bool = False,
 ) -> dict[str, Any]:
     """Body of the per-job Ray task: run the job, return its result fields plus where it ran; or,
     when its driver stops the sweep (`stop_key`) or the task is cancelled (`ray.cancel` without
     force: a KeyboardInterrupt), `{"cancelled": True}` with what the job's cold compile had
-    streamed (`kernel_choices`, `autotuned_ops`)."""
+    streamed (`kernel_choices`, `autotuned_ops`). With `lanes` (the driver admitted `LANE_DEPTH`
+    tasks per GPU: `workers.lanes`), a GPU job takes whichever GPU of its node is free, its first
+    process started ahead while it waits."""
     import ray
 
     _exit_with_raylet()
@@ -105,6 +121,9 @@ def execute_job(
     stopped = _stop_requested()
     if stopped():  # queued when its driver stopped: never started
         return {"cancelled": True}
+    lane = None
+    if overlap and lanes and job.device == "cuda":  # one of `LANE_DEPTH` tasks per GPU
+        lane = Lane(node_gpus(os.environ.get(VISIBLE), _node_gpu_count()))
     try:
         with stopping_when(stopped):
             result = run_job(
@@ -115,6 +134,7 @@ def execute_job(
                 lock_clocks=lock_clocks,
                 shared_cache=shared_cache,
                 overlap=overlap,
+                lane=lane,
             )
     except JobCancelled as stop:  # stopped by its driver (or `ray.cancel` without force): read
         return {"cancelled": True, **stop.kept}

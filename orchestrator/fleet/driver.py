@@ -45,6 +45,7 @@ from store.storage import (
     refusal_stops,
 )
 from workers.job import Job
+from workers.lanes import LANE_DEPTH
 from workers.runner import plural
 
 
@@ -94,10 +95,17 @@ def ray_session(address: str | None) -> Iterator[None]:
         ray.shutdown()
 
 
-def _remote_for(hw: HardwareClass, gpu_classes: list[str], body: Callable[..., dict[str, Any]] | None = None):
+def _remote_for(
+    hw: HardwareClass,
+    gpu_classes: list[str],
+    body: Callable[..., dict[str, Any]] | None = None,
+    lanes: bool = False,
+):
     """The per-job remote function of a class: its slot's resources and its placement.
 
-    GPU classes: one GPU, the `accelerator_type:<class>` resource (on every node of that type,
+    GPU classes: one GPU (with `lanes`, `1 / LANE_DEPTH` of one and of a job's cores: the node's
+    GPU locks let one job at a time run on a GPU while the next waits, its first process started
+    ahead, `workers.lanes`), the `accelerator_type:<class>` resource (on every node of that type,
     autoscaled ones too) and, where all its nodes carry it, the class's label: a node labelled as
     another class still has the resource of the GPU Ray detects. CPU class: a label selector that
     keeps CPU jobs off GPU nodes, whose cores belong to their GPU jobs."""
@@ -108,6 +116,9 @@ def _remote_for(hw: HardwareClass, gpu_classes: list[str], body: Callable[..., d
     opts: dict[str, Any] = {"num_cpus": hw.cpus_per_job, "max_retries": 0}
     if hw.device == "cuda":
         opts["num_gpus"] = 1
+        if lanes:
+            opts["num_gpus"] = 1 / LANE_DEPTH
+            opts["num_cpus"] = hw.cpus_per_job / LANE_DEPTH
         opts["max_calls"] = 0  # the Ray worker never touches CUDA itself: reuse it across jobs
         if hw.name != "GPU":
             opts["resources"] = {f"accelerator_type:{hw.name}": 0.001}
@@ -348,14 +359,23 @@ def _announce(
         print("".join(f"note: {n}\n" for n in notes), end="", file=stream)
 
 
-def task_kwargs(opts: SweepOptions, cache_address: str | None) -> dict[str, Any]:
+def uses_lanes(opts: SweepOptions, task_body: Callable[..., dict[str, Any]] | None = None) -> bool:
+    """Whether GPU jobs go through lanes (`workers.lanes`): with the overlap on, for the project's
+    own task (a replaced task body, the dispatch benchmark's, knows nothing of them)."""
+    return opts.overlap and task_body is None
+
+
+def task_kwargs(opts: SweepOptions, cache_address: str | None, lanes: bool = False) -> dict[str, Any]:
     """The run options every job's task takes as keywords (`workers.task.execute_job`), given
-    only where they differ from its defaults."""
+    only where they differ from its defaults; `lanes` where GPU tasks are admitted `LANE_DEPTH`
+    to a GPU (`uses_lanes`)."""
     found: dict[str, Any] = {}
     if cache_address:
         found["shared_cache"] = cache_address
     if not opts.overlap:
         found["overlap"] = False
+    elif lanes:
+        found["lanes"] = True
     return found
 
 
@@ -369,15 +389,17 @@ def _scheduler(
     """The dispatch loop of this run: a remote function per class used, every row to `recorder`,
     the rows of cancelled jobs' other tables kept."""
     gpu_classes = sorted(n for n, hw in run.classes.items() if hw.device == "cuda")
+    lanes = uses_lanes(opts, task_body)
     return Scheduler(
         classes=run.classes,
-        remotes={name: _remote_for(run.classes[name], gpu_classes, task_body) for name in run.used},
+        remotes={name: _remote_for(run.classes[name], gpu_classes, task_body, lanes) for name in run.used},
+        depth={name: LANE_DEPTH for name in gpu_classes} if lanes else {},
         task_args=(opts.scratch_root, (os.getcwd(),), opts.lock_clocks),
         run_id=run.run_id,
         emit=recorder.emit,
         inventory=lambda: cluster_classes(opts.cpus_per_job),
         max_attempts=opts.max_attempts,
-        task_kwargs=task_kwargs(opts, cache_address),
+        task_kwargs=task_kwargs(opts, cache_address, lanes),
         keep=recorder.sink.add_side,
     )
 

@@ -60,6 +60,9 @@ class Scheduler:
     """Keyword arguments of every task (run options such as `shared_cache`, given only when set)."""
     keep: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None
     """Gets the rows of the other tables that a cancelled job leaves (its streamed kernel choices)."""
+    depth: dict[str, int] = field(default_factory=dict)
+    """Tasks admitted per slot, by class (`workers.lanes.LANE_DEPTH` for GPU classes with lanes;
+    1 where not named)."""
     recheck_s: float = 5.0
     queues: dict[str, deque[tuple[Job, int]]] = field(default_factory=dict)
     running: dict[Any, _Running] = field(default_factory=dict)
@@ -80,7 +83,7 @@ class Scheduler:
             if name in self.lost:
                 continue
             hw = self.classes[name]
-            free = hw.slots - self._in_flight(name)
+            free = hw.slots * self.depth.get(name, 1) - self._in_flight(name)
             while queue and free > 0:
                 job, attempt = queue.popleft()
                 ref = self.remotes[name].remote(
@@ -108,6 +111,8 @@ class Scheduler:
         wall = time.monotonic() - run.submitted
         try:
             result = ray.get(ref)
+            if isinstance(result, dict) and result.get("lane_wait_s"):  # behind the job on its GPU
+                wall = max(0.0, wall - result["lane_wait_s"])
         except ray.exceptions.RayTaskError as exc:  # our task's own code raised: the harness, not the model
             error = f"the job's Ray task raised: {_short(exc)}"
             self.emit(self._failure(run, HARNESS_ERROR, error, wall), run.job, wall)

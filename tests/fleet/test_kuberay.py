@@ -326,7 +326,7 @@ def test_project_inventory_sees_one_class_per_group(cluster, with_label):
     nodes = [_ray_node(g.get("groupName", "head"), g, with_label) for g in _all_groups(cluster)]
     classes = classes_from_nodes(nodes)
     assert {name: (hw.device, hw.slots, hw.cpus_per_job) for name, hw in classes.items()} == {
-        "A100": ("cuda", 1, 10),  # each GPU's share of the cores, less 2 for a process started ahead
+        "A100": ("cuda", 1, 9),  # each GPU's share of the cores, less 3 for the processes started ahead
         "T4": ("cuda", 1, 4),
         "V100": ("cuda", 1, 4),
     }

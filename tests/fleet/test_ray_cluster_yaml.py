@@ -217,9 +217,9 @@ def test_project_inventory_sees_the_expected_classes(raw):
     ]
     classes = classes_from_nodes(nodes)
     assert {name: (hw.device, hw.slots, hw.cpus_per_job) for name, hw in classes.items()} == {
-        "A100": ("cuda", 8, 10),  # each GPU's share of the cores, less 2 for a process started ahead
-        "T4": ("cuda", 1, 4),  # 4 cores: too few to set 2 aside
-        "V100": ("cuda", 1, 6),
+        "A100": ("cuda", 8, 9),  # each GPU's share of the cores, less 3 for the processes started ahead
+        "T4": ("cuda", 1, 4),  # 4 cores: too few to set any aside
+        "V100": ("cuda", 1, 5),
         "cpu": ("cpu", 1, 32),
     }
 

@@ -301,9 +301,9 @@ def test_classes_from_nodes():
     assert list(classes) == ["A100", "T4", "cpu"]
     a100, t4, cpu = classes["A100"], classes["T4"], classes["cpu"]
     assert (a100.device, a100.slots, a100.node_ids) == ("cuda", 6, ["a1", "a2"])
-    # a GPU job's share of its node's cores, less 2 spare for its next process started ahead
-    assert a100.cpus_per_job == 4  # min(32 // 4 - 2, 12 // 2 - 2)
-    assert (t4.device, t4.slots, t4.node_ids, t4.cpus_per_job) == ("cuda", 1, ["t1"], 6)
+    # a GPU job's share of its node's cores, less up to 3 spare for the processes started ahead
+    assert a100.cpus_per_job == 4  # min(32 // 4 - 3, 12 // 2 - 2): a job keeps 4 cores at least
+    assert (t4.device, t4.slots, t4.node_ids, t4.cpus_per_job) == ("cuda", 1, ["t1"], 5)
     # CPU jobs default to all cores of the smallest alive CPU node (not the dead 2-core one).
     assert (cpu.device, cpu.cpus_per_job, cpu.slots, cpu.node_ids) == ("cpu", 8, 3, ["c1", "c2"])
 

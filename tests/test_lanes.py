@@ -1,0 +1,202 @@
+"""GPU lanes (workers.lanes): the next job on a GPU starts its first process while the job before
+it runs, and that process makes its first compute call only after that job has ended.
+
+On this CPU machine the lane's "GPU" is a name and its lock a file, the jobs are CPU jobs and
+the processes real ones (tests/ahead_model.py logs each process's build and first call). The
+locks live in a directory of each test's own, so nothing here depends on what other tests or
+sweeps on the machine hold."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from compiler.config import CompileConfig
+from compiler.env import format_cpus, parse_cpus
+from orchestrator.fleet import scheduler as scheduler_module
+from orchestrator.fleet.driver import _remote_for, task_kwargs, uses_lanes
+from orchestrator.fleet.inventory import HardwareClass
+from orchestrator.fleet.options import SweepOptions
+from orchestrator.fleet.scheduler import Scheduler
+from tests.ahead_model import LOG_ENV
+from workers import affinity
+from workers.job import Job, MeasureSpec, ModelSpec
+from workers.lanes import LANE_DEPTH, Lane, LaneStopped, node_gpus
+from workers.runner import JobCancelled, run_job, stopping_when
+
+CORES = sorted(os.sched_getaffinity(0))
+two_cores = pytest.mark.skipif(len(CORES) < 2, reason="a process started ahead needs a core beside the job's")
+
+
+@pytest.fixture
+def lock_dir(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "locks"
+    monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(path))
+    return path
+
+
+def _job(batch_size: int) -> Job:
+    return Job(
+        sweep="lanes",
+        hardware="cpu",
+        device="cpu",
+        model=ModelSpec(id="python:tests.ahead_model:slow_logged", name="slow"),
+        batch_size=batch_size,
+        dtype="fp32",
+        config=CompileConfig(name="c", backend="eager"),
+        measure=MeasureSpec(warmup=2, iterations=10, rounds=4, flops=False, repeats=1),
+        timeout_s=300,
+    )
+
+
+def _spawned(result: dict) -> float:
+    return datetime.fromisoformat(result["started_at"]).timestamp() - result["phase_start_s"]
+
+
+def _past_gate(scratch_root: Path) -> bool:
+    for record in scratch_root.glob("job-*/result.json"):
+        try:
+            if json.loads(record.read_text()).get("started_ahead"):
+                return True
+        except ValueError:  # being rewritten
+            pass
+    return False
+
+
+@two_cores
+def test_the_next_job_starts_its_first_process_while_the_job_before_it_runs(lock_dir, tmp_path, monkeypatch):
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(LOG_ENV, str(log))
+    lane = Lane(("0",), directory=lock_dir)
+    first_root, next_root = tmp_path / "a", tmp_path / "b"
+
+    def run(job: Job, root: Path) -> dict:
+        return run_job(job, threads=1, node_jobs=1, scratch_root=str(root), keep_scratch=True, lane=lane)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(run, _job(2), first_root)
+        deadline = time.monotonic() + 120
+        while not _past_gate(first_root):  # on the device: its start-up core is spare again
+            assert not first.done() and time.monotonic() < deadline, first.result() if first.done() else ""
+            time.sleep(0.05)
+        following = pool.submit(run, _job(3), next_root)
+        a, b = first.result(timeout=300), following.result(timeout=300)
+    assert a["status"] == "ok" and b["status"] == "ok", (a.get("error"), b.get("error"))
+    assert a["lane_wait_s"] < 5 and b["lane_wait_s"] > 0.5
+    assert a["started_ahead"] == b["started_ahead"] == [True] and b["ahead_off"] is None
+    assert b["ahead_hidden_s"] > 0  # its start-up ran while the job before it held the lane
+
+    (a_scratch,), (b_scratch,) = first_root.glob("job-*"), next_root.glob("job-*")
+    a_record = json.loads((a_scratch / "result.json").read_text())
+    b_record = json.loads((b_scratch / "result.json").read_text())
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    by_pid = {(c["pid"], c["event"]): c for c in calls}
+    builds = [c["pid"] for c in calls if c["event"] == "build"]
+    assert len(builds) == 2  # the job ahead's process, then the next job's
+    b_pid = builds[1]
+    # started before the job ahead of it ended; its first compute call after that
+    assert _spawned(b_record) < a_record["finished_at_unix"] < by_pid[b_pid, "first_call"]["t"]
+    # built on a spare core, then on the job's cores, which it took only once the lane was free
+    job_cores = parse_cpus(b["cpu_affinity"])
+    assert set(by_pid[b_pid, "build"]["threads"].values()) == {b["ahead_cpus"]}
+    assert set(by_pid[b_pid, "first_call"]["threads"].values()) == {format_cpus(job_cores)}
+    assert not job_cores & parse_cpus(b["ahead_cpus"])
+
+
+def test_a_lane_takes_whichever_gpu_is_free_its_own_first_and_waits_when_none_is(tmp_path):
+    lane = Lane(("1", "0"), directory=tmp_path)
+    with lane.hold() as mine:
+        assert mine.gpu == "1" and mine.waited_s < 1  # Ray's pick first, where it is free
+        with lane.hold() as other:
+            assert other.gpu == "0"  # another job holds "1": the other GPU of the node
+
+            def release_soon() -> None:
+                time.sleep(0.5)
+                os.close(other.fd)  # that job ends (its context's own close then finds it closed)
+
+            threading.Thread(target=release_soon).start()
+            with lane.hold() as third:
+                assert third.gpu == "0" and third.waited_s >= 0.4
+    with pytest.raises(LaneStopped), lane.hold(), lane.hold(), lane.hold(stopped=lambda: True):
+        pass
+
+
+@two_cores
+def test_a_job_stopped_while_it_waits_for_a_gpu_ends_its_first_process(lock_dir, tmp_path):
+    lane = Lane(("0",), directory=lock_dir)
+    stop = threading.Event()
+    with lane.hold():  # another job has the GPU
+        threading.Timer(3.0, stop.set).start()
+        with stopping_when(stop.is_set), pytest.raises(JobCancelled):
+            run_job(_job(2), threads=1, node_jobs=1, scratch_root=str(tmp_path), keep_scratch=True, lane=lane)
+    (scratch,) = tmp_path.glob("job-*")
+    record = json.loads((scratch / "result.json").read_text())
+    assert record["phase"] in ("imports", "build") and "started_ahead" not in record  # never past its gate
+    assert not [p for p in _children() if "workers.bench" in " ".join(p.cmdline())]  # and was ended
+
+
+def _children():
+    import psutil
+
+    return psutil.Process().children(recursive=True)
+
+
+def test_gpu_tasks_are_admitted_two_to_a_gpu_where_lanes_are_on(monkeypatch):
+    """The driver's side: with the overlap on, a GPU class's tasks ask Ray for half a GPU and half
+    a job's cores, twice as many run at once, and each task is told to go through its lane."""
+    hw = HardwareClass("H100", "cuda", ["n1"], slots=4, cpus_per_job=13)
+    laned = _remote_for(hw, ["H100"], lanes=True)._default_options
+    plain = _remote_for(hw, ["H100"])._default_options
+    assert laned["num_gpus"] == 1 / LANE_DEPTH and laned["num_cpus"] == 13 / LANE_DEPTH
+    assert plain["num_gpus"] == 1 and plain["num_cpus"] == 13
+    assert uses_lanes(SweepOptions(out_dir="o")) and not uses_lanes(SweepOptions(out_dir="o", overlap=False))
+    assert task_kwargs(SweepOptions(out_dir="o"), None, lanes=True) == {"lanes": True}
+    assert task_kwargs(SweepOptions(out_dir="o", overlap=False), None, lanes=True) == {"overlap": False}
+    assert node_gpus("2", count=0) == ("2",)  # outside Ray, without NVML: the task's own GPU
+
+    submitted, waits = [], iter([7.0, 0.0] * 8)
+    clock = itertools.count(0, 10)  # every reading of the clock 10 s after the one before
+
+    class Lanes:
+        class exceptions:  # noqa: N801 - mirrors ray.exceptions
+            RayTaskError = RuntimeError
+
+        def remote(self, job_dict, threads, *args, **kwargs):
+            submitted.append(kwargs)
+            return len(submitted)
+
+        def wait(self, refs, num_returns, timeout):
+            return list(refs)[: max(num_returns, 0) or len(refs)], []
+
+        def get(self, ref):
+            return {"status": "ok", "eager_ms": 1.0, "compiled_ms": 1.0, "lane_wait_s": next(waits)}
+
+    ray, walls = Lanes(), []
+    monkeypatch.setattr(scheduler_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: float(next(clock)))
+    classes = {"H100": HardwareClass("H100", "cuda", ["n1"], slots=2)}
+    sched = Scheduler(
+        classes=classes,
+        remotes={"H100": ray},
+        task_args=(),
+        run_id="r",
+        emit=lambda row, job, wall, tables=None: walls.append(wall),
+        inventory=lambda: classes,
+        task_kwargs={"lanes": True},
+        depth={"H100": LANE_DEPTH},
+    )
+    sched.add([dataclasses.replace(_job(i + 1), hardware="H100", device="cuda") for i in range(6)])
+    sched.fill(lambda: None)
+    assert len(sched.running) == 2 * LANE_DEPTH and all(k == {"lanes": True} for k in submitted)
+    sched.run(ray, started=lambda: None, tick=lambda: None)
+    # whole tens of seconds from dispatch to result; the 7 s a job waited behind another left out
+    assert sorted(w % 10 for w in walls) == [0, 0, 0, 3, 3, 3]

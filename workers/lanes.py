@@ -1,0 +1,133 @@
+"""GPU lanes: the next job on a GPU starts its first process while the job before it runs.
+
+A job's later processes start ahead within the job (`workers.ahead`), but its first one could
+only start once the job's task had its GPU: with one Ray task per GPU, the next task starts when
+the GPU's job has ended, and every job paid its first process's start-up (interpreter, imports,
+the model built on the host) with the GPU idle. With lanes, the driver admits `LANE_DEPTH` tasks
+per GPU (each asks Ray for `1 / LANE_DEPTH` of one, and half a job's cores: only one of them holds
+the cores at a time), and the node decides which runs: a job's task starts its first process
+ahead (on a spare core, waiting at its gate), then waits for a GPU of its node with no job on it,
+a node-wide lock per GPU (`gpu-<id>.lock` beside the cores' lock files, `workers.affinity`),
+before it takes its cores and opens the gate. So each GPU holds one job at a time, as before, and
+the next one is built and waiting when it ends.
+
+Ray places a fractional GPU task on the GPU with the least room left that fits it (best fit), so
+two tasks can share a GPU's half slots while another GPU is idle; the task therefore takes
+whichever of its node's GPUs is free (Ray's own pick first), and the process it started ahead
+learns which at its gate (`CUDA_VISIBLE_DEVICES` in the gate's message: it has not initialised
+CUDA before, and checks afterwards that its device is the lane's GPU).
+
+`lane_wait_s` in the row is the time the job waited for its GPU; the driver's `wall_s` leaves
+it out, so a job's wall time runs from its GPU being free to its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers import affinity
+
+LANE_DEPTH = 2
+"""Tasks admitted per GPU where lanes are on: the running job and the next one, waiting."""
+POLL_S = 0.1
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+class LaneStopped(Exception):
+    """The job was stopped (its driver's stop, a cancel) while it waited for a GPU."""
+
+
+def _ids(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def node_gpus(assigned: str | None = None, count: int | None = None) -> tuple[str, ...]:
+    """The GPUs of this node a job may take, the one Ray assigned the task (`assigned`, its
+    `CUDA_VISIBLE_DEVICES`) first: those the raylet sees (its own `CUDA_VISIBLE_DEVICES`, else
+    every device NVML counts), the first `count` of them where the node offers Ray fewer."""
+    import psutil
+
+    seen: list[str] = []
+    with contextlib.suppress(psutil.Error, OSError):
+        parent = psutil.Process().parent()
+        if parent is not None and parent.name() == "raylet":
+            seen = _ids(parent.environ().get(VISIBLE))
+    if not seen:
+        with contextlib.suppress(Exception):
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                seen = [str(i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
+            finally:
+                pynvml.nvmlShutdown()
+    if count is not None:
+        seen = seen[: max(0, count)]
+    mine = _ids(assigned)[:1]
+    return tuple(dict.fromkeys([*mine, *seen]))
+
+
+def _lock_name(gpu: str) -> str:
+    return "gpu-" + re.sub(r"[^A-Za-z0-9_.-]", "_", gpu) + ".lock"
+
+
+@dataclass
+class Held:
+    """A GPU of the node, held by this job until its block ends."""
+
+    gpu: str
+    waited_s: float
+    """How long the job waited for it."""
+    fd: int = -1
+
+
+@dataclass(frozen=True)
+class Lane:
+    """The GPUs a job may run on (`node_gpus`), one job on each at a time."""
+
+    gpus: tuple[str, ...]
+    directory: Path | None = None
+
+    def _try(self, directory: Path) -> Held | None:
+        for gpu in self.gpus:
+            try:
+                fd = os.open(directory / _lock_name(gpu), os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            return Held(gpu, 0.0, fd)
+        return None
+
+    @contextlib.contextmanager
+    def hold(
+        self, stopped: Callable[[], bool] | None = None, waiting: Callable[[], object] | None = None
+    ) -> Iterator[Held]:
+        """Wait for a GPU of the lane with no job on it and hold it for the block (a node-wide
+        lock that a job's death releases), calling `waiting` at every poll meanwhile. Raises
+        `LaneStopped` when `stopped()` says so first."""
+        directory = self.directory or affinity.lock_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        while (held := self._try(directory)) is None:
+            if stopped is not None and stopped():
+                raise LaneStopped
+            if waiting is not None:
+                waiting()
+            time.sleep(POLL_S)
+        held.waited_s = time.monotonic() - start
+        try:
+            yield held
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(held.fd)  # closing drops the flock
