@@ -128,7 +128,8 @@ def summary_lines(e: Efficiency) -> list[str]:
         f"{e.bound}: {top} of the wall time"
     ]
     if e.later or e.firsts:
-        firsts = f" and {e.firsts} jobs' first, behind the job before each on its GPU" if e.firsts else ""
+        whose = f"{e.firsts} job's" if e.firsts == 1 else f"{e.firsts} jobs'"
+        firsts = f" and {whose} first, started before the job had its GPU" if e.firsts else ""
         lines.append(
             f"processes started ahead: {e.ahead} of the {e.later} after a job's first{firsts}, "
             f"hiding {e.hidden_s:.1f} s of start-up"

@@ -183,6 +183,18 @@ def make_result() -> Callable[..., dict]:
 
 
 @pytest.fixture
+def lock_dir(tmp_path, monkeypatch) -> Path:
+    """A directory of the test's own for the node-wide core, spare-core and GPU locks
+    (`workers.affinity.LOCK_DIR_ENV`): what other tests or sweeps on the machine hold does not
+    reach the test."""
+    from workers import affinity
+
+    path = tmp_path / "cores"
+    monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(path))
+    return path
+
+
+@pytest.fixture
 def no_ray(monkeypatch):
     """Fail the test if anything starts or connects to Ray."""
     import ray

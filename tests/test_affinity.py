@@ -17,12 +17,6 @@ from workers.affinity import format_cpus, parse_cpus, reserve_cores
 CPUS = sorted(os.sched_getaffinity(0))
 
 
-@pytest.fixture
-def lock_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(tmp_path / "cores"))
-    return tmp_path / "cores"
-
-
 @pytest.mark.parametrize(
     ("cpus", "text"), [([0], "0"), ([0, 1, 2, 3], "0-3"), ([0, 1, 2, 3, 8], "0-3,8"), ([5, 1, 3, 2], "1-3,5")]
 )

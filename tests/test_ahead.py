@@ -31,13 +31,6 @@ CORES = sorted(os.sched_getaffinity(0))
 two_cores = pytest.mark.skipif(len(CORES) < 2, reason="a process started ahead needs a core beside the job's")
 
 
-@pytest.fixture
-def lock_dir(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "cores"
-    monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(path))
-    return path
-
-
 def _job(repeats: int = 2) -> Job:
     return Job(
         sweep="ahead",

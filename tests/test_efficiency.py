@@ -78,6 +78,25 @@ def test_start_up_hidden_behind_the_process_before_leaves_the_wall(table_jobs, m
     assert "not started ahead" not in efficiency.render(rows)
 
 
+def test_a_job_behind_another_on_its_gpu_hides_its_first_process_too(table_jobs, make_result):
+    """GPU lanes (workers.lanes): the job's first process started while the job before it ran;
+    all 34 s of start-up hid, and the wait for the GPU is not the job's wall time."""
+    result = make_result(
+        **_phases(start=1.0, imports=30.0, build=3.0, compile=10.0, timing=5.0, accuracy=1.0),
+        started_ahead=[True, True, True],
+        gate_wait_s=[9.0, 2.0, 0.5],
+        ahead_hidden_s=34.0,
+        lane_wait_s=40.0,
+    )
+    row = make_row(table_jobs[JOB], result, run_id="run-1", wall_s=17.0)
+    e = efficiency.efficiency([row])
+    assert e.efficiency == pytest.approx(16.0 / 17.0) and e.phases["imports"] == pytest.approx(0.0)
+    assert (e.ahead, e.later, e.firsts) == (2, 2, 1)
+    assert "2 of the 2 after a job's first and 1 job's first, started before the job had its GPU" in (
+        efficiency.render([row])
+    )
+
+
 def test_rows_without_a_wall_time_are_left_out(table_jobs, make_result):
     job = table_jobs[JOB]
     unrun = make_row(job, {"status": "unsupported", "error": "no"}, run_id="r")

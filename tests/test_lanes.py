@@ -28,20 +28,12 @@ from orchestrator.fleet.inventory import HardwareClass
 from orchestrator.fleet.options import SweepOptions
 from orchestrator.fleet.scheduler import Scheduler
 from tests.ahead_model import LOG_ENV
-from workers import affinity
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.lanes import LANE_DEPTH, Lane, LaneStopped, node_gpus
 from workers.runner import JobCancelled, run_job, stopping_when
 
 CORES = sorted(os.sched_getaffinity(0))
 two_cores = pytest.mark.skipif(len(CORES) < 2, reason="a process started ahead needs a core beside the job's")
-
-
-@pytest.fixture
-def lock_dir(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "locks"
-    monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(path))
-    return path
 
 
 def _job(batch_size: int) -> Job:
