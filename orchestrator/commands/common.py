@@ -162,10 +162,11 @@ def add_cluster_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--no-overlap",
         action="store_true",
-        help="start each process of a job only after the one before it has ended (default: the next one "
-        "starts while the one before it times, imports and builds on the node's spare cores, and waits at a "
-        "gate before it touches the device; rows record started_ahead, gate_wait_s and ahead_off). For an "
-        "A/A check of the overlap, or a node whose spare cores run other work",
+        help="start each process of a job only after the one before it has ended, one GPU job per GPU "
+        "(default: a job's later processes start once its first is on the device, and the next job on a GPU "
+        "starts its first while the job before it runs; each imports and builds on the node's spare cores "
+        "and waits at a gate before it touches the device; rows record started_ahead, gate_wait_s, "
+        "lane_wait_s and ahead_off). For an A/A check of the overlap, or a node whose spare cores run other work",
     )
 
 

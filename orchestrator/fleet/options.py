@@ -35,8 +35,10 @@ class SweepOptions:
     scratch_root: str | None = None
     """Where job subprocesses keep their caches and logs (default: the system temp dir)."""
     overlap: bool = True
-    """Start a job's next process ahead, on the node's spare cores, while the one before it times
-    (`workers.ahead`); False (`--no-overlap`) starts each after the one before it has ended."""
+    """Start a job's later processes ahead, on the node's spare cores, while the one before each
+    runs (`workers.ahead`), and the next GPU job's first while the job before it runs
+    (`workers.lanes`); False (`--no-overlap`) starts each after the one before it has ended, one
+    GPU job per GPU."""
     lock_clocks: bool = False
     """Lock each GPU job's SM clock at its maximum through NVML (root only); rows say if it took."""
     shared_cache: bool = False
