@@ -24,7 +24,7 @@ class CaptureStats:
     kernel_count: int | None
     cudagraph_skip_reasons: tuple[str, ...]
     dynamo_s: float | None
-    """Dynamo's cumulative compile time over all frames (includes the backend's)."""
+    """Dynamo's cumulative compile time over all frames (as torch records it: usually with the backend's, not always)."""
     inductor_s: float | None
     """Inductor's cumulative compile time (lowering, scheduling, code generation)."""
     autotune_s: float | None

@@ -245,7 +245,11 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         pa.int32(),
         "GEMM/conv autotune timings the first process pushed to the shared cache (each as soon as measured)",
     ),
-    ("dynamo_s", pa.float64(), "Dynamo's cumulative compile time (includes the backend), s"),
+    (
+        "dynamo_s",
+        pa.float64(),
+        "Dynamo's cumulative compile time, s (as torch records it: usually with the backend's, not always)",
+    ),
     ("inductor_s", pa.float64(), "Inductor's cumulative compile time, s"),
     ("autotune_s", pa.float64(), "autotuning time (compile-time choices + first-run Triton configs), s"),
     (
