@@ -12,6 +12,8 @@ import dataclasses
 import itertools
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +30,10 @@ from orchestrator.fleet.inventory import HardwareClass
 from orchestrator.fleet.options import SweepOptions
 from orchestrator.fleet.scheduler import Scheduler
 from tests.ahead_model import LOG_ENV
+from workers.ahead import Overlap, Step
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.lanes import LANE_DEPTH, Lane, LaneStopped, node_gpus
-from workers.runner import JobCancelled, run_job, stopping_when
+from workers.runner import JobCancelled, kill_tree, run_job, stopping_when
 
 CORES = sorted(os.sched_getaffinity(0))
 two_cores = pytest.mark.skipif(len(CORES) < 2, reason="a process started ahead needs a core beside the job's")
@@ -123,6 +126,41 @@ def test_a_lane_takes_whichever_gpu_is_free_its_own_first_and_waits_when_none_is
 
 
 @two_cores
+@two_cores
+def test_a_waiting_job_starts_its_processes_ahead_within_its_gpus_share_of_the_spare_cores(
+    lock_dir, tmp_path
+):
+    """While a job waits for its GPU it starts its processes ahead in order, each waiting at its
+    gate, as far as its GPU's share of the node's spare cores goes; the jobs of another GPU draw on
+    that GPU's share, so they never take the cores a GPU's own jobs need. Here the node's 2 spare
+    cores are shared by 2 GPUs (the processes are bare interpreters at their gates)."""
+    started: list[subprocess.Popen] = []
+
+    def spawn(step, extra, fds):
+        code = "import os; os.read(int(os.environ['CO_GATE_FD']), 64)"
+        started.append(
+            subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **extra}, pass_fds=fds)
+        )
+        return started[-1]
+
+    def steps(name: str) -> list[Step]:
+        return [Step((), tmp_path / f"{name}{i}.json", tmp_path / "log") for i in range(3)]
+
+    with (
+        Overlap(steps("a"), "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=0) as first,
+        Overlap(steps("b"), "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=0) as other,
+    ):
+        assert first.spare == len(CORES)  # no job holds cores on this node: all are spare
+        first.use_pool("0", len(CORES))
+        first.start_waiting()
+        assert list(first.started) == [0] and "GPU 0's share" in first.reasons[1]
+        other.use_pool("1", len(CORES))  # the other GPU's share is its own
+        other.start_waiting()
+        assert list(other.started) == [0]
+        assert len(started) == 2 and all(p.poll() is None for p in started)
+    assert all(p.poll() is not None for p in started)  # never taken: ended with their jobs
+
+
 def test_a_job_stopped_while_it_waits_for_a_gpu_ends_its_first_process(lock_dir, tmp_path):
     lane = Lane(("0",), directory=lock_dir)
     stop = threading.Event()

@@ -133,21 +133,24 @@ class AheadCores:
         self.tokens.clear()
 
 
-def reserve_ahead(spare: int, directory: Path | None = None) -> AheadCores | str:
+def reserve_ahead(spare: int, directory: Path | None = None, pool: str | None = None) -> AheadCores | str:
     """Up to `AHEAD_CORES` of this node's `spare` cores for a process started ahead: one token
-    each (`ahead<i>.lock`, i < spare), then as many free cores; or why none, in words."""
+    each (`ahead<i>.lock`, i < spare; `ahead-<pool>-<i>.lock` where the spare cores are shared out
+    among the node's GPUs, `pool` naming one), then as many free cores; or why none, in words."""
     directory = directory or affinity.lock_dir()
     with contextlib.suppress(OSError):
         directory.mkdir(parents=True, exist_ok=True)
+    prefix = "ahead" if pool is None else "ahead-" + "".join(c if c.isalnum() else "_" for c in pool) + "-"
     tokens = []
     for i in range(spare):
-        fd = _lock(directory / f"ahead{i}.lock")
+        fd = _lock(directory / f"{prefix}{i}.lock")
         if fd is not None:
             tokens.append(fd)
             if len(tokens) == AHEAD_CORES:
                 break
     if not tokens:
-        return f"the node's {spare} spare cores were held by other processes started ahead"
+        where = "the node's" if pool is None else f"GPU {pool}'s share of the node's"
+        return f"{where} {spare} spare cores were held by other processes started ahead"
     lease = affinity.reserve_cores(len(tokens), directory=directory)
     if not lease.pinned:
         AheadCores(lease, tokens).release()
@@ -198,8 +201,9 @@ class Overlap:
     """The processes of one job (`steps`, in order), each started ahead where it can be. While
     step i runs, the runner calls `watch(i)`'s check at every poll; once step i is past its gate
     (on the device: `AHEAD_FROM`), every later step not started yet is started ahead, each on a
-    spare core of its own, waiting at its gate. `start_first` starts step 0 ahead (a job waiting
-    for its GPU behind another job: `workers.lanes`). `use_cores` gives the job's cores once it
+    spare core of its own, waiting at its gate. While the job waits for its GPU behind another
+    job (`workers.lanes`), `start_waiting` starts its processes ahead in order, as far as its
+    GPU's share of the spare cores allows (`use_pool`). `use_cores` gives the job's cores once it
     holds them (and what the gates tell: the cores, the GPU); `take(i)` gives the runner step i's
     process if it was started ahead (the runner opens its gate), and `close` drops those never
     taken. `off_reason` says why some step that ran was not started ahead."""
@@ -223,6 +227,8 @@ class Overlap:
         """The running step's process where it was started ahead, until it leaves its cores."""
         self.gate_message: dict[str, object] = {}
         self.spare = 0
+        self.pool: str | None = None
+        """The GPU whose share of the spare cores this job's processes take (`use_pool`)."""
         self.off: str | None = None
         """Why no step of this job starts ahead."""
         if not enabled:
@@ -269,14 +275,29 @@ class Overlap:
 
         return check
 
-    def start_first(self) -> bool:
-        """Start step 0 ahead (its job waits for its GPU), unless it was; whether it is."""
-        return 0 in self.started or self._start(0)
+    def use_pool(self, gpu: str, gpus: int) -> None:
+        """Take the spare cores from `gpu`'s share of them (the node's spare cores over its `gpus`
+        GPUs), so that the jobs of one GPU, the running one and the one waiting behind it, compete
+        for its share only: the running job's later processes never wait for cores that jobs
+        waiting on other GPUs took."""
+        if self.pool is None:
+            self.spare = self.spare // max(1, gpus)
+            if self.spare < 1 and self.off is None:
+                self.off = f"no spare core: the node's spare cores do not go round its {gpus} GPUs"
+        self.pool = gpu
+
+    def start_waiting(self) -> None:
+        """While the job waits for its GPU (`workers.lanes`): start its processes ahead in order,
+        as far as spare cores allow (its first, then its later ones, each to wait at its gate
+        until the one before it has ended)."""
+        for index in range(len(self.steps)):
+            if index not in self.started and not self._start(index):
+                return
 
     def _start(self, index: int) -> bool:
         if self.off:
             return False
-        cores = reserve_ahead(self.spare)
+        cores = reserve_ahead(self.spare, pool=self.pool)
         if isinstance(cores, str):
             self.reasons[index] = cores
             return False

@@ -324,15 +324,18 @@ def _take_device(
     lock_clocks: bool,
 ) -> tuple[Held | None, affinity.CoreLease, Any]:
     """What a job holds while it runs, each kept until `stack` closes: with `lane`, a GPU with no
-    job on it (its first process started ahead while it waits); then its cores (near its GPU
+    job on it (its processes started ahead while it waits, as far as its GPU's share of the spare
+    cores allows); then its cores (near its GPU
     first) and, with `lock_clocks`, its GPU's locked clock. `env` and the gates get the GPU and
     the cores."""
     gpu = job.device == "cuda"
     gate_env: dict[str, str] = {}
     held = None
     if lane is not None:
-        ahead.start_first()  # and again while it waits, where no spare core was free
-        held = stack.enter_context(_hold(lane, ahead.start_first))
+        ahead.use_pool(lane.gpus[0], len(lane.gpus))  # Ray's pick: where it nearly always runs
+        ahead.start_waiting()  # and again while it waits, as spare cores come free
+        held = stack.enter_context(_hold(lane, ahead.start_waiting))
+        ahead.use_pool(held.gpu, len(lane.gpus))  # its later processes: its GPU's share
         if gpu:  # this job's GPU, for NVML here (its cores, clocks) and its processes
             os.environ[VISIBLE] = env[VISIBLE] = gate_env[VISIBLE] = held.gpu
     cores = stack.enter_context(affinity.core_lease(threads, clocks.gpu_local_cpus() if gpu else set()))
