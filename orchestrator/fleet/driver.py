@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from orchestrator.fleet.address import connect_error
 from orchestrator.fleet.cache import shared_cache
 from orchestrator.fleet.existing import quarantine_damage, read_done
-from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, resolve
+from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, local_cpus, resolve
 from orchestrator.fleet.options import SweepOptions
 from orchestrator.fleet.ordering import History, longest_first
 from orchestrator.fleet.preflight import Checked, check_inputs
@@ -72,16 +72,19 @@ def ray_session(address: str | None) -> Iterator[None]:
     """Connect to `address`, or start a private local Ray for the duration of the block.
 
     A bare `ray.init()` would silently attach to any cluster already running on this machine;
-    `address="local"` always starts a new one.
+    `address="local"` always starts a new one, with the cores this process may run on
+    (`inventory.local_cpus`: a sweep under `taskset` plans only those).
     """
     import ray
 
     if ray.is_initialized():  # embedded use (tests, notebooks): keep the caller's cluster
         yield
         return
+    local = {"num_cpus": local_cpus()} if address in (None, "local") else {}
     try:
         ray.init(
             address=address or "local",
+            **local,
             include_dashboard=False,
             logging_level=logging.ERROR,
             log_to_driver=False,

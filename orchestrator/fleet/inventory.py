@@ -83,11 +83,25 @@ def classes_from_nodes(
     return {k: v for k, v in sorted(classes.items()) if v.slots > 0}
 
 
-def local_classes(cpus_per_job: int | None = None) -> dict[str, HardwareClass]:
-    """The classes an embedded local Ray cluster on this machine would have, without starting Ray."""
+def local_cpus() -> int:
+    """The cores an embedded local Ray on this machine plans with: Ray's own count (which reads a
+    container's CPU quota) or this process's CPU affinity (`taskset`, a cpuset), whichever is
+    fewer. Ray's count alone ignores the affinity, so a sweep started under `taskset` would plan
+    cores its jobs may not pin to."""
     import os
 
-    cpus = os.cpu_count() or 1
+    try:
+        from ray._private.utils import get_num_cpus
+
+        counted = int(get_num_cpus())
+    except Exception:  # Ray moved it: the machine's count
+        counted = os.cpu_count() or 1
+    return max(1, min(counted, len(os.sched_getaffinity(0))))
+
+
+def local_classes(cpus_per_job: int | None = None) -> dict[str, HardwareClass]:
+    """The classes an embedded local Ray cluster on this machine would have, without starting Ray."""
+    cpus = local_cpus()
     node: dict[str, Any] = {"NodeID": "local", "Resources": {"CPU": float(cpus)}, "Labels": {}}
     try:
         from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
