@@ -59,7 +59,7 @@ class Efficiency:
     ahead: int = 0
     """Of those, the ones started ahead."""
     firsts: int = 0
-    """Jobs whose first process started ahead, behind the job before it on its GPU (`workers.lanes`)."""
+    """Jobs whose first process started ahead, before the job had its GPU (`workers.lanes`)."""
     off: Counter = field(default_factory=Counter)
     """Why processes were not started ahead: jobs per reason."""
 

@@ -196,6 +196,28 @@ def lock_dir(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture
+def gated_spawn() -> Iterator[tuple[Callable, list[subprocess.Popen]]]:
+    """A `workers.ahead.Spawn` that starts a bare interpreter waiting at its gate (it reads the
+    gate's pipe, then exits), and the processes it started, in order; any still running at the
+    end of the test are killed."""
+    import sys
+
+    started: list[subprocess.Popen] = []
+    code = "import os; os.read(int(os.environ['CO_GATE_FD']), 64)"
+
+    def spawn(step, extra, fds) -> subprocess.Popen:
+        env = {**os.environ, **extra}
+        started.append(subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=fds))
+        return started[-1]
+
+    yield spawn, started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
 def no_ray(monkeypatch):
     """Fail the test if anything starts or connects to Ray."""
     import ray

@@ -226,19 +226,12 @@ def test_no_process_starts_ahead_for_a_job_not_pinned(tmp_path):
 
 
 @two_cores
-def test_a_process_started_ahead_and_never_run_is_ended(lock_dir, tmp_path):
+def test_a_process_started_ahead_and_never_run_is_ended(lock_dir, tmp_path, gated_spawn):
     """The step before it is past its gate, on the device: the next one starts (here a bare
     interpreter at its gate); the job then stops there (that step failed, or the job was cancelled): it is ended, its
     cores freed."""
     steps = [Step((), tmp_path / f"r{i}.json", tmp_path / "log") for i in range(2)]
-    started: list[subprocess.Popen] = []
-
-    def spawn(step, extra, fds):
-        code = "import os, sys; os.read(int(os.environ['CO_GATE_FD']), 64); sys.exit(3)"
-        started.append(
-            subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **extra}, pass_fds=fds)
-        )
-        return started[-1]
+    spawn, started = gated_spawn
 
     job_cores = affinity.reserve_cores(1)
     with Overlap(steps, "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=1) as overlap:

@@ -12,8 +12,6 @@ import dataclasses
 import itertools
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -128,20 +126,13 @@ def test_a_lane_takes_whichever_gpu_is_free_its_own_first_and_waits_when_none_is
 @two_cores
 @two_cores
 def test_a_waiting_job_starts_its_processes_ahead_within_its_gpus_share_of_the_spare_cores(
-    lock_dir, tmp_path
+    lock_dir, tmp_path, gated_spawn
 ):
     """While a job waits for its GPU it starts its processes ahead in order, each waiting at its
     gate, as far as its GPU's share of the node's spare cores goes; the jobs of another GPU draw on
     that GPU's share, so they never take the cores a GPU's own jobs need. Here the node's 2 spare
     cores are shared by 2 GPUs (the processes are bare interpreters at their gates)."""
-    started: list[subprocess.Popen] = []
-
-    def spawn(step, extra, fds):
-        code = "import os; os.read(int(os.environ['CO_GATE_FD']), 64)"
-        started.append(
-            subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **extra}, pass_fds=fds)
-        )
-        return started[-1]
+    spawn, started = gated_spawn
 
     def steps(name: str) -> list[Step]:
         return [Step((), tmp_path / f"{name}{i}.json", tmp_path / "log") for i in range(3)]

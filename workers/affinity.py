@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -91,6 +92,26 @@ def reserve_cores(n: int, prefer: Iterable[int] = (), directory: Path | None = N
     return CoreLease(
         (), note=f"only {len(taken)} of the {n} cores this job wants were free ({busy} held by other jobs)"
     )
+
+
+def try_lock(path: Path) -> int | None:
+    """An exclusive lock on `path` (created), never blocking: its descriptor (closing it drops
+    the lock), or None where another process holds it or the file cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def lock_name_part(text: str) -> str:
+    """`text` (a GPU's id: an index or a UUID) as a safe part of a lock file's name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,6 @@ did, and the row's `ahead_off` says why.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import subprocess
@@ -104,20 +103,6 @@ def spare_cores(device: str, threads: int, node_jobs: int | None = None) -> tupl
     return cores - node_jobs * threads, f"this node's {cores} cores go to its {jobs} of {each}"
 
 
-def _lock(path: Path) -> int | None:
-    """An exclusive lock on `path` (created), never blocking: its descriptor, or None."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
 @dataclass
 class AheadCores:
     """Cores a process started ahead holds until its gate opens, and the node's tokens for them."""
@@ -140,10 +125,10 @@ def reserve_ahead(spare: int, directory: Path | None = None, pool: str | None = 
     directory = directory or affinity.lock_dir()
     with contextlib.suppress(OSError):
         directory.mkdir(parents=True, exist_ok=True)
-    prefix = "ahead" if pool is None else "ahead-" + "".join(c if c.isalnum() else "_" for c in pool) + "-"
+    prefix = "ahead" if pool is None else f"ahead-{affinity.lock_name_part(pool)}-"
     tokens = []
     for i in range(spare):
-        fd = _lock(directory / f"{prefix}{i}.lock")
+        fd = affinity.try_lock(directory / f"{prefix}{i}.lock")
         if fd is not None:
             tokens.append(fd)
             if len(tokens) == AHEAD_CORES:

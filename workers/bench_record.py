@@ -27,6 +27,7 @@ from workers import bench_gate
 from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV
 from workers.bench_calls import rotating
 from workers.job import PHASES
+from workers.lanes import VISIBLE
 
 SPAWNED_AT_ENV = "CO_SPAWNED_AT"
 ERROR_CHARS = 4000
@@ -143,8 +144,8 @@ class JobRecord:
         if self.job.device == "cuda":  # its description waited for the device too
             from compiler.env import describe
 
-            if "CUDA_VISIBLE_DEVICES" in (message.get("env") or {}):
-                bench_gate.check_device(os.environ["CUDA_VISIBLE_DEVICES"])
+            if VISIBLE in (message.get("env") or {}):
+                bench_gate.check_device(os.environ[VISIBLE])
             self.result.update(describe(self.job.device))
         self._phase_t0 = time.perf_counter()
         self.save()

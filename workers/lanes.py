@@ -24,9 +24,7 @@ it out, so a job's wall time runs from its GPU being free to its result.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -74,10 +72,6 @@ def node_gpus(assigned: str | None = None, count: int | None = None) -> tuple[st
     return tuple(dict.fromkeys([*mine, *seen]))
 
 
-def _lock_name(gpu: str) -> str:
-    return "gpu-" + re.sub(r"[^A-Za-z0-9_.-]", "_", gpu) + ".lock"
-
-
 @dataclass
 class Held:
     """A GPU of the node, held by this job until its block ends."""
@@ -97,16 +91,9 @@ class Lane:
 
     def _try(self, directory: Path) -> Held | None:
         for gpu in self.gpus:
-            try:
-                fd = os.open(directory / _lock_name(gpu), os.O_RDWR | os.O_CREAT, 0o666)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                continue
-            return Held(gpu, 0.0, fd)
+            fd = affinity.try_lock(directory / f"gpu-{affinity.lock_name_part(gpu)}.lock")
+            if fd is not None:
+                return Held(gpu, 0.0, fd)
         return None
 
     @contextlib.contextmanager

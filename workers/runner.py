@@ -325,8 +325,8 @@ def _take_device(
 ) -> tuple[Held | None, affinity.CoreLease, Any]:
     """What a job holds while it runs, each kept until `stack` closes: with `lane`, a GPU with no
     job on it (its processes started ahead while it waits, as far as its GPU's share of the spare
-    cores allows); then its cores (near its GPU
-    first) and, with `lock_clocks`, its GPU's locked clock. `env` and the gates get the GPU and
+    cores allows); then its cores (near its GPU first) and, with `lock_clocks`, its GPU's locked
+    clock. `env` and the gates get the GPU and
     the cores."""
     gpu = job.device == "cuda"
     gate_env: dict[str, str] = {}
@@ -413,7 +413,7 @@ def run_job(
     the one before it has ended (`workers.ahead`; `node_jobs`: the jobs this node runs at once, by
     default its GPUs or as many as its cores hold; `overlap` False: never, `--no-overlap`). With
     `lane` (`workers.lanes`), the job first waits for a GPU of the lane with no job on it, its
-    first process started ahead meanwhile, and takes its cores once it holds one. The
+    processes started ahead meanwhile, and takes its cores once it holds one. The
     processes are pinned to
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
     clock is locked for the job where NVML allows it. With `shared_cache` (HOST:PORT of a Redis
