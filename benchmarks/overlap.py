@@ -31,23 +31,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compiler import statistics as cstats  # noqa: E402
 from reports.efficiency import efficiency  # noqa: E402
 from reports.regression import compare  # noqa: E402
+from store.runlog import read_runs  # noqa: E402
 from store.schema import read_results  # noqa: E402
 
-FLAGGED = ("regression", "improvement", "watch")
-"""Verdicts an A/A comparison must not give."""
+FLAGGED = ("regression", "improvement")
+"""Verdicts an A/A comparison must not give (`aa_flagged`). A `watch` (a change one value a run
+cannot decide, such as one cold compile's time) is listed apart (`aa_watch`)."""
 
 
-def wall_s(rows: list[dict[str, Any]]) -> float:
-    """A run's wall time from its rows: the first job's dispatch to the last job's end (a row's
-    `wall_s` leaves out its wait for a GPU behind another job, `lane_wait_s`, which its span holds)."""
+def wall_s(out_dir: Path, rows: list[dict[str, Any]]) -> tuple[float, str]:
+    """A run's wall time, and where it came from: the sweep's own makespan, its first job's
+    dispatch to its last row (`dispatch_s` in `run.json`), summed over the sweep's invocations
+    where it ran in parts (`--resume`); for an output without it, the rows' span, each row from
+    its first process's start (`started_at`) to the end of its `wall_s`. That span leaves out a
+    job's wait for its GPU before its first process started (`lane_wait_s` overlaps the span
+    only in part, so it cannot be added), which `dispatch_s` holds."""
+    ran = [r for r in read_runs(out_dir) if (r.get("planned") or 0) > (r.get("skipped") or 0)]
+    parts = [r.get("dispatch_s") for r in ran]  # None where a part was killed: the rows then
+    if parts and all(isinstance(p, (int, float)) for p in parts):
+        return sum(parts), "dispatch_s"
     spans = []
     for r in rows:
         if r.get("started_at") and r.get("wall_s") is not None:
             start = datetime.fromisoformat(str(r["started_at"])).timestamp()
-            spans.append((start, start + r["wall_s"] + (r.get("lane_wait_s") or 0.0)))
+            spans.append((start, start + r["wall_s"]))
     if not spans:
         raise SystemExit("error: no row with started_at and wall_s: not a sweep output of this project")
-    return max(e for _, e in spans) - min(s for s, _ in spans)
+    return max(e for _, e in spans) - min(s for s, _ in spans), "rows"
 
 
 def per_model(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -68,15 +78,19 @@ def summarize(off_dir: Path, on_dir: Path) -> dict[str, Any]:
         raise SystemExit(f"error: no result rows in {off_dir if not off else on_dir}")
     aa = compare(on_table, off_table, cstats.load_thresholds())
     flagged = [f"{c.name}: {c.verdict}" for c in aa.cells if c.verdict in FLAGGED]
+    watch = [f"{c.name}: {'; '.join(c.reasons)}" for c in aa.cells if c.verdict == "watch"]
     gpus = sorted({r.get("device_name") or r["hardware"] for r in on})
     e_on, e_off = efficiency(on), efficiency(off)
+    (wall_on, source_on), (wall_off, source_off) = wall_s(on_dir, on), wall_s(off_dir, off)
     return {
         "gpu": ", ".join(gpus),
         "efficiency_on": per_model(on),
         "efficiency_off": per_model(off),
-        "wall_s_on": round(wall_s(on), 1),
-        "wall_s_off": round(wall_s(off), 1),
+        "wall_s_on": round(wall_on, 1),
+        "wall_s_off": round(wall_off, 1),
+        "wall_from": {"on": source_on, "off": source_off},
         "aa_flagged": flagged,
+        "aa_watch": watch,
         "sweep_efficiency_on": round(e_on.efficiency, 4) if e_on else None,
         "sweep_efficiency_off": round(e_off.efficiency, 4) if e_off else None,
         "started_ahead_on": f"{e_on.ahead} of {e_on.later}" if e_on else None,
@@ -110,6 +124,7 @@ def render(summary: dict[str, Any]) -> str:
         f"A/A (on against off, the regression rules): {summary['aa_verdicts']}; flagged: "
         + ("; ".join(summary["aa_flagged"]) or "none"),
     ]
+    lines += [f"  undecided (watch): {w}" for w in summary.get("aa_watch", [])]
     return "\n".join(lines)
 
 

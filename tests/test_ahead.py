@@ -7,6 +7,7 @@ shown on a real two-process job in tests/test_measure_method.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -130,14 +131,15 @@ def _start_gated(tmp_path: Path, job_cpu: int, ahead_cpu: int) -> tuple[subproce
 def test_the_gate_holds_the_process_until_opened_and_moves_every_thread(tmp_path):
     proc, gate, record = _start_gated(tmp_path, job_cpu=CORES[0], ahead_cpu=CORES[1])
     time.sleep(0.5)
-    assert proc.poll() is None  # still at the gate
+    assert proc.poll() is None  # still at the gate, and its record says so (its core is free)
+    assert json.loads(record.read_text())["at_gate"] is True
     os.write(gate, (json.dumps({"at": time.time()}) + "\n").encode())
     os.close(gate)
     assert proc.wait(timeout=60) == 0
     got = json.loads(record.read_text())
     assert got["started_ahead"] is True and got["gate_wait_s"] >= 0.5
     assert got["ahead_cpus"] == str(CORES[1]) and got["cpu_affinity"] == str(CORES[0]) and got["cpu_pinned"]
-    assert got["threads_on_one_set"] is True
+    assert got["threads_on_one_set"] is True and "at_gate" not in got
 
 
 @two_cores
@@ -225,19 +227,25 @@ def test_no_process_starts_ahead_for_a_job_not_pinned(tmp_path):
     assert single.take(0) is None and single.off_reason() is None  # one process: nothing to overlap
 
 
+@contextlib.contextmanager
+def _running_its_first_process(tmp_path: Path, spawn, job_cores: affinity.CoreLease):
+    """A two-process job on `job_cores` whose first process runs (not started ahead): its steps,
+    its `Overlap` and the runner's check while that process runs."""
+    steps = [Step((), tmp_path / f"r{i}.json", tmp_path / "log") for i in range(2)]
+    with Overlap(steps, "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=1) as overlap:
+        overlap.use_cores(job_cores)
+        assert overlap.take(0) is None
+        yield steps, overlap, overlap.watch(0)
+
+
 @two_cores
 def test_a_process_started_ahead_and_never_run_is_ended(lock_dir, tmp_path, gated_spawn):
     """The step before it is past its gate, on the device: the next one starts (here a bare
     interpreter at its gate); the job then stops there (that step failed, or the job was cancelled): it is ended, its
     cores freed."""
-    steps = [Step((), tmp_path / f"r{i}.json", tmp_path / "log") for i in range(2)]
     spawn, started = gated_spawn
-
     job_cores = affinity.reserve_cores(1)
-    with Overlap(steps, "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=1) as overlap:
-        overlap.use_cores(job_cores)
-        assert overlap.take(0) is None
-        watch = overlap.watch(0)
+    with _running_its_first_process(tmp_path, spawn, job_cores) as (steps, overlap, watch):
         steps[0].result_file.write_text(json.dumps({"phase": "build"}))
         watch()
         assert not started  # still building, before its gate: nothing starts
@@ -251,3 +259,25 @@ def test_a_process_started_ahead_and_never_run_is_ended(lock_dir, tmp_path, gate
     free = reserve_ahead(1)  # its spare core is free again
     assert not isinstance(free, str)
     free.release()
+
+
+@two_cores
+def test_a_later_process_starts_ahead_as_soon_as_a_spare_core_comes_free(lock_dir, tmp_path, gated_spawn):
+    """The step before it is on the device but every spare core is busy with another job's
+    start-up: the later step starts at the first check after one comes free, with no new word from
+    the running step."""
+    spawn, started = gated_spawn
+    job_cores = affinity.reserve_cores(1)
+    other = reserve_ahead(len(CORES) - 1)  # another job's process, starting up on the one spare core
+    assert not isinstance(other, str)
+    try:
+        with _running_its_first_process(tmp_path, spawn, job_cores) as (steps, overlap, watch):
+            steps[0].result_file.write_text(json.dumps({"phase": "timing"}))
+            watch()
+            assert not started and "held by other processes started ahead" in overlap.reasons[1]
+            other.release()  # it reached its gate, or its job went on
+            watch()
+            assert len(started) == 1 and 1 not in overlap.reasons
+    finally:
+        other.release()
+        job_cores.release()

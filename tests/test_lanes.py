@@ -12,6 +12,8 @@ import dataclasses
 import itertools
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -123,33 +125,101 @@ def test_a_lane_takes_whichever_gpu_is_free_its_own_first_and_waits_when_none_is
         pass
 
 
-@two_cores
+def test_jobs_waiting_for_a_gpu_take_it_in_the_order_they_began_to_wait(tmp_path):
+    """The driver sends the longest jobs first; a GPU that comes free goes to the job that has
+    waited longest, not to whichever job's poll lands first. A job that died waiting keeps no
+    place in the queue (a real process, killed)."""
+    lane = Lane(("0",), directory=tmp_path)
+    order: list[int] = []
+
+    def wait(i: int) -> None:
+        with lane.hold():
+            order.append(i)
+            time.sleep(0.02)
+
+    with lane.hold() as running, ThreadPoolExecutor(max_workers=6) as pool:
+        # a job that begins to wait first, and dies waiting
+        code = (
+            "import sys, time; from pathlib import Path; from workers.lanes import Ticket; "
+            "Ticket.take(Path(sys.argv[1]), ('0',)); print('queued', flush=True); time.sleep(600)"
+        )
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        dead = subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+        )
+        try:
+            assert dead.stdout.readline().strip() == "queued"
+            waiters = []
+            for i in range(6):
+                waiters.append(pool.submit(wait, i))
+                time.sleep(0.15)  # each has begun to wait before the next
+        finally:
+            dead.kill()
+            dead.wait()
+        os.close(running.fd)  # the running job ends
+        for w in waiters:
+            w.result(timeout=60)
+    assert order == list(range(6))
+    assert not list(tmp_path.glob("queue-*"))  # no ticket left behind, the dead job's neither
+
+
 @two_cores
 def test_a_waiting_job_starts_its_processes_ahead_within_its_gpus_share_of_the_spare_cores(
-    lock_dir, tmp_path, gated_spawn
+    lock_dir, tmp_path
 ):
     """While a job waits for its GPU it starts its processes ahead in order, each waiting at its
-    gate, as far as its GPU's share of the node's spare cores goes; the jobs of another GPU draw on
+    gate, as far as its GPU's share of the node's spare cores goes; a process at its gate runs
+    nothing and gives its core back, so the next one starts on it. The jobs of another GPU draw on
     that GPU's share, so they never take the cores a GPU's own jobs need. Here the node's 2 spare
-    cores are shared by 2 GPUs (the processes are bare interpreters at their gates)."""
-    spawn, started = gated_spawn
+    cores are shared by 2 GPUs, one each; the processes are job processes reduced to their gate
+    (`JobRecord.pass_gate`, which says in its record that it waits there)."""
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(_job(2).to_dict()))
+    started: list[subprocess.Popen] = []
+    code = (
+        "import sys; from pathlib import Path; from workers.affinity import pin_from_environment; "
+        "from workers.bench_record import JobRecord; pin_from_environment(); "
+        "JobRecord(Path(sys.argv[1]), Path(sys.argv[2])).pass_gate()"
+    )
+
+    def spawn(step: Step, extra: dict, fds: tuple) -> subprocess.Popen:
+        env = {**os.environ, **extra, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        argv = [sys.executable, "-c", code, str(job_file), str(step.result_file)]
+        started.append(subprocess.Popen(argv, env=env, pass_fds=fds))
+        return started[-1]
 
     def steps(name: str) -> list[Step]:
         return [Step((), tmp_path / f"{name}{i}.json", tmp_path / "log") for i in range(3)]
 
-    with (
-        Overlap(steps("a"), "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=0) as first,
-        Overlap(steps("b"), "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=0) as other,
-    ):
-        assert first.spare == len(CORES)  # no job holds cores on this node: all are spare
-        first.use_pool("0", len(CORES))
-        first.start_waiting()
-        assert list(first.started) == [0] and "GPU 0's share" in first.reasons[1]
-        other.use_pool("1", len(CORES))  # the other GPU's share is its own
-        other.start_waiting()
-        assert list(other.started) == [0]
-        assert len(started) == 2 and all(p.poll() is None for p in started)
-    assert all(p.poll() is not None for p in started)  # never taken: ended with their jobs
+    try:
+        with (
+            Overlap(steps("a"), "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=0) as first,
+            Overlap(steps("b"), "cpu", 1, spawn=spawn, kill=kill_tree, node_jobs=0) as other,
+        ):
+            assert first.spare == len(CORES)  # no job holds cores on this node: all are spare
+            first.use_pool("0", len(CORES))
+            first.start_waiting()
+            assert list(first.started) == [0] and "GPU 0's share" in first.reasons[1]
+            other.use_pool("1", len(CORES))  # the other GPU's share is its own
+            other.start_waiting()
+            assert list(other.started) == [0]
+            deadline = time.monotonic() + 120
+            while len(first.started) < 3:  # the runner's poll while the job waits for its GPU
+                assert time.monotonic() < deadline, f"only {sorted(first.started)} started"
+                assert all(p.poll() is None for p in started)
+                first.start_waiting()
+                busy = [i for i, s in first.started.items() if s.cores.held]
+                assert len(busy) <= 1, f"processes {busy} hold GPU 0's one spare core at once"
+                time.sleep(0.05)
+            # each started only once the one before it waited at its gate, which it still does
+            for i in (0, 1):
+                assert json.loads(steps("a")[i].result_file.read_text())["at_gate"] is True
+            assert list(other.started) == [0] and all(p.poll() is None for p in started)
+        assert all(p.wait(timeout=30) is not None for p in started)  # never taken: ended with their jobs
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_a_job_stopped_while_it_waits_for_a_gpu_ends_its_first_process(lock_dir, tmp_path):

@@ -69,11 +69,48 @@ def test_the_overlap_benchmark_reports_efficiency_wall_time_and_an_a_a_check(
     assert "| model | job efficiency, overlap off | overlap on |" in done.stdout
     assert "flagged: none" in done.stdout
 
+    # one cold compile 50% slower: one value a run cannot decide it, a watch, listed apart
+    rows = run_rows(table_jobs, make_result, 12)
+    rows[0]["compile_s"] = rows[0]["compile_s"] * 1.5
+    _write(tmp_path / "compile", rows, on=True)
+    done = _run("--compare", str(tmp_path / "off"), str(tmp_path / "compile"), "--out", str(tmp_path / "s3"))
+    summary = json.loads((tmp_path / "s3/overlap-summary.json").read_text())
+    assert summary["aa_flagged"] == [] and len(summary["aa_watch"]) == 1, summary["aa_watch"]
+    assert "cold compile" in summary["aa_watch"][0] and "undecided (watch)" in done.stdout
+
     # the on run 20% slower on the A100 cells: the A/A check flags them, and only them
     _write(tmp_path / "slow", run_rows(table_jobs, make_result, 12, slow={"A100": 1.2}), on=True)
     done = _run("--compare", str(tmp_path / "off"), str(tmp_path / "slow"), "--out", str(tmp_path / "s2"))
     flagged = json.loads((tmp_path / "s2/overlap-summary.json").read_text())["aa_flagged"]
     assert flagged and all(f.startswith("A100/") and f.endswith(": regression") for f in flagged), flagged
+
+
+def test_the_sweep_wall_time_is_the_sweeps_own_makespan_summed_over_its_parts(
+    tmp_path, table_jobs, make_result
+):
+    """Where the sweep recorded its makespan (`dispatch_s` in run.json: first dispatch to last
+    row), that is the run's wall time, summed over the invocations of a sweep run in parts: a job
+    that waited for its GPU began before its first process, which the rows' span cannot see."""
+    from types import SimpleNamespace
+
+    from store.runlog import finish_run, start_run
+
+    _write(tmp_path / "off", run_rows(table_jobs, make_result, 11), on=False)
+    _write(tmp_path / "on", run_rows(table_jobs, make_result, 12), on=True)
+    spec = SimpleNamespace(name="t", source="t.yaml", raw={})
+    for part, makespan in (("a", 400.0), ("b", 250.5)):
+        start_run(tmp_path / "on", part, spec, ["sweep"], {}, planned=4, skipped=0)
+        finish_run(tmp_path / "on", part, {"ok": 4}, dispatch_s=makespan)
+    start_run(tmp_path / "on", "c", spec, ["sweep", "--resume"], {}, planned=4, skipped=4)  # nothing left
+    done = _run("--compare", str(tmp_path / "off"), str(tmp_path / "on"), "--out", str(tmp_path / "s"))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "s/overlap-summary.json").read_text())
+    assert summary["wall_s_on"] == 650.5 and summary["wall_from"] == {"on": "dispatch_s", "off": "rows"}
+    # a part killed before it recorded its makespan: the rows' span, not a sum missing that part
+    start_run(tmp_path / "on", "d", spec, ["sweep", "--resume"], {}, planned=4, skipped=2)
+    done = _run("--compare", str(tmp_path / "off"), str(tmp_path / "on"), "--out", str(tmp_path / "s"))
+    summary = json.loads((tmp_path / "s/overlap-summary.json").read_text())
+    assert summary["wall_from"]["on"] == "rows" and summary["wall_s_on"] == len(table_jobs) * 100
 
 
 def test_the_overlap_benchmark_refuses_an_output_without_rows(tmp_path):

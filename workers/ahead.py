@@ -11,12 +11,15 @@ opens the gate when the process before it has ended. Nothing of the method chang
 is still a fresh interpreter with its own caches, and none runs a compute call while another of
 its job (or of another job on its GPU) does.
 
-Until its gate opens, the process runs on a core of its own, never a job's: the timing process
-keeps its cores to itself. Those cores come from the node's spare cores, the ones no job's
+Until it reaches its gate, the process runs on a core of its own, never a job's: the timing
+process keeps its cores to itself. Those cores come from the node's spare cores, the ones no job's
 reservation can need (`spare_cores`: the node's cores less its job slots times each job's
 cores), and a node-wide token per spare core (`ahead<i>.lock` beside the cores' lock files)
 keeps the processes started ahead on a node, all jobs together, within them, so they never leave
-a starting job short of its cores. Where the node has no spare core, where the job is not pinned,
+a starting job short of its cores. A process waiting at its gate runs nothing (it blocks on a
+pipe), so it gives its core and token back (`Overlap.free_at_gate`): only the processes still
+starting up count against the spare cores, and one that waits long, behind a long job, does not
+keep the others from starting. Where the node has no spare core, where the job is not pinned,
 or where the spare cores are taken, the process starts after the one before it, as it always
 did, and the row's `ahead_off` says why.
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from compiler.env import format_cpus
 from workers import affinity
-from workers.bench_gate import GATE_FD_ENV, NVML_CHECK_ENV
+from workers.bench_gate import AT_GATE, GATE_FD_ENV, NVML_CHECK_ENV
 
 AHEAD_FROM = frozenset({"eager", "compile", "compiled_warmup", "timing", "flops", "accuracy", "done"})
 """Phases of a process (its RESULT.json's `phase`) once it is past its gate, on the device: the
@@ -110,6 +113,10 @@ class AheadCores:
     lease: affinity.CoreLease
     tokens: list[int]
 
+    @property
+    def held(self) -> bool:
+        return bool(self.tokens)
+
     def release(self) -> None:
         self.lease.release()
         for fd in self.tokens:
@@ -156,6 +163,20 @@ class Started:
     """When it was started (`time.monotonic()`)."""
     message: dict[str, object] = field(default_factory=dict)
     """What its gate tells it besides the time (`Overlap.use_cores`: the job's cores, its GPU)."""
+    seen: int = 0
+    """Its result file's modification time when last read (`at_gate`)."""
+
+    def at_gate(self, result_file: Path) -> bool:
+        """Whether the process waits at its gate now, its start-up done (its result file says
+        so: `workers.bench_gate.AT_GATE`); read only when the file changed."""
+        try:
+            mtime = result_file.stat().st_mtime_ns
+            if mtime == self.seen:
+                return False
+            self.seen = mtime
+            return bool(json.loads(result_file.read_text()).get(AT_GATE))
+        except (OSError, ValueError):
+            return False
 
     def open_gate(self) -> None:
         """Tell the process the device is free: the time now (this clock, `at`), and `message`'s
@@ -234,31 +255,46 @@ class Overlap:
 
     def watch(self, index: int) -> Callable[[], None]:
         """The check to call while step `index` runs: it frees the cores of a process started
-        ahead once that process has passed its gate, and starts the later steps ahead once this
-        one is past its gate (both read from the step's result file, when it changes)."""
+        ahead once that process has passed its gate, and, once this one is past its gate, starts
+        the later steps ahead, at every check until each has started (spare cores come free as
+        the processes started ahead reach their gates: `free_at_gate`). The step's result file is
+        read when it changes."""
         path = self.steps[index].result_file
         seen: list[int] = []
+        past_gate: list[bool] = []
 
         def check() -> None:
+            self.free_at_gate()
             try:
                 mtime = path.stat().st_mtime_ns
-            except OSError:
-                return
-            if seen and seen[-1] == mtime:
-                return
-            seen.append(mtime)
-            try:
-                result = json.loads(path.read_text())
+                if not seen or seen[-1] != mtime:
+                    seen.append(mtime)
+                    result = json.loads(path.read_text())
+                    if self.running is not None and result.get("started_ahead"):
+                        self._leave_cores()
+                    if result.get("phase") in AHEAD_FROM:
+                        past_gate.append(True)
             except (OSError, ValueError):
-                return
-            if self.running is not None and result.get("started_ahead"):
-                self._leave_cores()
-            if result.get("phase") in AHEAD_FROM:
-                for later in range(index + 1, len(self.steps)):
-                    if later not in self.started and not self._start(later):
-                        break
+                pass
+            if past_gate:
+                self._start_in_order(index + 1)
 
         return check
+
+    def free_at_gate(self) -> None:
+        """Free the spare core of each process started ahead that waits at its gate: its imports
+        and build are done, and it runs nothing until the gate opens, so the core (and its token)
+        goes to the next process to start. The processes started ahead that are busy never
+        outnumber the spare cores; those that wait hold none."""
+        for started in self.started.values():
+            if started.cores.held and started.at_gate(self.steps[started.index].result_file):
+                started.cores.release()
+
+    def _start_in_order(self, first: int) -> None:
+        """Start the steps from `first` on that have not started, in order, until one cannot."""
+        for index in range(first, len(self.steps)):
+            if index not in self.started and not self._start(index):
+                return
 
     def use_pool(self, gpu: str, gpus: int) -> None:
         """Take the spare cores from `gpu`'s share of them (the node's spare cores over its `gpus`
@@ -272,12 +308,12 @@ class Overlap:
         self.pool = gpu
 
     def start_waiting(self) -> None:
-        """While the job waits for its GPU (`workers.lanes`): start its processes ahead in order,
-        as far as spare cores allow (its first, then its later ones, each to wait at its gate
-        until the one before it has ended)."""
-        for index in range(len(self.steps)):
-            if index not in self.started and not self._start(index):
-                return
+        """While the job waits for its GPU (`workers.lanes`), at every poll: start its processes
+        ahead in order, as far as spare cores allow (its first, then its later ones, each to wait
+        at its gate until the one before it has ended); a process at its gate frees its core for
+        the next (`free_at_gate`)."""
+        self.free_at_gate()
+        self._start_in_order(0)
 
     def _start(self, index: int) -> bool:
         if self.off:

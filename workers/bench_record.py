@@ -114,8 +114,10 @@ class JobRecord:
             return
         ready = time.time()
         self.close_phase()
+        self.result[bench_gate.AT_GATE] = True  # the runner frees the spare core it started on
         self.save()
         message = bench_gate.wait_at_gate(fd)
+        del self.result[bench_gate.AT_GATE]
         if message is None:  # the runner dropped this process: nothing of it is wanted
             os._exit(0)
         opened = message["at"]

@@ -15,7 +15,11 @@ Ray places a fractional GPU task on the GPU with the least room left that fits i
 two tasks can share a GPU's half slots while another GPU is idle; the task therefore takes
 whichever of its node's GPUs is free (Ray's own pick first), and the process it started ahead
 learns which at its gate (`CUDA_VISIBLE_DEVICES` in the gate's message: it has not initialised
-CUDA before, and checks afterwards that its device is the lane's GPU).
+CUDA before, and checks afterwards that its device is the lane's GPU). Jobs waiting for the same
+GPUs take them in the order they began to wait (`Ticket`): without that, a GPU that came free went
+to whichever waiting job polled first, and a long job sent early could wait behind later ones
+(seen on a 4-GPU host: two of the first eight jobs sent waited about 400 s while jobs sent after
+them ran).
 
 `lane_wait_s` in the row is the time the job waited for its GPU; the driver's `wall_s` leaves
 it out, so a job's wall time runs from its GPU being free to its result.
@@ -24,7 +28,10 @@ it out, so a job's wall time runs from its GPU being free to its result.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -82,6 +89,58 @@ class Held:
     fd: int = -1
 
 
+@dataclass
+class Ticket:
+    """A waiting job's place in its node's queue for a set of GPUs: a file named by the time it
+    began to wait (`queue-<GPUs' hash>-<ns>-<pid>-<thread>.lock`), locked by the job while it
+    waits. A GPU that comes free goes to the job that has waited longest, so the jobs run in the
+    order the driver sent them (longest first: `orchestrator.fleet.ordering`), not in the order
+    their polls happen to land. A job that dies drops its lock; the next waiter removes its file."""
+
+    directory: Path
+    prefix: str
+    path: Path
+    fd: int
+
+    @classmethod
+    def take(cls, directory: Path, gpus: tuple[str, ...]) -> Ticket:
+        prefix = "queue-" + hashlib.sha1(",".join(gpus).encode()).hexdigest()[:12] + "-"
+        name = f"{prefix}{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}.lock"
+        hidden = directory / f".{name}"  # locked before others can see it: never taken for a dead job's
+        fd = os.open(hidden, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(hidden, directory / name)
+        return cls(directory, prefix, directory / name, fd)
+
+    def first(self) -> bool:
+        """Whether no job that began to wait before this one still waits for these GPUs (the
+        tickets of jobs that died are removed on the way)."""
+        for other in sorted(self.directory.glob(f"{self.prefix}*.lock")):
+            if other.name >= self.path.name:
+                return True
+            try:
+                fd = os.open(other, os.O_RDWR)
+            except OSError:  # removed meanwhile: its job took a GPU, or another waiter cleared it
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # a job ahead of this one, still waiting
+            else:  # its job died waiting
+                with contextlib.suppress(OSError):
+                    other.unlink()
+            finally:
+                os.close(fd)
+        return True
+
+    def drop(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            os.close(self.fd)
+            self.fd = -1
+
+
 @dataclass(frozen=True)
 class Lane:
     """The GPUs a job may run on (`node_gpus`), one job on each at a time."""
@@ -101,17 +160,22 @@ class Lane:
         self, stopped: Callable[[], bool] | None = None, waiting: Callable[[], object] | None = None
     ) -> Iterator[Held]:
         """Wait for a GPU of the lane with no job on it and hold it for the block (a node-wide
-        lock that a job's death releases), calling `waiting` at every poll meanwhile. Raises
+        lock that a job's death releases), calling `waiting` at every poll meanwhile. Jobs that
+        wait for the same GPUs take them in the order they began to wait (`Ticket`). Raises
         `LaneStopped` when `stopped()` says so first."""
         directory = self.directory or affinity.lock_dir()
         directory.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
-        while (held := self._try(directory)) is None:
-            if stopped is not None and stopped():
-                raise LaneStopped
-            if waiting is not None:
-                waiting()
-            time.sleep(POLL_S)
+        ticket = Ticket.take(directory, self.gpus)
+        try:
+            while not ticket.first() or (held := self._try(directory)) is None:
+                if stopped is not None and stopped():
+                    raise LaneStopped
+                if waiting is not None:
+                    waiting()
+                time.sleep(POLL_S)
+        finally:
+            ticket.drop()
         held.waited_s = time.monotonic() - start
         try:
             yield held

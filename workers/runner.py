@@ -39,6 +39,7 @@ from compiler.shared_cache import cache_environment
 from workers import affinity
 from workers.ahead import Overlap, Started, Step
 from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV, choices_stream
+from workers.bench_gate import AT_GATE
 from workers.job import Job
 from workers.lanes import VISIBLE, Held, Lane, LaneStopped
 from workers.repeats import merge
@@ -260,6 +261,7 @@ def _run_bench(
         result["notes"] = "; ".join(filter(None, [result.get("notes"), f"the compile failed {progress}"]))
     result.pop("final", None)  # how the process and this runner speak, not what the job measured
     result.pop("phase", None)
+    result.pop(AT_GATE, None)  # it died at its gate
     trace = result.pop("traceback", None)
     if trace and result.get("error") and trace.strip() not in result["error"]:
         result["error"] += "\n--- traceback ---\n" + trace.strip()

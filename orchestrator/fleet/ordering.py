@@ -29,9 +29,19 @@ def heuristic_cost(job: Job) -> float:
     return MODE_COST.get(mode or "", 1.0) * size * (1.0 + math.log2(job.batch_size) / 4)
 
 
+def job_seconds(row: dict) -> float | None:
+    """How long a job held its slot: its `wall_s` (dispatch to result, less any wait for a GPU
+    behind another job), else the sum of its processes' lifetimes (`subprocess_s`), which with
+    processes started ahead also counts their waits at the gate, up to the whole run before them."""
+    for key in ("wall_s", "subprocess_s"):
+        if isinstance(row.get(key), (int, float)):
+            return float(row[key])
+    return None
+
+
 class History:
-    """Earlier rows of an output directory: which jobs have one, and the mean job subprocess
-    time by (hardware, model_id, config, batch) and by (model_id, config)."""
+    """Earlier rows of an output directory: which jobs have one, and the mean time a job held its
+    slot (`job_seconds`) by (hardware, model_id, config, batch) and by (model_id, config)."""
 
     def __init__(self, rows: Iterable[dict], timing_only: Iterable[dict] = ()):
         exact: dict[tuple, list[float]] = defaultdict(list)
@@ -49,10 +59,11 @@ class History:
                 self.sweeps.add(r.get("sweep") or "")
                 if r.get("status") != HARNESS_ERROR:
                     self.job_ids.add(r["job_id"])
-            if r.get("subprocess_s") is None:
+            took = job_seconds(r)
+            if took is None:
                 continue
-            exact[(r["hardware"], r["model_id"], r["config"], r["batch_size"])].append(r["subprocess_s"])
-            loose[(r["model_id"], r["config"])].append(r["subprocess_s"])
+            exact[(r["hardware"], r["model_id"], r["config"], r["batch_size"])].append(took)
+            loose[(r["model_id"], r["config"])].append(took)
         self.exact = {k: sum(v) / len(v) for k, v in exact.items()}
         self.loose = {k: sum(v) / len(v) for k, v in loose.items()}
 
@@ -68,6 +79,7 @@ class History:
             "config",
             "batch_size",
             "subprocess_s",
+            "wall_s",
         ]
         extra: list[dict] = []
         for other in history_dirs:

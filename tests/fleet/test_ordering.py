@@ -72,6 +72,21 @@ def test_history_orders_measured_jobs_longest_first_before_unmeasured_ones():
     assert [j.config.name for j in longest_first([a, c, b], history)] == ["b", "a", "c"]
 
 
+def test_a_job_with_processes_started_ahead_is_expected_to_take_its_wall_time():
+    """With processes started ahead, `subprocess_s` counts each process's wait at its gate (a job
+    waiting behind a long one: its whole run); the job held its slot for its `wall_s`."""
+    short, long = job(config="short"), job(config="long")
+    row = {"hardware": "A100", "model_id": short.model.id, "batch_size": 1}
+    history = History(
+        [
+            {**row, "config": "short", "wall_s": 57.0, "subprocess_s": 1351.0},
+            {**row, "config": "long", "wall_s": 320.0, "subprocess_s": 776.0},
+        ]
+    )
+    assert history.expected_s(short) == 57.0
+    assert [j.config.name for j in longest_first([short, long], history)] == ["long", "short"]
+
+
 def test_history_falls_back_to_model_and_config_across_hardware_and_batch():
     history = History(
         [
