@@ -129,19 +129,20 @@ def test_jobs_waiting_for_a_gpu_take_it_in_the_order_they_began_to_wait(tmp_path
     """The driver sends the longest jobs first; a GPU that comes free goes to the job that has
     waited longest, not to whichever job's poll lands first. A job that died waiting keeps no
     place in the queue (a real process, killed)."""
-    lane = Lane(("0",), directory=tmp_path)
+    # two GPUs, and jobs whose tasks Ray placed on either: each lists Ray's pick first, one queue
+    lanes = [Lane(("0", "1"), directory=tmp_path), Lane(("1", "0"), directory=tmp_path)]
     order: list[int] = []
 
     def wait(i: int) -> None:
-        with lane.hold():
+        with lanes[i % 2].hold():
             order.append(i)
             time.sleep(0.02)
 
-    with lane.hold() as running, ThreadPoolExecutor(max_workers=6) as pool:
+    with lanes[0].hold() as running, lanes[1].hold() as other, ThreadPoolExecutor(max_workers=6) as pool:
         # a job that begins to wait first, and dies waiting
         code = (
             "import sys, time; from pathlib import Path; from workers.lanes import Ticket; "
-            "Ticket.take(Path(sys.argv[1]), ('0',)); print('queued', flush=True); time.sleep(600)"
+            "Ticket.take(Path(sys.argv[1]), ('1', '0')); print('queued', flush=True); time.sleep(600)"
         )
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         dead = subprocess.Popen(
@@ -156,9 +157,10 @@ def test_jobs_waiting_for_a_gpu_take_it_in_the_order_they_began_to_wait(tmp_path
         finally:
             dead.kill()
             dead.wait()
-        os.close(running.fd)  # the running job ends
+        os.close(running.fd)  # the job on GPU 0 ends; GPU 1's job runs on, so one waiter runs at a time
         for w in waiters:
             w.result(timeout=60)
+        assert other.gpu == "1"
     assert order == list(range(6))
     assert not list(tmp_path.glob("queue-*"))  # no ticket left behind, the dead job's neither
 

@@ -104,7 +104,8 @@ class Ticket:
 
     @classmethod
     def take(cls, directory: Path, gpus: tuple[str, ...]) -> Ticket:
-        prefix = "queue-" + hashlib.sha1(",".join(gpus).encode()).hexdigest()[:12] + "-"
+        # the set, not the order: each task lists Ray's pick first
+        prefix = "queue-" + hashlib.sha1(",".join(sorted(gpus)).encode()).hexdigest()[:12] + "-"
         name = f"{prefix}{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}.lock"
         hidden = directory / f".{name}"  # locked before others can see it: never taken for a dead job's
         fd = os.open(hidden, os.O_RDWR | os.O_CREAT, 0o666)
