@@ -106,9 +106,25 @@ def spare_cores(device: str, threads: int, node_jobs: int | None = None) -> tupl
     return cores - node_jobs * threads, f"this node's {cores} cores go to its {jobs} of {each}"
 
 
+def _read_changed(path: Path, last: int) -> tuple[int, dict | None]:
+    """A process's result file's modification time, and what it holds where that time is not
+    `last` (None where it is, or where the file cannot be read or parsed)."""
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        return last, None
+    if mtime == last:
+        return last, None
+    try:
+        return mtime, json.loads(path.read_text())
+    except (OSError, ValueError):
+        return mtime, None
+
+
 @dataclass
 class AheadCores:
-    """Cores a process started ahead holds until its gate opens, and the node's tokens for them."""
+    """Cores a process started ahead holds until it reaches its gate, and the node's tokens for
+    them."""
 
     lease: affinity.CoreLease
     tokens: list[int]
@@ -169,14 +185,8 @@ class Started:
     def at_gate(self, result_file: Path) -> bool:
         """Whether the process waits at its gate now, its start-up done (its result file says
         so: `workers.bench_gate.AT_GATE`); read only when the file changed."""
-        try:
-            mtime = result_file.stat().st_mtime_ns
-            if mtime == self.seen:
-                return False
-            self.seen = mtime
-            return bool(json.loads(result_file.read_text()).get(AT_GATE))
-        except (OSError, ValueError):
-            return False
+        self.seen, result = _read_changed(result_file, self.seen)
+        return bool(result and result.get(AT_GATE))
 
     def open_gate(self) -> None:
         """Tell the process the device is free: the time now (this clock, `at`), and `message`'s
@@ -260,22 +270,17 @@ class Overlap:
         the processes started ahead reach their gates: `free_at_gate`). The step's result file is
         read when it changes."""
         path = self.steps[index].result_file
-        seen: list[int] = []
+        seen = [0]
         past_gate: list[bool] = []
 
         def check() -> None:
             self.free_at_gate()
-            try:
-                mtime = path.stat().st_mtime_ns
-                if not seen or seen[-1] != mtime:
-                    seen.append(mtime)
-                    result = json.loads(path.read_text())
-                    if self.running is not None and result.get("started_ahead"):
-                        self._leave_cores()
-                    if result.get("phase") in AHEAD_FROM:
-                        past_gate.append(True)
-            except (OSError, ValueError):
-                pass
+            seen[0], result = _read_changed(path, seen[0])
+            if result is not None:
+                if self.running is not None and result.get("started_ahead"):
+                    self._leave_cores()
+                if result.get("phase") in AHEAD_FROM:
+                    past_gate.append(True)
             if past_gate:
                 self._start_in_order(index + 1)
 

@@ -24,7 +24,7 @@ GATE_FD_ENV = "CO_GATE_FD"
 AT_GATE = "at_gate"
 """A RESULT.json field, true while the process waits at its gate: its start-up is done, and it
 runs nothing until the gate opens, so the runner gives its spare core to another process started
-ahead (`workers.ahead.Overlap.poll`)."""
+ahead (`workers.ahead.Overlap.free_at_gate`)."""
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 """torch counts CUDA devices through NVML where this is set, without initialising CUDA: a GPU
 process started ahead learns its device only at its gate (set until then)."""

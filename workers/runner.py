@@ -328,8 +328,7 @@ def _take_device(
     """What a job holds while it runs, each kept until `stack` closes: with `lane`, a GPU with no
     job on it (its processes started ahead while it waits, as far as its GPU's share of the spare
     cores allows); then its cores (near its GPU first) and, with `lock_clocks`, its GPU's locked
-    clock. `env` and the gates get the GPU and
-    the cores."""
+    clock. `env` and the gates get the GPU and the cores."""
     gpu = job.device == "cuda"
     gate_env: dict[str, str] = {}
     held = None
