@@ -11,6 +11,11 @@ Writes `OUT/overlap-summary.json`: `{"gpu", "efficiency_on", "efficiency_off", "
 
     python benchmarks/overlap.py sweeps/overlap-gpu.yaml --out runs/overlap [--only PATTERNS] [SWEEP FLAGS]
     python benchmarks/overlap.py --compare runs/overlap/off runs/overlap/on --out runs/overlap
+    python benchmarks/overlap.py --compare runs/a/off runs/a/on runs/b/off runs/b/on --out runs/overlap
+
+A suite too long for one go runs in parts, each a whole off/on pair over some of its jobs (split
+with `--only`); `--compare` then takes the parts' pairs, and the summary joins them: their rows
+together, each run's wall time the sum of its parts'.
 
 The off run goes first (`--order on,off` turns it round); flags after the known ones (e.g.
 `--cpus-per-job 1`, `--address auto`) go to both sweeps. `--resume` resumes both.
@@ -25,6 +30,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -70,18 +77,33 @@ def per_model(rows: list[dict[str, Any]]) -> dict[str, float]:
     return found
 
 
-def summarize(off_dir: Path, on_dir: Path) -> dict[str, Any]:
-    """The comparison of an off and an on output."""
-    off_table, on_table = read_results(str(off_dir), latest=True), read_results(str(on_dir), latest=True)
-    off, on = off_table.to_pylist(), on_table.to_pylist()
-    if not off or not on:
-        raise SystemExit(f"error: no result rows in {off_dir if not off else on_dir}")
+def _side(dirs: list[Path]) -> tuple[pa.Table, list[dict[str, Any]], float, str]:
+    """One side (off or on) over its parts: the rows as one table and as dicts, its wall time
+    (the parts' summed) and where that came from."""
+    tables, rows, wall, sources = [], [], 0.0, []
+    for d in dirs:
+        table = read_results(str(d), latest=True)
+        part = table.to_pylist()
+        if not part:
+            raise SystemExit(f"error: no result rows in {d}")
+        seconds, source = wall_s(d, part)
+        tables.append(table)
+        rows += part
+        wall += seconds
+        sources.append(source)
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
+    return table, rows, wall, ",".join(dict.fromkeys(sources))
+
+
+def summarize(pairs: list[tuple[Path, Path]]) -> dict[str, Any]:
+    """The comparison of off and on outputs: one pair, or a pair per part of the suite."""
+    off_table, off, wall_off, source_off = _side([off for off, _ in pairs])
+    on_table, on, wall_on, source_on = _side([on for _, on in pairs])
     aa = compare(on_table, off_table, cstats.load_thresholds())
     flagged = [f"{c.name}: {c.verdict}" for c in aa.cells if c.verdict in FLAGGED]
     watch = [f"{c.name}: {'; '.join(c.reasons)}" for c in aa.cells if c.verdict == "watch"]
     gpus = sorted({r.get("device_name") or r["hardware"] for r in on})
     e_on, e_off = efficiency(on), efficiency(off)
-    (wall_on, source_on), (wall_off, source_off) = wall_s(on_dir, on), wall_s(off_dir, off)
     return {
         "gpu": ", ".join(gpus),
         "efficiency_on": per_model(on),
@@ -89,6 +111,7 @@ def summarize(off_dir: Path, on_dir: Path) -> dict[str, Any]:
         "wall_s_on": round(wall_on, 1),
         "wall_s_off": round(wall_off, 1),
         "wall_from": {"on": source_on, "off": source_off},
+        "parts": len(pairs),
         "aa_flagged": flagged,
         "aa_watch": watch,
         "sweep_efficiency_on": round(e_on.efficiency, 4) if e_on else None,
@@ -145,21 +168,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep", nargs="?", help="the sweep file both runs use")
     parser.add_argument("--out", type=Path, required=True, help="where OUT/off, OUT/on and the summary go")
     parser.add_argument(
-        "--compare", nargs=2, type=Path, metavar=("OFF", "ON"), help="compare two outputs only"
+        "--compare",
+        nargs="+",
+        type=Path,
+        metavar="OFF ON",
+        help="compare outputs only: an off and an on output, or such a pair per part of the suite",
     )
     parser.add_argument(
         "--order", default="off,on", choices=["off,on", "on,off"], help="which run goes first"
     )
     args, extra = parser.parse_known_args(argv)
     if args.compare:
-        off_dir, on_dir = args.compare
+        if len(args.compare) % 2:
+            parser.error(f"--compare takes pairs (OFF ON ...): {len(args.compare)} outputs given")
+        pairs = list(zip(args.compare[::2], args.compare[1::2], strict=True))
     else:
         if not args.sweep:
             parser.error("give a sweep file, or --compare OFF ON")
-        off_dir, on_dir = args.out / "off", args.out / "on"
+        pairs = [(args.out / "off", args.out / "on")]
         for which in args.order.split(","):
-            _sweep(args.sweep, on_dir if which == "on" else off_dir, which == "on", extra)
-    summary = summarize(off_dir, on_dir)
+            _sweep(args.sweep, pairs[0][1] if which == "on" else pairs[0][0], which == "on", extra)
+    summary = summarize(pairs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overlap-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(render(summary))

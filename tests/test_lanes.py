@@ -165,6 +165,34 @@ def test_jobs_waiting_for_a_gpu_take_it_in_the_order_they_began_to_wait(tmp_path
     assert not list(tmp_path.glob("queue-*"))  # no ticket left behind, the dead job's neither
 
 
+def test_jobs_take_a_free_gpu_in_the_order_they_were_sent_whatever_order_they_arrive_in(tmp_path):
+    """Ray starts the tasks of one dispatch seconds apart in no set order: a job that finds the
+    GPU free holds back (`settle_s`) for jobs sent before it, so the first job sent runs first
+    though it arrived last. Holding back with the GPU free is not counted as waiting for it."""
+    order: list[int] = []
+    held: dict[int, float] = {}
+    arrived = threading.Barrier(4)
+
+    def job(sent: int) -> None:
+        time.sleep(0.15 * (4 - sent))  # the last sent arrives first
+        lane = Lane(("0",), directory=tmp_path, sent_ns=sent, settle_s=1.5)
+        with lane.hold(ready=lambda: False) as mine:
+            order.append(sent)
+            held[sent] = mine.waited_s
+            time.sleep(0.05)
+        arrived.wait(timeout=30)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for f in [pool.submit(job, sent) for sent in (1, 2, 3, 4)]:
+            f.result(timeout=60)
+    assert order == [1, 2, 3, 4]
+    assert held[1] < 0.5  # the GPU was free for it all along: its hold-back is its own time
+    assert held[4] > 1.0  # behind the three sent before it, after its first 0.45 s held back
+
+    with Lane(("0",), directory=tmp_path, sent_ns=5, settle_s=60).hold(ready=lambda: True) as ready:
+        assert ready.waited_s < 1  # its first process is at its gate: nothing to hold back for
+
+
 @two_cores
 def test_a_waiting_job_starts_its_processes_ahead_within_its_gpus_share_of_the_spare_cores(
     lock_dir, tmp_path
@@ -289,7 +317,9 @@ def test_gpu_tasks_are_admitted_two_to_a_gpu_where_lanes_are_on(monkeypatch):
     )
     sched.add([dataclasses.replace(_job(i + 1), hardware="H100", device="cuda") for i in range(6)])
     sched.fill(lambda: None)
-    assert len(sched.running) == 2 * LANE_DEPTH and all(k == {"lanes": True} for k in submitted)
+    assert len(sched.running) == 2 * LANE_DEPTH and all(k["lanes"] is True for k in submitted)
+    sent = [k["sent_ns"] for k in submitted]  # their places in a node's queue for a GPU
+    assert sent == sorted(set(sent))
     sched.run(ray, started=lambda: None, tick=lambda: None)
     # whole tens of seconds from dispatch to result; the 7 s a job waited behind another left out
     assert sorted(w % 10 for w in walls) == [0, 0, 0, 3, 3, 3]

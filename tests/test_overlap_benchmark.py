@@ -113,6 +113,29 @@ def test_the_sweep_wall_time_is_the_sweeps_own_makespan_summed_over_its_parts(
     assert summary["wall_from"]["on"] == "rows" and summary["wall_s_on"] == len(table_jobs) * 100
 
 
+def test_a_suite_run_in_parts_is_summed_over_its_parts(tmp_path, table_jobs, make_result):
+    """Each part is a whole off/on pair over some of the suite's jobs: the summary has every
+    part's models, and each run's wall time is the sum of its parts'."""
+    rows_off, rows_on = run_rows(table_jobs, make_result, 11), run_rows(table_jobs, make_result, 12)
+    models = sorted({r["model"] for r in rows_off})
+    first = set(models[: len(models) // 2])
+    for part, keep in (("a", lambda r: r["model"] in first), ("b", lambda r: r["model"] not in first)):
+        _write(tmp_path / part / "off", [r for r in rows_off if keep(r)], on=False)
+        _write(tmp_path / part / "on", [r for r in rows_on if keep(r)], on=True)
+    dirs = [str(tmp_path / part / side) for part in "ab" for side in ("off", "on")]
+    done = _run("--compare", *dirs, "--out", str(tmp_path / "s"))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "s/overlap-summary.json").read_text())
+    assert sorted(summary["efficiency_on"]) == sorted(summary["efficiency_off"]) == models
+    assert summary["parts"] == 2 and summary["aa_flagged"] == []
+    n_a = sum(r["model"] in first for r in rows_on)
+    n_b = len(rows_on) - n_a
+    assert summary["wall_s_on"] == n_a * 100 + n_b * 100  # each part's span, one job after another
+    assert summary["wall_s_off"] == (n_a - 1) * 100 + 130 + (n_b - 1) * 100 + 130
+    odd = _run("--compare", *dirs[:3], "--out", str(tmp_path / "s"))
+    assert odd.returncode == 2 and "pairs" in odd.stderr
+
+
 def test_the_overlap_benchmark_refuses_an_output_without_rows(tmp_path):
     (tmp_path / "off").mkdir()
     done = _run("--compare", str(tmp_path / "off"), str(tmp_path / "off"), "--out", str(tmp_path / "s"))

@@ -181,12 +181,16 @@ class Started:
     """What its gate tells it besides the time (`Overlap.use_cores`: the job's cores, its GPU)."""
     seen: int = 0
     """Its result file's modification time when last read (`at_gate`)."""
+    gated: bool = False
+    """Whether that file said the process waits at its gate."""
 
     def at_gate(self, result_file: Path) -> bool:
         """Whether the process waits at its gate now, its start-up done (its result file says
         so: `workers.bench_gate.AT_GATE`); read only when the file changed."""
         self.seen, result = _read_changed(result_file, self.seen)
-        return bool(result and result.get(AT_GATE))
+        if result is not None:
+            self.gated = bool(result.get(AT_GATE))
+        return self.gated
 
     def open_gate(self) -> None:
         """Tell the process the device is free: the time now (this clock, `at`), and `message`'s
@@ -294,6 +298,14 @@ class Overlap:
         for started in self.started.values():
             if started.cores.held and started.at_gate(self.steps[started.index].result_file):
                 started.cores.release()
+
+    def first_ready(self) -> bool:
+        """Whether the job's first process waits at its gate, or no process of the job starts
+        ahead: what a job that found its GPU free may hold back for (`workers.lanes.SETTLE_S`)."""
+        if self.off:
+            return True
+        started = self.started.get(0)
+        return started is not None and started.at_gate(self.steps[0].result_file)
 
     def _start_in_order(self, first: int) -> None:
         """Start the steps from `first` on that have not started, in order, until one cannot."""

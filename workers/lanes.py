@@ -16,13 +16,19 @@ two tasks can share a GPU's half slots while another GPU is idle; the task there
 whichever of its node's GPUs is free (Ray's own pick first), and the process it started ahead
 learns which at its gate (`CUDA_VISIBLE_DEVICES` in the gate's message: it has not initialised
 CUDA before, and checks afterwards that its device is the lane's GPU). Jobs waiting for the same
-GPUs take them in the order they began to wait (`Ticket`): without that, a GPU that came free went
-to whichever waiting job polled first, and a long job sent early could wait behind later ones
-(seen on a 4-GPU host: two of the first eight jobs sent waited about 400 s while jobs sent after
-them ran).
+GPUs take them in the order the driver sent them (`Ticket`, keyed by the send time): without that,
+a GPU that came free went to whichever waiting job polled first, and a long job sent early could
+wait behind later ones (seen on a 4-GPU host: two of the first eight jobs sent waited about 400 s
+while jobs sent after them ran). Ray starts the tasks of one dispatch seconds apart, in no set
+order (up to 10 s on a 4-GPU host), so a job that finds a GPU free holds back for up to
+`SETTLE_S`, or until its first process waits at its gate, for jobs sent before it to arrive:
+otherwise whichever task Ray started first took the GPU, and a short job could be a GPU's first,
+paying its start-up with nothing to hide behind, while the long ones sent before it waited.
 
-`lane_wait_s` in the row is the time the job waited for its GPU; the driver's `wall_s` leaves
-it out, so a job's wall time runs from its GPU being free to its result.
+`lane_wait_s` in the row is the time the job waited for its GPU while other jobs held it, or
+came before it; the driver's `wall_s` leaves it out, so a job's wall time runs from a GPU being
+free for it to its result. Time held back with a GPU free (`SETTLE_S`) is the job's own, in its
+wall time.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from workers import affinity
 LANE_DEPTH = 2
 """Tasks admitted per GPU where lanes are on: the running job and the next one, waiting."""
 POLL_S = 0.1
+SETTLE_S = 15.0
+"""How long a job that finds a GPU free holds back for jobs sent before it that have not reached
+the node's queue yet, unless its first process is at its gate sooner (it imports meanwhile)."""
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
@@ -91,11 +100,12 @@ class Held:
 
 @dataclass
 class Ticket:
-    """A waiting job's place in its node's queue for a set of GPUs: a file named by the time it
-    began to wait (`queue-<GPUs' hash>-<ns>-<pid>-<thread>.lock`), locked by the job while it
-    waits. A GPU that comes free goes to the job that has waited longest, so the jobs run in the
-    order the driver sent them (longest first: `orchestrator.fleet.ordering`), not in the order
-    their polls happen to land. A job that dies drops its lock; the next waiter removes its file."""
+    """A waiting job's place in its node's queue for a set of GPUs: a file named by the time the
+    driver sent the job (`queue-<GPUs' hash>-<ns>-<pid>-<thread>.lock`; the time it began to
+    wait where the driver gave none), locked by the job while it waits. A GPU that comes free goes
+    to the job sent first, so the jobs run in the order the driver sent them (longest first:
+    `orchestrator.fleet.ordering`), not in the order their tasks started or their polls land.
+    A job that dies drops its lock; the next waiter removes its file."""
 
     directory: Path
     prefix: str
@@ -103,10 +113,11 @@ class Ticket:
     fd: int
 
     @classmethod
-    def take(cls, directory: Path, gpus: tuple[str, ...]) -> Ticket:
+    def take(cls, directory: Path, gpus: tuple[str, ...], sent_ns: int | None = None) -> Ticket:
         # the set, not the order: each task lists Ray's pick first
         prefix = "queue-" + hashlib.sha1(",".join(sorted(gpus)).encode()).hexdigest()[:12] + "-"
-        name = f"{prefix}{time.time_ns():020d}-{os.getpid()}-{threading.get_ident()}.lock"
+        key = time.time_ns() if sent_ns is None else sent_ns
+        name = f"{prefix}{key:020d}-{os.getpid()}-{threading.get_ident()}.lock"
         hidden = directory / f".{name}"  # locked before others can see it: never taken for a dead job's
         fd = os.open(hidden, os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -144,10 +155,13 @@ class Ticket:
 
 @dataclass(frozen=True)
 class Lane:
-    """The GPUs a job may run on (`node_gpus`), one job on each at a time."""
+    """The GPUs a job may run on (`node_gpus`), one job on each at a time; `sent_ns`: when the
+    driver sent the job (its place in the queue)."""
 
     gpus: tuple[str, ...]
     directory: Path | None = None
+    sent_ns: int | None = None
+    settle_s: float = SETTLE_S
 
     def _try(self, directory: Path) -> Held | None:
         for gpu in self.gpus:
@@ -158,18 +172,33 @@ class Lane:
 
     @contextlib.contextmanager
     def hold(
-        self, stopped: Callable[[], bool] | None = None, waiting: Callable[[], object] | None = None
+        self,
+        stopped: Callable[[], bool] | None = None,
+        waiting: Callable[[], object] | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> Iterator[Held]:
         """Wait for a GPU of the lane with no job on it and hold it for the block (a node-wide
         lock that a job's death releases), calling `waiting` at every poll meanwhile. Jobs that
-        wait for the same GPUs take them in the order they began to wait (`Ticket`). Raises
-        `LaneStopped` when `stopped()` says so first."""
+        wait for the same GPUs take them in the order the driver sent them (`Ticket`); one that
+        finds a GPU free takes it once `settle_s` has passed since it began to wait or `ready()`
+        (its first process is at its gate), whichever comes first, so that jobs sent before it
+        can still claim it. Its `waited_s` leaves that holding back out. Raises `LaneStopped`
+        when `stopped()` says so first."""
         directory = self.directory or affinity.lock_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        start = time.monotonic()
-        ticket = Ticket.take(directory, self.gpus)
+        start = last = time.monotonic()
+        held_back, holding_back = 0.0, False
+        ticket = Ticket.take(directory, self.gpus, self.sent_ns)
         try:
-            while not ticket.first() or (held := self._try(directory)) is None:
+            while True:
+                now = time.monotonic()
+                held_back += now - last if holding_back else 0.0
+                last, holding_back = now, False
+                if ticket.first() and (held := self._try(directory)) is not None:
+                    if now - start >= self.settle_s or ready is None or ready():
+                        break
+                    os.close(held.fd)  # free, but a job sent earlier may still come for it
+                    holding_back = True
                 if stopped is not None and stopped():
                     raise LaneStopped
                 if waiting is not None:
@@ -177,7 +206,7 @@ class Lane:
                 time.sleep(POLL_S)
         finally:
             ticket.drop()
-        held.waited_s = time.monotonic() - start
+        held.waited_s = max(0.0, time.monotonic() - start - held_back)
         try:
             yield held
         finally:

@@ -335,7 +335,7 @@ def _take_device(
     if lane is not None:
         ahead.use_pool(lane.gpus[0], len(lane.gpus))  # Ray's pick: where it nearly always runs
         ahead.start_waiting()  # and again while it waits, as spare cores come free
-        held = stack.enter_context(_hold(lane, ahead.start_waiting))
+        held = stack.enter_context(_hold(lane, ahead.start_waiting, ahead.first_ready))
         ahead.use_pool(held.gpu, len(lane.gpus))  # its later processes: its GPU's share
         if gpu:  # this job's GPU, for NVML here (its cores, clocks) and its processes
             os.environ[VISIBLE] = env[VISIBLE] = gate_env[VISIBLE] = held.gpu
@@ -349,10 +349,10 @@ def _take_device(
 
 
 @contextlib.contextmanager
-def _hold(lane: Lane, waiting: Callable[[], object]) -> Iterator[Held]:
+def _hold(lane: Lane, waiting: Callable[[], object], ready: Callable[[], bool]) -> Iterator[Held]:
     """`lane.hold`, a stop while waiting being a cancellation (nothing ran: nothing to keep)."""
     try:
-        with lane.hold(_stop_check, waiting) as held:
+        with lane.hold(_stop_check, waiting, ready) as held:
             yield held
     except LaneStopped:
         raise JobCancelled({}) from None

@@ -107,13 +107,15 @@ def execute_job(
     shared_cache: str | None = None,
     overlap: bool = True,
     lanes: bool = False,
+    sent_ns: int | None = None,
 ) -> dict[str, Any]:
     """Body of the per-job Ray task: run the job, return its result fields plus where it ran; or,
     when its driver stops the sweep (`stop_key`) or the task is cancelled (`ray.cancel` without
     force: a KeyboardInterrupt), `{"cancelled": True}` with what the job's cold compile had
     streamed (`kernel_choices`, `autotuned_ops`). With `lanes` (the driver admitted `LANE_DEPTH`
     tasks per GPU: `workers.lanes`), a GPU job takes whichever GPU of its node is free, its first
-    process started ahead while it waits."""
+    process started ahead while it waits, in the order the driver sent the jobs (`sent_ns`, its
+    clock's time when it sent this one)."""
     import ray
 
     _exit_with_raylet()
@@ -123,7 +125,7 @@ def execute_job(
         return {"cancelled": True}
     lane = None
     if overlap and lanes and job.device == "cuda":  # one of `LANE_DEPTH` tasks per GPU
-        lane = Lane(node_gpus(os.environ.get(VISIBLE), _node_gpu_count()))
+        lane = Lane(node_gpus(os.environ.get(VISIBLE), _node_gpu_count()), sent_ns=sent_ns)
     try:
         with stopping_when(stopped):
             result = run_job(

@@ -107,6 +107,9 @@ def local_classes(cpus_per_job: int | None = None) -> dict[str, HardwareClass]:
         from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
 
         gpus = nv.get_current_node_num_accelerators()
+        visible = nv.get_current_process_visible_accelerator_ids()
+        if visible is not None:  # as Ray counts them: `CUDA_VISIBLE_DEVICES` caps the count
+            gpus = min(gpus, len(visible))
         if gpus:
             node["Resources"]["GPU"] = float(gpus)
             accel = nv.get_current_node_accelerator_type()

@@ -67,6 +67,8 @@ class Scheduler:
     queues: dict[str, deque[tuple[Job, int]]] = field(default_factory=dict)
     running: dict[Any, _Running] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
+    last_sent_ns: int = 0
+    """The send time (`sent_ns`) given to the last task of a class with lanes."""
 
     def add(self, jobs: list[Job]) -> None:
         for job in jobs:
@@ -87,11 +89,20 @@ class Scheduler:
             while queue and free > 0:
                 job, attempt = queue.popleft()
                 ref = self.remotes[name].remote(
-                    job.to_dict(), hw.cpus_per_job, *self.task_args, **self.task_kwargs
+                    job.to_dict(), hw.cpus_per_job, *self.task_args, **self.task_kwargs, **self._sent(name)
                 )
                 self.running[ref] = _Running(job, time.monotonic(), attempt)
                 free -= 1
                 started()
+
+    def _sent(self, name: str) -> dict[str, int]:
+        """Where the class's tasks wait in a node's queue for a GPU (`workers.lanes`): the send
+        time, strictly increasing, so jobs take the GPUs in the order they were sent whatever
+        order Ray starts their tasks in."""
+        if self.depth.get(name, 1) <= 1:
+            return {}
+        self.last_sent_ns = max(self.last_sent_ns + 1, time.time_ns())
+        return {"sent_ns": self.last_sent_ns}
 
     def step(self, ray) -> bool:
         """Wait up to WAIT_S for results and handle them; True if a system failure happened."""
