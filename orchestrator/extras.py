@@ -9,7 +9,8 @@ exported preset (`compiler.apply.compile_tuned`). The rest comes with the role:
 - `hf`: transformers, for the `hf:` models of the zoo (`workers.hf_models`);
 - `timm`, `torchvision`: the `timm:` and `torchvision:` model ids (`workers.external`);
 - `gpu`: nvidia-ml-py, NVML's clock telemetry and `--lock-clocks` (`compiler.clocks`);
-- `all`: every one of them; `test`: `all` and the test tools.
+- `all`: every one of them; `test`: the roles the README's test command runs (`fleet`, `hf`) and
+  the test tools.
 """
 
 from __future__ import annotations

