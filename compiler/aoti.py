@@ -211,26 +211,34 @@ def runtime_link_options(cxx: str | None = None) -> dict[str, Any]:
     one (every torch process), mixes two copies of the locale machinery: its `std::regex` code
     (which AOTInductor's model constructor runs) then reads a facet that is not there, and the
     process dies (SIGSEGV on the H200 image, `std::bad_cast` on GCC 12; the fast tier reproduces
-    it). The H200 image's compiler (`CXX=/opt/gcc/bin/g++`) ships only the static archive."""
+    it). The H200 image's compiler (`CXX=/opt/gcc/bin/g++`) ships only the static archive.
+
+    Inductor's compiler and cache directory come through `compiler.torch_private` (`AOTI_BUILD`):
+    on a torch they were not checked on this warns and returns {}, as on any other error."""
     import hashlib
     import shutil
     import sys
 
     if not sys.platform.startswith("linux"):
         return {}
-    from torch._inductor.cpp_builder import get_cpp_compiler
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from compiler import torch_private
 
     try:
-        real = shutil.which(cxx or get_cpp_compiler())
-    except Exception:  # no C++ compiler: AOTInductor will say so itself
+        real = shutil.which(cxx or torch_private.inductor_cpp_compiler())
+        runtime = process_libstdcxx()
+        if not real or not runtime or "'" in real + runtime or links_shared_runtime(real):
+            return {}
+        root = Path(torch_private.inductor_cache_dir())
+    except torch_private.TorchPrivateError as exc:
+        warnings.warn(
+            f"the package links libstdc++ as Inductor links it: {exc}", RuntimeWarning, stacklevel=2
+        )
         return {}
-    runtime = process_libstdcxx()
-    if not real or not runtime or "'" in real + runtime or links_shared_runtime(real):
+    except Exception:  # no C++ compiler: AOTInductor will say so itself
         return {}
     text = RUNTIME_CXX.format(real=real, runtime=runtime)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    script = Path(cache_dir()) / "aoti-runtime" / digest / Path(real).name
+    script = root / "aoti-runtime" / digest / Path(real).name
     if not script.exists() or script.read_text() != text:
         script.parent.mkdir(parents=True, exist_ok=True)
         with durable.atomic_path(script) as tmp:

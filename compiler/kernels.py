@@ -8,15 +8,18 @@ fastest. `KernelChoiceRecorder` registers a feedback saver
 each call into one row per candidate: the op, its input shapes, strides and dtypes, the
 candidate's name, kind and configuration, its time, its rank and whether it won. Rows whose
 timings came from Inductor's autotune cache instead of a fresh benchmark say so (`from_cache`):
-Inductor counts each fresh benchmark in `counters["inductor"]["select_algorithm_autotune"]`.
+Inductor counts each fresh benchmark in Dynamo's `counters["inductor"]["select_algorithm_autotune"]`
+(`compiler.torch_private.dynamo_counters`; null where this torch does not offer them as checked).
 
 The fastest candidate is not always the kernel in the generated code: with
 `benchmark_epilogue_fusion` (on by default under max-autotune) Inductor keeps the op as a
 `MultiTemplateBuffer` and decides during fusion whether a template fused with the op's epilogue
 beats the fastest kernel followed by a separate epilogue kernel. The recorder watches those
 decisions (`MultiTemplateBuffer.finalize_as_triton_caller(s)` for a template, the scheduler's
-`_replace_node` for an extern kernel) and marks the candidate finally emitted (`emitted`); an op
-selected without a MultiTemplateBuffer emits its winner.
+`_replace_node` for an extern kernel, through `compiler.torch_private.watch_template_settlement`)
+and marks the candidate finally emitted (`emitted`); an op selected without a MultiTemplateBuffer
+emits its winner. Where this torch does not offer those as checked, the rows are recorded without
+`emitted` and `fusion_benchmarked` (null), and `emitted_unavailable` says why.
 
 An FX-graph-cache hit skips autotuning altogether, so a warm compile records nothing; the rows
 are the cold compile's. The saver's arity changed across torch versions; extra arguments are
@@ -129,53 +132,49 @@ class KernelChoiceRecorder:
     unavailable: str | None = None
     """Why nothing is recorded: Inductor's feedback savers are not there as checked on this torch
     (`compiler.torch_private.TorchPrivateError`); the compile goes on."""
+    emitted_unavailable: str | None = None
+    """Why the rows have no `emitted` (nor `fusion_benchmarked`): where Inductor settles a
+    MultiTemplateBuffer is not there as checked on this torch; the choices are still recorded."""
     _stream_file: IO[str] | None = None
     _autotunes_seen: int = 0
     _op_of_choices: dict[frozenset[int], int] = field(default_factory=dict)
     _emitted: dict[int, str | None] = field(default_factory=dict)
     """op_index -> the emitted candidate's name (None: an extern kernel, the fastest extern)."""
-    _patches: list[tuple[Any, str, Any]] = field(default_factory=list)
+    _unwatch: Callable[[], None] | None = None
 
     @staticmethod
-    def _fresh_autotunes() -> int:
-        from torch._dynamo.utils import counters
-
+    def _fresh_autotunes() -> int | None:
+        """Inductor's count of fresh autotune benchmarks; None where Dynamo's counters are not
+        there as checked (`from_cache` is then null; `compiler.capture` says why in the notes)."""
+        try:
+            counters = torch_private.dynamo_counters()
+        except torch_private.TorchPrivateError:
+            return None
         return int(counters["inductor"].get("select_algorithm_autotune", 0))
 
     def __enter__(self) -> KernelChoiceRecorder:
-        self._autotunes_seen = self._fresh_autotunes()
+        self._autotunes_seen = self._fresh_autotunes() or 0
         try:
             torch_private.add_feedback_saver(self._save)
         except torch_private.TorchPrivateError as exc:  # kernel choices are not worth the compile
             self.unavailable = str(exc)
             warnings.warn(f"no kernel choices recorded: {exc}", RuntimeWarning, stacklevel=2)
             return self
-        self._watch_finalization()
+        try:
+            self._watch_finalization()
+        except torch_private.TorchPrivateError as exc:  # the choices without what was emitted
+            self.emitted_unavailable = str(exc)
+            warnings.warn(f"kernel choices recorded without `emitted`: {exc}", RuntimeWarning, stacklevel=2)
         return self
 
     def _watch_finalization(self) -> None:
-        """Wrap the places where Inductor settles a MultiTemplateBuffer's kernel (undone on exit)."""
-        from torch._inductor import ir, scheduler
-
+        """Watch where Inductor settles a MultiTemplateBuffer's kernel (undone on exit)."""
         recorder = self
 
         def op_of(multi: Any) -> int | None:
             with contextlib.suppress(Exception):
                 return recorder._op_of_choices.get(frozenset(id(c) for c in multi.choices))
             return None
-
-        def wrap(owner: Any, name: str, note: Any) -> None:
-            original = getattr(owner, name, None)
-            if original is None:
-                return
-
-            def wrapper(*args, **kwargs):
-                with contextlib.suppress(Exception):
-                    note(*args, **kwargs)
-                return original(*args, **kwargs)
-
-            self._patches.append((owner, name, original))
-            setattr(owner, name, wrapper)
 
         def as_template(multi, caller, *_):
             op = op_of(multi)
@@ -190,13 +189,16 @@ class KernelChoiceRecorder:
             if op is not None:
                 recorder._emitted[op] = None
 
-        wrap(ir.MultiTemplateBuffer, "finalize_as_triton_caller", as_template)
-        wrap(ir.MultiTemplateBuffer, "finalize_as_triton_callers", as_templates)
-        wrap(scheduler.Scheduler, "_replace_node", as_extern)
+        self._unwatch = torch_private.watch_template_settlement(as_template, as_templates, as_extern)
 
     def _mark_emitted(self) -> None:
         """Set `emitted` on every row: the settled candidate of a MultiTemplateBuffer (an extern
-        settlement is the fastest extern, as Inductor picks it), else the winner."""
+        settlement is the fastest extern, as Inductor picks it), else the winner; null where the
+        settlements could not be watched (`emitted_unavailable`)."""
+        if self.emitted_unavailable is not None:
+            for row in self.rows:
+                row["emitted"] = row["fusion_benchmarked"] = None
+            return
         by_op: dict[int, list[dict[str, Any]]] = {}
         for row in self.rows:
             by_op.setdefault(row["op_index"], []).append(row)
@@ -234,9 +236,9 @@ class KernelChoiceRecorder:
             with contextlib.suppress(OSError):
                 self._stream_file.close()
             self._stream_file = None
-        for owner, name, original in reversed(self._patches):
-            setattr(owner, name, original)
-        self._patches.clear()
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         self._mark_emitted()
         if not any(exc):  # the compile returned: its rows are whole, not a partial compile's
             for row in self.rows:
@@ -246,8 +248,8 @@ class KernelChoiceRecorder:
 
     def _save(self, timings: dict, name: str, input_nodes: list, choices: list, *_rest: Any) -> None:
         fresh = self._fresh_autotunes()
-        from_cache = fresh <= self._autotunes_seen
-        self._autotunes_seen = fresh
+        from_cache = None if fresh is None else fresh <= self._autotunes_seen
+        self._autotunes_seen = self._autotunes_seen if fresh is None else fresh
         op_index = self.ops
         self.ops += 1
         shapes = [_shape(n, "get_size") for n in input_nodes]
@@ -284,36 +286,25 @@ class KernelChoiceRecorder:
 # --- generated Triton kernels ---------------------------------------------------------------------
 
 
-def _autotuners() -> list[Any]:
-    """Every `CachingAutotuner` (one per generated Triton kernel) in the modules Inductor has
-    loaded in this process, once each; [] where Triton kernels cannot exist (no Triton)."""
-    try:
-        from torch._inductor.codecache import PyCodeCache
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    except Exception:  # no Triton in this build
-        return []
-    modules = list(getattr(PyCodeCache, "modules", []))
-    modules += list((getattr(PyCodeCache, "modules_no_attr", None) or {}).values())
-    found: dict[int, Any] = {}
-    for module in modules:
-        for obj in list(vars(module).values()):
-            if isinstance(obj, CachingAutotuner):
-                found.setdefault(id(obj), obj)
-    return list(found.values())
-
-
 def autotuner_ids() -> set[int]:
-    """The kernels loaded so far (to leave out of a later `triton_kernel_rows`)."""
-    return {id(a) for a in _autotuners()}
+    """The kernels loaded so far (to leave out of a later `triton_kernel_rows`); none where they
+    cannot be found as checked on this torch (`triton_kernel_rows` then raises and says why)."""
+    try:
+        return {id(a) for a in torch_private.loaded_triton_autotuners()}
+    except torch_private.TorchPrivateError:
+        return set()
 
 
 def triton_kernel_rows(exclude: set[int] | frozenset[int] = frozenset()) -> list[dict[str, Any]]:
     """One row per generated Triton kernel (leaving out `exclude`), after the compiled model's
     first run: the config its `CachingAutotuner` settled on (block sizes, warps, stages), whether
     coordinate-descent tuning was on and found it, and the time its first-run tuning took. A
-    kernel that never ran has no settled config (null)."""
+    kernel that never ran has no settled config (null). The kernels are found through
+    `compiler.torch_private.loaded_triton_autotuners` (`TorchPrivateError` where this torch does
+    not offer them as checked); each autotuner's attributes are read here with defaults, so a
+    field a torch drops reads as null."""
     rows = []
-    for tuner in _autotuners():
+    for tuner in torch_private.loaded_triton_autotuners():
         if id(tuner) in exclude:
             continue
         meta = getattr(tuner, "inductor_meta", None) or {}

@@ -11,22 +11,41 @@ was checked on, this torch, and what to do; so does a checked release that lacks
 odd build). `ORCHESTRATE_UNCHECKED_TORCH=1` lets a call try an unchecked release anyway (an API
 it then finds missing or changed still stops with the same message).
 
-What each use costs when it stops: `compiler.aoti.load_runner` (AOTInductor packages) raises,
-so `compile_tuned` serves the preset from its bundle instead and the export records
-`package_error`; `compiler.kernels.KernelChoiceRecorder` records no kernel choices, and the
-compile goes on.
+What each use costs when it stops:
+- `AOTI_LOADER`: `compiler.aoti.load_runner` (AOTInductor packages) raises, so `compile_tuned`
+  serves the preset from its bundle instead and the export records `package_error`.
+- `AOTI_BUILD`: `compiler.aoti.runtime_link_options` warns and leaves a package's link as
+  Inductor makes it (the libstdc++ fix for a compiler with only the static archive is not
+  applied), as on any other error there.
+- `FEEDBACK_SAVER`: `compiler.kernels.KernelChoiceRecorder` records no kernel choices, and the
+  compile goes on; the row's `notes` say why.
+- `TEMPLATE_SETTLEMENT`: the recorder records the choices without `emitted` (and
+  `fusion_benchmarked`), both null; the row's `notes` say why.
+- `TRITON_AUTOTUNERS`: `compiler.kernels.triton_kernel_rows` raises, so a job records no
+  `triton_kernels` and its `notes` say why (`workers.bench_compile`).
+- `COMPILE_METRICS`: `compiler.capture` gives null for the statistics it cannot read (graphs,
+  graph breaks, recompiles, guards, kernels, compile-time breakdown, FX-graph cache counts) and
+  the row's `notes` say why, once; the recorder's `from_cache` is null.
+- `ACCURACY_SAME`: `compiler.measure.check_against_fp64` raises (the accuracy rule itself cannot
+  run), so the job ends `runtime_error` with this module's message as its error.
 
-Left outside on purpose: `torch._dynamo` and `torch._inductor.config` (the compile knobs every
-torch.compile user sets), the shared cache's hooks into `torch._inductor.remote_cache` and
-`codecache` (`compiler.shared_cache`: each already checks what it finds and says in the row's
-`notes` what it skipped), and the CPU ISA probe's cache (`compiler.isa_probe`: an optimisation
-its caller skips on any error).
+Left outside on purpose: `torch._inductor.config` (the compile knobs every torch.compile user
+sets) and Dynamo's user-facing calls (`torch._dynamo.reset`, `torch._dynamo.config`: what every
+torch.compile user calls; Dynamo's utilities and metrics above are inside), the shared cache's
+hooks into `torch._inductor.remote_cache` and `codecache` (`compiler.shared_cache`: each already
+checks what it finds and says in the row's `notes` what it skipped), the CPU ISA probe's cache
+(`compiler.isa_probe`, which also asks `cpp_builder` and `cache_dir_utils`: an optimisation its
+caller skips on any error), and the hand-run measurement scripts of `benchmarks/` (which name
+their exemptions in tests/test_torch_private.py). The attributes of a `CachingAutotuner` (its
+`launchers`, `inductor_meta`, `heuristic_type`, ...) are read by `compiler.kernels` through
+`getattr` with defaults: a field torch drops reads as null in `triton_kernels`.
 
 This module imports only torch, and that lazily.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable
@@ -65,7 +84,51 @@ FEEDBACK_SAVER = PrivateApi(
     "recording every candidate max-autotune timed (compiler.kernels.KernelChoiceRecorder); "
     "without it a job records no kernel choices",
 )
-APIS = (AOTI_LOADER, FEEDBACK_SAVER)
+TEMPLATE_SETTLEMENT = PrivateApi(
+    "torch._inductor.ir.MultiTemplateBuffer.finalize_as_triton_caller(s) and "
+    "torch._inductor.scheduler.Scheduler._replace_node",
+    ("2.11", "2.13"),
+    "learning which candidate of an op Inductor finally emitted after benchmarking epilogue fusion "
+    "(compiler.kernels.KernelChoiceRecorder: `emitted`, `fusion_benchmarked`); "
+    "without it kernel choices are recorded without them",
+)
+TRITON_AUTOTUNERS = PrivateApi(
+    "torch._inductor.codecache.PyCodeCache and torch._inductor.runtime.triton_heuristics.CachingAutotuner",
+    ("2.11", "2.13"),
+    "finding the generated Triton kernels and the configs their first run settled on "
+    "(compiler.kernels.triton_kernel_rows); without it a job records no triton_kernels",
+)
+COMPILE_METRICS = PrivateApi(
+    "torch._dynamo.utils.counters / get_compilation_metrics / clear_compilation_metrics and "
+    "torch._inductor.metrics",
+    ("2.11", "2.13"),
+    "graph breaks, recompiles, guards, generated kernels, the compile-time breakdown and the "
+    "FX-graph cache counts (compiler.capture), and whether autotuning was served from its cache "
+    "(compiler.kernels: from_cache); without it those fields are null",
+)
+ACCURACY_SAME = PrivateApi(
+    "torch._dynamo.utils.same",
+    ("2.11", "2.13"),
+    "the accuracy rule of PyTorch's benchmark harness against an fp64 reference "
+    "(compiler.measure.check_against_fp64); without it a job cannot judge its accuracy and ends "
+    "with this error",
+)
+AOTI_BUILD = PrivateApi(
+    "torch._inductor.cpp_builder.get_cpp_compiler and torch._inductor.runtime.cache_dir_utils.cache_dir",
+    ("2.11", "2.13"),
+    "linking an AOTInductor package's library against this process's shared libstdc++ where "
+    "Inductor's C++ compiler would link the static one (compiler.aoti.runtime_link_options); "
+    "without it packages are linked as Inductor links them",
+)
+APIS = (
+    AOTI_LOADER,
+    AOTI_BUILD,
+    FEEDBACK_SAVER,
+    TEMPLATE_SETTLEMENT,
+    TRITON_AUTOTUNERS,
+    COMPILE_METRICS,
+    ACCURACY_SAME,
+)
 
 
 def torch_version() -> str:
@@ -172,3 +235,185 @@ def remove_feedback_saver(saver: Callable[..., None]) -> None:
             select_algorithm.clear_feedback_savers()
 
     use(FEEDBACK_SAVER, call)
+
+
+# --- where Inductor settles a MultiTemplateBuffer ----------------------------------------------------
+
+
+def watch_template_settlement(
+    on_template: Callable[..., None], on_templates: Callable[..., None], on_extern: Callable[..., None]
+) -> Callable[[], None]:
+    """Have Inductor call, before it settles a `MultiTemplateBuffer` during fusion,
+    `on_template(multi, caller, ...)` (`finalize_as_triton_caller`: one template),
+    `on_templates(multi, callers, ...)` (`finalize_as_triton_callers`, where torch has it: a
+    template per size hint) or `on_extern(scheduler, out_buffer, multi, ...)` (the scheduler's
+    `_replace_node`: the extern kernel); return the undo. A watcher that raises is ignored: the
+    compile goes on as Inductor would run it."""
+
+    def call() -> list[tuple[Any, str, Any]]:
+        from torch._inductor import ir, scheduler
+
+        targets = (
+            (ir.MultiTemplateBuffer, "finalize_as_triton_caller", on_template),
+            (ir.MultiTemplateBuffer, "finalize_as_triton_callers", on_templates),
+            (scheduler.Scheduler, "_replace_node", on_extern),
+        )
+        found = [(owner, name, note) for owner, name, note in targets if callable(getattr(owner, name, None))]
+        names = {name for _, name, _ in found}
+        if "_replace_node" not in names or not names & {
+            "finalize_as_triton_caller",
+            "finalize_as_triton_callers",
+        }:
+            missing = [name for _, name, _ in targets if name not in names]
+            raise AttributeError(f"no {' or '.join(missing)}")
+        patches = []
+        for owner, name, note in found:
+            original = getattr(owner, name)
+            patches.append((owner, name, original))
+            setattr(owner, name, _noting(note, original))
+        return patches
+
+    patches = use(TEMPLATE_SETTLEMENT, call)
+
+    def undo() -> None:
+        for owner, name, original in reversed(patches):
+            setattr(owner, name, original)
+        patches.clear()
+
+    return undo
+
+
+def _noting(note: Callable[..., None], original: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(Exception):  # a watcher's failure must not fail the compile
+            note(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+# --- the generated Triton kernels ------------------------------------------------------------------
+
+
+def loaded_triton_autotuners() -> list[Any]:
+    """Every `CachingAutotuner` (one per generated Triton kernel) in the modules Inductor has
+    loaded in this process (`PyCodeCache`), once each; [] where Triton kernels cannot exist (a
+    build whose Triton heuristics do not import). The autotuners' own attributes are the
+    caller's to read (`compiler.kernels.triton_kernel_rows`, through `getattr` with defaults)."""
+
+    def call() -> list[Any]:
+        from torch._inductor.codecache import PyCodeCache
+
+        try:
+            from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+        except Exception:  # no Triton in this build
+            return []
+        modules = list(PyCodeCache.modules)
+        # (a dict of modules loaded without attributes; older releases lack it)
+        modules += list((getattr(PyCodeCache, "modules_no_attr", None) or {}).values())
+        found: dict[int, Any] = {}
+        for module in modules:
+            for obj in list(vars(module).values()):
+                if isinstance(obj, CachingAutotuner):
+                    found.setdefault(id(obj), obj)
+        return list(found.values())
+
+    return use(TRITON_AUTOTUNERS, call)
+
+
+# --- Dynamo's and Inductor's compile metrics -------------------------------------------------------
+
+
+def dynamo_counters() -> Any:
+    """Dynamo's counters (`torch._dynamo.utils.counters`: a dict of `collections.Counter` by
+    group, "stats", "graph_break", "inductor", ...), live: they count on as torch compiles."""
+
+    def call() -> Any:
+        from torch._dynamo.utils import counters
+
+        return counters
+
+    return use(COMPILE_METRICS, call)
+
+
+def compilation_metrics() -> list[Any]:
+    """Dynamo's record of each frame compiled since the last `clear_compile_metrics` (phase times,
+    guards, recompile reasons, why CUDA graphs were skipped): fields read by `getattr`."""
+
+    def call() -> list[Any]:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        return list(get_compilation_metrics())
+
+    return use(COMPILE_METRICS, call)
+
+
+def inductor_kernel_count() -> int:
+    """The kernels Inductor generated since the last `clear_compile_metrics`."""
+
+    def call() -> int:
+        from torch._inductor import metrics
+
+        return int(metrics.generated_kernel_count)
+
+    return use(COMPILE_METRICS, call)
+
+
+def clear_compile_metrics() -> None:
+    """Clear Dynamo's counters and compilation metrics and Inductor's metrics."""
+
+    def call() -> None:
+        from torch._dynamo.utils import clear_compilation_metrics, counters
+        from torch._inductor import metrics
+
+        counters.clear()
+        clear_compilation_metrics()
+        metrics.reset()
+
+    use(COMPILE_METRICS, call)
+
+
+# --- the benchmark harness's accuracy rule ----------------------------------------------------------
+
+
+def harness_same() -> Callable[..., bool]:
+    """`torch._dynamo.utils.same` (PyTorch's benchmark-harness accuracy rule): a callable taking
+    its arguments, whose calls also give `TorchPrivateError` where its signature changed."""
+
+    def load() -> Callable[..., Any]:
+        from torch._dynamo.utils import same
+
+        return same
+
+    same = use(ACCURACY_SAME, load)
+
+    def call(*args: Any, **kwargs: Any) -> bool:
+        return bool(use(ACCURACY_SAME, lambda: same(*args, **kwargs)))
+
+    return call
+
+
+# --- what AOTInductor builds with ------------------------------------------------------------------
+
+
+def inductor_cpp_compiler() -> str:
+    """The C++ compiler Inductor builds with (`cpp_builder.get_cpp_compiler`: `CXX`, else what it
+    finds)."""
+
+    def call() -> str:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return str(get_cpp_compiler())
+
+    return use(AOTI_BUILD, call)
+
+
+def inductor_cache_dir() -> str:
+    """Inductor's cache directory in this process (`TORCHINDUCTOR_CACHE_DIR`, else its default)."""
+
+    def call() -> str:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return str(cache_dir())
+
+    return use(AOTI_BUILD, call)

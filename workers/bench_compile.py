@@ -66,17 +66,31 @@ def compile_phase(run: JobRecord, model, inputs):
         out = [t.clone() for t in zoo.output_tensors(call(compiled, inputs))]
         measure.synchronize(dev)
     run.result["compile_s"] = time.perf_counter() - t0
-    run.result.update(capture.capture_stats().to_dict())
+    _record_capture(run, capture.capture_stats())
     record_cache_use(run)
     _record_kernels(run, choices, earlier)
     return compiled, out
 
 
+def _record_capture(run: JobRecord, stats) -> None:
+    """The compile's capture statistics (`compiler.capture.CaptureStats`); where this torch does
+    not offer their sources as checked, those fields are null and the notes say why, once."""
+    run.result.update(stats.to_dict())
+    run.notes.extend(
+        note
+        for note in (f"no capture statistics recorded: {why}" for why in stats.unavailable)
+        if note not in run.notes
+    )
+
+
 def _record_kernels(run: JobRecord, choices, earlier: set) -> None:
     """The compile's kernel choices (`kernel_choices`, `autotuned_ops`: only a compile that
     autotuned has them; a warm one hits the FX-graph cache) and the Triton kernels it made, less
-    the baseline's (`earlier`) (`triton_kernels`: the cold process's only, as kernel choices)."""
+    the baseline's (`earlier`) (`triton_kernels`: the cold process's only, as kernel choices).
+    What this torch does not offer as checked (`compiler.torch_private`) is left out, and the
+    notes say why."""
     from compiler.kernels import triton_kernel_rows
+    from compiler.torch_private import TorchPrivateError
 
     if choices.rows:
         run.result["kernel_choices"] = choices.rows
@@ -86,7 +100,13 @@ def _record_kernels(run: JobRecord, choices, earlier: set) -> None:
         run.notes.append(f"kernel choices not streamed to disk ({choices.stream_error})")
     if choices.unavailable:
         run.notes.append(f"no kernel choices recorded: {choices.unavailable}")
-    kernels = triton_kernel_rows(exclude=earlier)  # settled by the first run, just made
+    if choices.emitted_unavailable:
+        run.notes.append(f"kernel choices recorded without `emitted`: {choices.emitted_unavailable}")
+    try:
+        kernels = triton_kernel_rows(exclude=earlier)  # settled by the first run, just made
+    except TorchPrivateError as exc:  # Triton kernel rows are not worth the job
+        run.notes.append(f"no Triton kernel rows recorded: {exc}")
+        return
     if kernels and "repeat" not in run.result:
         run.result["triton_kernels"] = kernels
 
