@@ -104,7 +104,10 @@ def test_the_next_job_starts_its_first_process_while_the_job_before_it_runs(lock
     job_cores = parse_cpus(b["cpu_affinity"])
     assert set(by_pid[b_pid, "build"]["threads"].values()) == {b["ahead_cpus"]}
     assert set(by_pid[b_pid, "first_call"]["threads"].values()) == {format_cpus(job_cores)}
-    assert not job_cores & parse_cpus(b["ahead_cpus"])
+    # the spare core was none of the running job's; once the process waited at its gate it gave
+    # that core back, so the job may take it when its turn comes (which core depends on what
+    # other work on the machine holds)
+    assert not parse_cpus(a["cpu_affinity"]) & parse_cpus(b["ahead_cpus"])
 
 
 def test_a_lane_takes_whichever_gpu_is_free_its_own_first_and_waits_when_none_is(tmp_path):

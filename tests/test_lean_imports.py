@@ -71,3 +71,48 @@ def test_a_block_that_does_more_than_import_keeps_the_package_absent(tmp_path):
     module = _load(tmp_path, source, lean_imports._absent)
     lean_imports._restore_module(module, "is_scipy_available", lambda: True)
     assert module.is_scipy_available is lean_imports._absent and not hasattr(module, "encode")
+
+
+def test_a_job_loads_inductors_compiler_only_where_it_compiles_with_inductor():
+    """Dynamo's `eager` and `aot_eager` backends never load Inductor's compiler: a job process of
+    such a config leaves it out of its imports (0.9 s a process here); one whose candidate or
+    baseline uses Inductor loads it before its compile is timed."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from compiler.config import CompileConfig
+    from workers.bench_setup import uses_inductor
+    from workers.job import Baseline, Job, MeasureSpec, ModelSpec
+
+    def job(backend: str, baseline: Baseline | None = None) -> Job:
+        model = ModelSpec(id="python:workers.toy:mlp", name="mlp")
+        config = CompileConfig(name="c", backend=backend)
+        return Job("s", "cpu", "cpu", model, 1, "fp32", config, MeasureSpec(), 60, baseline=baseline)
+
+    stock = Baseline(config=CompileConfig(name="stock"), dtype="fp32")
+    assert [uses_inductor(job(b)) for b in ("eager", "aot_eager", "inductor")] == [False, False, True]
+    assert uses_inductor(job("eager", stock))  # a candidate confirmed against stock torch.compile
+
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from workers.bench_setup import import_compile_stack
+        from workers.job import Job
+        import_compile_stack(Job.from_dict(json.loads(sys.argv[1])))
+        print(json.dumps(["torch._dynamo" in sys.modules, "torch._inductor.compile_fx" in sys.modules]))
+        """
+    )
+    root = Path(__file__).resolve().parents[1]
+    loaded = []
+    for backend in ("eager", "inductor"):
+        done = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(job(backend).to_dict())],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        loaded.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert loaded == [[True, False], [True, True]]

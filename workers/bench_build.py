@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import copy
 import json
-from contextlib import suppress
 
 from workers.bench_calls import cast_inputs
 from workers.bench_record import JobRecord
+from workers.bench_setup import import_compile_stack
 
 INPUT_SETS = 3
 
@@ -33,10 +33,7 @@ def build(run: JobRecord, keep_fp32_copy: bool = True, precision: str | None = N
     job = run.job
     if run.ahead:  # its compile's imports, while the process before it still runs
         run.enter("imports")
-        import torch._dynamo  # noqa: F401
-
-        with suppress(ImportError):  # another torch layout: it loads at the first compile instead
-            import torch._inductor.compile_fx  # noqa: F401
+        import_compile_stack(job)
     run.enter("build")
     device = torch.device("cuda" if job.device == "cuda" else "cpu")
     dtype = apply_precision(precision or job.dtype)

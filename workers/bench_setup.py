@@ -35,17 +35,32 @@ def imports(run: JobRecord) -> None:
         run.result.update(env.describe(run.job.device))
 
 
+def uses_inductor(job) -> bool:
+    """Whether the job compiles with Inductor, its candidate or its baseline: Dynamo's other
+    backends (`eager`, `aot_eager`) never load Inductor's compiler (0.9 s of imports a process
+    on a 2-core machine)."""
+    return job.config.backend == "inductor" or (
+        job.baseline is not None and job.baseline.config.backend == "inductor"
+    )
+
+
+def import_compile_stack(job) -> None:
+    """Dynamo, and Inductor's compiler where the job uses it (`uses_inductor`)."""
+    import torch._dynamo  # noqa: F401
+
+    if uses_inductor(job):
+        with suppress(ImportError):  # another torch layout: it loads at the first compile instead
+            import torch._inductor.compile_fx  # noqa: F401
+
+
 def compile_imports(run: JobRecord) -> None:
     """Dynamo and Inductor load lazily at the first `torch.compile` (about 3 s on a 2-core
     machine, 8 s on the H100 host): counted as imports, not as compile time, and only paid
     by a process that gets as far as compiling. The shared compile cache is installed here,
     once, before the first compile (a job's baseline compiles before its candidate)."""
     run.enter("imports")
-    import torch._dynamo  # noqa: F401
-
-    with suppress(ImportError):  # another torch layout: it loads at the first compile instead
-        import torch._inductor.compile_fx  # noqa: F401
-    if run.job.device == "cpu" and run.job.config.backend == "inductor":
+    import_compile_stack(run.job)
+    if run.job.device == "cpu" and uses_inductor(run.job):
         from compiler import isa_probe  # the machine's ISA check, not the model's compile
 
         with suppress(Exception):  # another torch layout: the compile runs the check itself
