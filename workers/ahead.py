@@ -275,7 +275,7 @@ class Overlap:
         read when it changes."""
         path = self.steps[index].result_file
         seen = [0]
-        past_gate: list[bool] = []
+        past_gate = [False]
 
         def check() -> None:
             self.free_at_gate()
@@ -284,8 +284,8 @@ class Overlap:
                 if self.running is not None and result.get("started_ahead"):
                     self._leave_cores()
                 if result.get("phase") in AHEAD_FROM:
-                    past_gate.append(True)
-            if past_gate:
+                    past_gate[0] = True
+            if past_gate[0]:
                 self._start_in_order(index + 1)
 
         return check

@@ -125,8 +125,8 @@ class Ticket:
         return cls(directory, prefix, directory / name, fd)
 
     def first(self) -> bool:
-        """Whether no job that began to wait before this one still waits for these GPUs (the
-        tickets of jobs that died are removed on the way)."""
+        """Whether no job ahead of this one in the queue (sent before it) still waits for these
+        GPUs (the tickets of jobs that died are removed on the way)."""
         for other in sorted(self.directory.glob(f"{self.prefix}*.lock")):
             if other.name >= self.path.name:
                 return True
@@ -182,7 +182,7 @@ class Lane:
         wait for the same GPUs take them in the order the driver sent them (`Ticket`); one that
         finds a GPU free takes it once `settle_s` has passed since it began to wait or `ready()`
         (its first process is at its gate), whichever comes first, so that jobs sent before it
-        can still claim it. Its `waited_s` leaves that holding back out. Raises `LaneStopped`
+        can still claim it; without `ready` it takes it at once. Its `waited_s` leaves that holding back out. Raises `LaneStopped`
         when `stopped()` says so first."""
         directory = self.directory or affinity.lock_dir()
         directory.mkdir(parents=True, exist_ok=True)
