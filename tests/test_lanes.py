@@ -196,6 +196,37 @@ def test_jobs_take_a_free_gpu_in_the_order_they_were_sent_whatever_order_they_ar
         assert ready.waited_s < 1  # its first process is at its gate: nothing to hold back for
 
 
+def test_with_several_gpus_free_a_job_need_not_wait_while_one_sent_before_it_holds_back(tmp_path):
+    """Two GPUs free and three jobs sent at once: the first two sent each take one, holding back
+    side by side (their own time, not a wait for a GPU); the third waits for a GPU and that is
+    its wait. When only the first in the queue could take a GPU, the second waited out the
+    first's hold-back with a GPU free, and that counted as waiting for one."""
+    took: dict[int, tuple[str, float, float]] = {}
+    release = threading.Event()
+
+    def job(sent: int) -> None:
+        lane = Lane(("0", "1"), directory=tmp_path, sent_ns=sent, settle_s=1.5)
+        with lane.hold(ready=lambda: False) as mine:
+            took[sent] = (mine.gpu, mine.waited_s, time.monotonic())
+            if sent < 3:
+                release.wait(timeout=30)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = [pool.submit(job, sent) for sent in (1, 2, 3)]
+        deadline = time.monotonic() + 30
+        while len(took) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert set(took) == {1, 2}  # the third waits: both GPUs are held
+        release.set()
+        for f in futures:
+            f.result(timeout=60)
+    assert {took[1][0], took[2][0]} == {"0", "1"}
+    assert took[1][1] < 0.5 and took[2][1] < 0.5  # a GPU was free for each all along
+    assert abs(took[1][2] - took[2][2]) < 1.0  # they held back side by side, not one after another
+    assert took[3][1] > 1.0  # no GPU was free for the third until one of them ended
+
+
 @two_cores
 def test_a_waiting_job_starts_its_processes_ahead_within_its_gpus_share_of_the_spare_cores(
     lock_dir, tmp_path

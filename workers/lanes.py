@@ -19,7 +19,11 @@ CUDA before, and checks afterwards that its device is the lane's GPU). Jobs wait
 GPUs take them in the order the driver sent them (`Ticket`, keyed by the send time): without that,
 a GPU that came free went to whichever waiting job polled first, and a long job sent early could
 wait behind later ones (seen on a 4-GPU host: two of the first eight jobs sent waited about 400 s
-while jobs sent after them ran). Ray starts the tasks of one dispatch seconds apart, in no set
+while jobs sent after them ran). A job with k jobs sent before it still waiting may take a GPU
+where more than k are free, so that with several GPUs free at once a job need not wait while one
+sent before it holds back (below): when only the first in the queue could take a GPU, the second,
+third and fourth jobs of a sweep on a 4-GPU host waited 15 s each with GPUs free, and that time was
+counted as waiting for a GPU, outside their wall time. Ray starts the tasks of one dispatch seconds apart, in no set
 order (up to 10 s on a 4-GPU host), so a job that finds a GPU free holds back for up to
 `SETTLE_S`, or until its first process waits at its gate, for jobs sent before it to arrive:
 otherwise whichever task Ray started first took the GPU, and a short job could be a GPU's first,
@@ -103,8 +107,9 @@ class Ticket:
     """A waiting job's place in its node's queue for a set of GPUs: a file named by the time the
     driver sent the job (`queue-<GPUs' hash>-<ns>-<pid>-<thread>.lock`; the time it began to
     wait where the driver gave none), locked by the job while it waits. A GPU that comes free goes
-    to the job sent first, so the jobs run in the order the driver sent them (longest first:
-    `orchestrator.fleet.ordering`), not in the order their tasks started or their polls land.
+    to the job sent first (k GPUs free: to the first k), so the jobs run in the order the driver
+    sent them (longest first: `orchestrator.fleet.ordering`), not in the order their tasks started
+    or their polls land.
     A job that dies drops its lock; the next waiter removes its file."""
 
     directory: Path
@@ -124,12 +129,13 @@ class Ticket:
         os.rename(hidden, directory / name)
         return cls(directory, prefix, directory / name, fd)
 
-    def first(self) -> bool:
-        """Whether no job ahead of this one in the queue (sent before it) still waits for these
-        GPUs (the tickets of jobs that died are removed on the way)."""
+    def ahead(self) -> int:
+        """How many jobs sent before this one still wait for these GPUs (the tickets of jobs that
+        died are removed on the way)."""
+        count = 0
         for other in sorted(self.directory.glob(f"{self.prefix}*.lock")):
             if other.name >= self.path.name:
-                return True
+                break
             try:
                 fd = os.open(other, os.O_RDWR)
             except OSError:  # removed meanwhile: its job took a GPU, or another waiter cleared it
@@ -137,13 +143,13 @@ class Ticket:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                return False  # a job ahead of this one, still waiting
+                count += 1  # a job ahead of this one, still waiting
             else:  # its job died waiting
                 with contextlib.suppress(OSError):
                     other.unlink()
             finally:
                 os.close(fd)
-        return True
+        return count
 
     def drop(self) -> None:
         if self.fd >= 0:
@@ -170,6 +176,16 @@ class Lane:
                 return Held(gpu, 0.0, fd)
         return None
 
+    def _free(self, directory: Path) -> int:
+        """How many of the lane's GPUs no job holds now (each lock taken and at once let go)."""
+        free = 0
+        for gpu in self.gpus:
+            fd = affinity.try_lock(directory / f"gpu-{affinity.lock_name_part(gpu)}.lock")
+            if fd is not None:
+                os.close(fd)
+                free += 1
+        return free
+
     @contextlib.contextmanager
     def hold(
         self,
@@ -179,11 +195,13 @@ class Lane:
     ) -> Iterator[Held]:
         """Wait for a GPU of the lane with no job on it and hold it for the block (a node-wide
         lock that a job's death releases), calling `waiting` at every poll meanwhile. Jobs that
-        wait for the same GPUs take them in the order the driver sent them (`Ticket`); one that
-        finds a GPU free takes it once `settle_s` has passed since it began to wait or `ready()`
-        (its first process is at its gate), whichever comes first, so that jobs sent before it
-        can still claim it; without `ready` it takes it at once. Its `waited_s` leaves that holding back out. Raises `LaneStopped`
-        when `stopped()` says so first."""
+        wait for the same GPUs take them in the order the driver sent them (`Ticket`): a GPU is
+        this job's where more are free than jobs sent before it still wait. One that finds a GPU
+        free for it takes it once `settle_s` has passed since it began to wait or `ready()` (its
+        first process is at its gate), whichever comes first, so that jobs sent before it can
+        still claim it; without `ready` it takes it at once. Its `waited_s` is the time no GPU was
+        free for it: holding back with one free is its own time. Raises `LaneStopped` when
+        `stopped()` says so first."""
         directory = self.directory or affinity.lock_dir()
         directory.mkdir(parents=True, exist_ok=True)
         start = last = time.monotonic()
@@ -194,7 +212,11 @@ class Lane:
                 now = time.monotonic()
                 held_back += now - last if holding_back else 0.0
                 last, holding_back = now, False
-                if ticket.first() and (held := self._try(directory)) is not None:
+                ahead = ticket.ahead()
+                # a GPU is this job's when more are free than jobs sent before it still wait for
+                if (ahead == 0 or self._free(directory) > ahead) and (
+                    held := self._try(directory)
+                ) is not None:
                     if now - start >= self.settle_s or ready is None or ready():
                         break
                     os.close(held.fd)  # free, but a job sent earlier may still come for it
