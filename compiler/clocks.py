@@ -22,7 +22,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.env import format_cpus, parse_cpus
+from compiler.env import cpu_numa_nodes, format_cpus, parse_cpus
 
 SAMPLE_INTERVAL_S = 0.02
 
@@ -212,6 +212,7 @@ def summarize_samples(samples: list[_Sample]) -> dict[str, Any]:
         "gpu_temp_max_c": max(temp) if temp else None,
         "throttle_reasons": sorted(reasons),
         "timing_cpus": format_cpus(cpus) if cpus else None,
+        "timing_numa_nodes": cpu_numa_nodes(set(cpus)) if cpus else None,
     }
 
 
@@ -243,6 +244,9 @@ def combine_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "throttle_reasons": sorted({r for p in parts for r in p.get("throttle_reasons") or []}),
         "timing_cpus": format_cpus(cpus)
         if (cpus := {c for p in parts for c in parse_cpus(p.get("timing_cpus") or "")})
+        else None,
+        "timing_numa_nodes": format_cpus(nodes)
+        if (nodes := {n for p in parts for n in parse_cpus(p.get("timing_numa_nodes") or "")})
         else None,
     }
 

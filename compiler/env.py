@@ -92,8 +92,38 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def pci_numa_node(bus_id: str | None, sys_root: str = "/sys") -> int | None:
+    """The host NUMA node a PCI device hangs off, from sysfs (`bus_id` as NVML writes it,
+    ``00000000:1B:00.0``, or as sysfs does, ``0000:1b:00.0``); None where the host reports none
+    (-1: one node, or a VM that hides them) or the device is not found."""
+    if not bus_id or ":" not in bus_id:
+        return None
+    domain, _, rest = bus_id.strip().partition(":")
+    try:
+        name = f"{int(domain, 16):04x}:{rest.lower()}"
+        with open(f"{sys_root}/bus/pci/devices/{name}/numa_node") as f:
+            node = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def cpu_numa_nodes(cpus: Iterable[int], sys_root: str = "/sys") -> str | None:
+    """The NUMA nodes of `cpus` (sysfs `cpuN/nodeK`), as `format_cpus` writes a set ("0" or
+    "0-1"); None where sysfs shows no node for any of them."""
+    nodes: set[int] = set()
+    for cpu in cpus:
+        try:
+            names = os.listdir(f"{sys_root}/devices/system/cpu/cpu{cpu}")
+        except OSError:
+            continue
+        nodes.update(int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit())
+    return format_cpus(nodes) if nodes else None
+
+
 def _nvml(index: int) -> dict[str, Any]:
-    """Driver version and current SM clock from NVML (nvidia-ml-py), where it is installed."""
+    """Driver version, current SM clock and which GPU of the host this is (its NVML index, UUID,
+    PCI bus id and NUMA node) from NVML (nvidia-ml-py), where it is installed."""
     try:
         import pynvml
     except ImportError:
@@ -103,10 +133,17 @@ def _nvml(index: int) -> dict[str, Any]:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             driver = pynvml.nvmlSystemGetDriverVersion()
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            bus = pynvml.nvmlDeviceGetPciInfo(handle).busId
+            bus = bus.decode() if isinstance(bus, bytes) else bus
             return {
                 "driver_version": driver.decode() if isinstance(driver, bytes) else driver,
                 "sm_clock_mhz": int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
                 "sm_clock_max_mhz": int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                "gpu_index": index,
+                "gpu_uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
+                "gpu_pci_bus_id": bus,
+                "gpu_numa_node": pci_numa_node(bus),
             }
         finally:
             pynvml.nvmlShutdown()

@@ -43,7 +43,7 @@ from store.storage import Location, Target, resolve
 
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -77,6 +77,8 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   and `gate_wait_s` per process, `ahead_hidden_s`, `ahead_cpus` and `ahead_off`.
 - 11: results gain `lane_wait_s`, the time a GPU job waited for its GPU behind another job with its
   first process started ahead (`workers.lanes`); `wall_s` leaves that wait out.
+- 12: results gain which GPU of its host a job ran on (`gpu_index`, `gpu_uuid`, `gpu_pci_bus_id`)
+  and where it and the timing thread sat (`gpu_numa_node`, `timing_numa_nodes`).
 """
 FP32_MEANT_STRICT_BEFORE = 9
 """Schema versions below this wrote `fp32` for what is `fp32-strict` now."""

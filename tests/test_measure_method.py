@@ -497,8 +497,34 @@ def test_describe_cpu():
     assert d["torch_version"] == torch.__version__
     assert d["python_version"].count(".") == 2
     assert isinstance(d["device_name"], str) and d["device_name"]
-    for key in ("cuda_version", "driver_version", "sm_clock_mhz", "sm_clock_max_mhz"):
+    for key in (
+        "cuda_version",
+        "driver_version",
+        "sm_clock_mhz",
+        "sm_clock_max_mhz",
+        "gpu_uuid",
+        "gpu_index",
+    ):
         assert d.get(key) is None, key
+
+
+def test_the_numa_nodes_of_a_gpu_and_of_cores_come_from_sysfs(tmp_path):
+    """Which host NUMA node a GPU hangs off (its PCI device's `numa_node`, NVML's bus id written
+    as sysfs writes it) and which nodes a set of cores sits on; none where the host shows none."""
+    dev = tmp_path / "bus/pci/devices/0000:1b:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("1\n")
+    assert env.pci_numa_node("00000000:1B:00.0", str(tmp_path)) == 1
+    assert env.pci_numa_node("0000:1b:00.0", str(tmp_path)) == 1
+    (dev / "numa_node").write_text("-1\n")  # one node, or a VM that hides them
+    assert env.pci_numa_node("00000000:1B:00.0", str(tmp_path)) is None
+    assert env.pci_numa_node("00000000:3D:00.0", str(tmp_path)) is None  # no such device
+    assert env.pci_numa_node(None, str(tmp_path)) is None
+    for cpu, node in ((0, 0), (1, 0), (32, 1)):
+        (tmp_path / f"devices/system/cpu/cpu{cpu}/node{node}").mkdir(parents=True)
+    assert env.cpu_numa_nodes({0, 1}, str(tmp_path)) == "0"
+    assert env.cpu_numa_nodes({0, 32}, str(tmp_path)) == "0-1"
+    assert env.cpu_numa_nodes({5}, str(tmp_path)) is None
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ CLOCK_KEYS = (
     "gpu_temp_max_c",
     "throttle_reasons",
     "timing_cpus",
+    "timing_numa_nodes",
 )
 
 DEVICE_KEYS = (
