@@ -17,16 +17,24 @@ A suite too long for one go runs in parts, each a whole off/on pair over some of
 with `--only`); `--compare` then takes the parts' pairs, and the summary joins them: their rows
 together, each run's wall time the sum of its parts'.
 
-The off run goes first (`--order on,off` turns it round); flags after the known ones (e.g.
+The off run goes first (`--order on,off` turns it round). With `--side-by-side` the two run at
+the same time, the off run on the first half of the visible GPUs and of this process's cores, the
+on run on the second half: whatever drifts over the minutes between two runs one after the other
+(the host's state, its other tenants) then reaches both alike, and the A/A compares runs that
+differ in the overlap and their GPUs and cores only. Flags after the known ones (e.g.
 `--cpus-per-job 1`, `--address auto`) go to both sweeps. `--resume` resumes both.
+
+    python benchmarks/overlap.py sweeps/overlap-gpu.yaml --out runs/overlap --side-by-side
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler import statistics as cstats  # noqa: E402
+from compiler.env import format_cpus  # noqa: E402
 from reports.efficiency import efficiency  # noqa: E402
 from reports.regression import compare  # noqa: E402
 from store.runlog import read_runs  # noqa: E402
@@ -150,17 +159,101 @@ def render(summary: dict[str, Any]) -> str:
         + ("; ".join(summary["aa_flagged"]) or "none"),
     ]
     lines += [f"  undecided (watch): {w}" for w in summary.get("aa_watch", [])]
+    if summary.get("side_by_side"):
+        lines.append(
+            "side by side: "
+            + "; ".join(
+                f"{w} on GPUs {v['gpus'] or 'none'}, cores {v['cpus']}"
+                for w, v in summary["side_by_side"].items()
+            )
+        )
     return "\n".join(lines)
 
 
-def _sweep(sweep: str, out: Path, overlap: bool, extra: list[str]) -> None:
+def _command(sweep: str, out: Path, overlap: bool, extra: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "orchestrator", "sweep", sweep, "--out", str(out), *extra]
-    if not overlap:
-        cmd.append("--no-overlap")
+    return cmd if overlap else [*cmd, "--no-overlap"]
+
+
+def _sweep(sweep: str, out: Path, overlap: bool, extra: list[str]) -> None:
+    cmd = _command(sweep, out, overlap, extra)
     print("$", " ".join(cmd[1:]), flush=True)
     done = subprocess.run(cmd)
     if done.returncode not in (0, 1):  # 1: some job failed, a row like any other
         raise SystemExit(f"error: the sweep into {out} exited {done.returncode}")
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this process may use: `CUDA_VISIBLE_DEVICES` where set, else every GPU NVML counts
+    (none without NVML)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML: a CPU host
+        return []
+
+
+def halves(gpus: list[str], cpus: list[int]) -> dict[str, dict[str, Any]]:
+    """The off run's and the on run's share of the host for `--side-by-side`: the first half of
+    the GPUs and of the cores for the off run, the second for the on run. SystemExit where they do
+    not split evenly (an odd number of GPUs) or a half would have no core."""
+    if len(gpus) % 2:
+        raise SystemExit(
+            f"error: --side-by-side splits the GPUs in two, and {len(gpus)} are visible "
+            f"({','.join(gpus)}); set CUDA_VISIBLE_DEVICES to an even number of them"
+        )
+    if len(cpus) < 2:
+        raise SystemExit(f"error: --side-by-side needs a core for each run; this process may use {len(cpus)}")
+    g, c = len(gpus) // 2, len(cpus) // 2
+    return {
+        "off": {"gpus": gpus[:g], "cpus": cpus[:c]},
+        "on": {"gpus": gpus[g:], "cpus": cpus[c:]},
+    }
+
+
+def run_side_by_side(commands: dict[str, list[str]], shares: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Each run's command at the same time, each on its share of the host (`halves`: its GPUs as
+    `CUDA_VISIBLE_DEVICES`, its cores as its CPU affinity, which the sweep's own Ray, its jobs and
+    their processes inherit), each output line prefixed with its run; their exit codes."""
+    procs: dict[str, subprocess.Popen] = {}
+    for which, cmd in commands.items():
+        share = shares[which]
+        env = dict(os.environ)
+        if share["gpus"] or "CUDA_VISIBLE_DEVICES" in env:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(share["gpus"])
+        print(
+            f"$ [{which}: GPUs {','.join(share['gpus']) or 'none'}, cores {format_cpus(share['cpus'])}]",
+            " ".join(cmd[1:]),
+            flush=True,
+        )
+        procs[which] = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=lambda cpus=share["cpus"]: os.sched_setaffinity(0, cpus),
+        )
+
+    def relay(which: str, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            print(f"[{which}] {line}", end="", flush=True)
+
+    threads = [threading.Thread(target=relay, args=item, daemon=True) for item in procs.items()]
+    for t in threads:
+        t.start()
+    codes = {which: proc.wait() for which, proc in procs.items()}
+    for t in threads:
+        t.join(timeout=10)
+    return codes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--order", default="off,on", choices=["off,on", "on,off"], help="which run goes first"
     )
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run the off and on sweeps at the same time, the off run on the first half of the visible "
+        "GPUs and of this process's cores, the on run on the second half, so that both see the host in "
+        "the same state (instead of one after the other, --order)",
+    )
     args, extra = parser.parse_known_args(argv)
     if args.compare:
         if len(args.compare) % 2:
@@ -188,9 +288,25 @@ def main(argv: list[str] | None = None) -> int:
         if not args.sweep:
             parser.error("give a sweep file, or --compare OFF ON")
         pairs = [(args.out / "off", args.out / "on")]
-        for which in args.order.split(","):
-            _sweep(args.sweep, pairs[0][1] if which == "on" else pairs[0][0], which == "on", extra)
+        if args.side_by_side:
+            shares = halves(_visible_gpus(), sorted(os.sched_getaffinity(0)))
+            commands = {
+                which: _command(args.sweep, args.out / which, which == "on", extra) for which in ("off", "on")
+            }
+            for which, code in run_side_by_side(commands, shares).items():
+                if code not in (0, 1):  # 1: some job failed, a row like any other
+                    raise SystemExit(f"error: the sweep into {args.out / which} exited {code}")
+        else:
+            shares = None
+            for which in args.order.split(","):
+                _sweep(args.sweep, pairs[0][1] if which == "on" else pairs[0][0], which == "on", extra)
     summary = summarize(pairs)
+    if not args.compare:
+        summary["side_by_side"] = (
+            {w: {"gpus": ",".join(v["gpus"]), "cpus": format_cpus(v["cpus"])} for w, v in shares.items()}
+            if shares
+            else None
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overlap-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(render(summary))

@@ -6,11 +6,14 @@ comparison by the regression rules that flags a real slowdown and nothing else."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+import pytest
 
 from store.sink import ResultSink
 from tests.test_regression import run_rows
@@ -151,3 +154,51 @@ def test_the_published_overlap_summary_has_the_fields_the_results_page_reads():
     assert set(doc["efficiency_on"]) == set(doc["efficiency_off"]) and doc["efficiency_on"]
     assert all(0 < v < 1 for v in (*doc["efficiency_on"].values(), *doc["efficiency_off"].values()))
     assert doc["wall_s_on"] > 0 and doc["wall_s_off"] > 0 and isinstance(doc["aa_flagged"], list)
+
+
+def _benchmark_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overlap_benchmark", ROOT / "benchmarks/overlap.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_side_by_side_splits_the_gpus_and_cores_in_halves_or_says_why_not():
+    halves = _benchmark_module().halves
+    got = halves(["0", "1", "2", "3"], list(range(64)))
+    assert got == {
+        "off": {"gpus": ["0", "1"], "cpus": list(range(32))},
+        "on": {"gpus": ["2", "3"], "cpus": list(range(32, 64))},
+    }
+    assert halves([], [0, 1]) == {"off": {"gpus": [], "cpus": [0]}, "on": {"gpus": [], "cpus": [1]}}
+    with pytest.raises(SystemExit, match="3 are visible .*0,1,2.*CUDA_VISIBLE_DEVICES"):
+        halves(["0", "1", "2"], list(range(48)))
+    with pytest.raises(SystemExit, match="needs a core for each run"):
+        halves(["0", "1"], [0])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two runs side by side need a core each")
+def test_side_by_side_runs_both_at_once_each_on_its_own_gpus_and_cores(capfd):
+    """Real processes: each sees only its half's GPUs and cores, both run at the same time, and
+    each line of their output reaches the terminal marked with its run."""
+    module = _benchmark_module()
+    cpus = sorted(os.sched_getaffinity(0))
+    shares = module.halves(["0", "1"], cpus)
+    code = (
+        "import json, os, sys, time; start = time.time(); time.sleep(1.5); "
+        "print(json.dumps({'cpus': sorted(os.sched_getaffinity(0)), "
+        "'gpus': os.environ.get('CUDA_VISIBLE_DEVICES'), 'span': [start, time.time()]}))"
+    )
+    codes = module.run_side_by_side({w: [sys.executable, "-c", code] for w in ("off", "on")}, shares)
+    assert codes == {"off": 0, "on": 0}
+    seen = {}
+    for line in capfd.readouterr().out.splitlines():
+        for which in ("off", "on"):
+            if line.startswith(f"[{which}] {{"):
+                seen[which] = json.loads(line[len(which) + 3 :])
+    assert seen["off"]["cpus"] == shares["off"]["cpus"] and seen["off"]["gpus"] == "0"
+    assert seen["on"]["cpus"] == shares["on"]["cpus"] and seen["on"]["gpus"] == "1"
+    (a0, a1), (b0, b1) = seen["off"]["span"], seen["on"]["span"]
+    assert max(a0, b0) < min(a1, b1)  # they overlapped in time
