@@ -20,6 +20,8 @@ import pytest
 
 from reports.regression_cells import VERDICTS
 
+pytestmark = pytest.mark.bench  # a tier of its own, after the default one (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = "measure: {warmup: 1, iterations: 3, rounds: 1, flops: false}"
 
