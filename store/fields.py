@@ -317,19 +317,10 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("triton_version", pa.string(), "Triton version in the job process"),
     ("cuda_version", pa.string(), "CUDA version torch was built with"),
     ("driver_version", pa.string(), "NVIDIA driver version"),
-    (
-        "gpu_index",
-        pa.int32(),
-        "which GPU of its host the job ran on, as NVML numbers them (CUDA_VISIBLE_DEVICES maps the job's device to it)",
-    ),
+    ("gpu_index", pa.int32(), "which GPU of its host the job ran on, as NVML numbers them"),
     ("gpu_uuid", pa.string(), "the UUID of the GPU the job ran on (NVML)"),
     ("gpu_pci_bus_id", pa.string(), "the PCI bus id of the GPU the job ran on (NVML), e.g. 00000000:1B:00.0"),
-    (
-        "gpu_numa_node",
-        pa.int32(),
-        "the host NUMA node the GPU hangs off (sysfs; null where the host shows none, as on one node or in "
-        "many VMs); with timing_numa_nodes: whether the timing thread issued its calls from the GPU's own node",
-    ),
+    ("gpu_numa_node", pa.int32(), "the host NUMA node of that GPU (sysfs; null where the host shows none)"),
     ("sm_clock_mhz", pa.int32(), "SM clock at the start of the job, before any work (an idle clock), MHz"),
     ("clock_samples", pa.int32(), "NVML samples taken during the timed rounds (every 20 ms)"),
     ("sm_clock_mean_mhz", pa.float64(), "mean SM clock during the timed rounds, MHz"),
@@ -349,11 +340,7 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         pa.string(),
         "cores the timing thread ran on during the timed rounds (sampled with the clocks), e.g. 3 or 3,9",
     ),
-    (
-        "timing_numa_nodes",
-        pa.string(),
-        "the host NUMA nodes of timing_cpus (sysfs), e.g. 0 or 0-1; null where the host shows none",
-    ),
+    ("timing_numa_nodes", pa.string(), "the host NUMA nodes of timing_cpus (sysfs), e.g. 0 or 0-1"),
     (
         "host_probe_us",
         pa.list_(pa.float64()),

@@ -115,14 +115,23 @@ def forgets_earlier_rows(batch_size, input_size=None, overrides=None):
     """workers.toy's MLP. The first job built while the folder named by $CO_TEST_FORGET (a round's
     output, such as a tune's rung0) holds a row removes that folder's rows and commit ledger, as a
     copy put back over the folder from before those rows would: rows the driver wrote are gone.
-    Once only: the job that renames the file $CO_TEST_FORGET_ONCE does it."""
+    Once only: the job that renames the file $CO_TEST_FORGET_ONCE does it.
+
+    A job built while the folder holds none waits up to 3 s for one: the driver writes a row up
+    to a second after its job ended (`store.sink`), and the next job may be built sooner, so the
+    round's second job would otherwise find its first job's row only on a slow machine."""
     import os
     import shutil
+    import time
     from pathlib import Path
 
     from workers.toy import mlp
 
     where, token = os.environ.get("CO_TEST_FORGET"), os.environ.get("CO_TEST_FORGET_ONCE")
+    if where and token and os.path.exists(token):
+        deadline = time.monotonic() + 3.0
+        while not any(Path(where, "results").rglob("*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.1)
     if where and token and any(Path(where, "results").rglob("*.parquet")):
         try:
             os.rename(token, token + ".used")
