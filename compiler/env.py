@@ -133,18 +133,19 @@ def _nvml(index: int) -> dict[str, Any]:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             driver = pynvml.nvmlSystemGetDriverVersion()
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            bus = pynvml.nvmlDeviceGetPciInfo(handle).busId
-            bus = bus.decode() if isinstance(bus, bytes) else bus
-            return {
+            found: dict[str, Any] = {
                 "driver_version": driver.decode() if isinstance(driver, bytes) else driver,
                 "sm_clock_mhz": int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
                 "sm_clock_max_mhz": int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)),
                 "gpu_index": index,
-                "gpu_uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
-                "gpu_pci_bus_id": bus,
-                "gpu_numa_node": pci_numa_node(bus),
             }
+            with contextlib.suppress(Exception):  # which card: never at the cost of the figures above
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                found["gpu_uuid"] = uuid.decode() if isinstance(uuid, bytes) else uuid
+                bus = pynvml.nvmlDeviceGetPciInfo(handle).busId
+                found["gpu_pci_bus_id"] = bus = bus.decode() if isinstance(bus, bytes) else bus
+                found["gpu_numa_node"] = pci_numa_node(bus)
+            return found
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # NVML present but not usable (container without the library): no figure
