@@ -18,8 +18,9 @@ with `--only`); `--compare` then takes the parts' pairs, and the summary joins t
 together, each run's wall time the sum of its parts'.
 
 The off run goes first (`--order on,off` turns it round). With `--side-by-side` the two run at
-the same time, the off run on the first half of the visible GPUs and of this process's cores, the
-on run on the second half: whatever drifts over the minutes between two runs one after the other
+the same time, the off run on the first half of the visible GPUs (as a sweep's local Ray finds
+them: `orchestrator.fleet.inventory.local_gpus`) and of this process's cores, the on run on the
+second half: whatever drifts over the minutes between two runs one after the other
 (the host's state, its other tenants) then reaches both alike, and the A/A compares runs that
 differ in the overlap and their GPUs and cores only. Flags after the known ones (e.g.
 `--cpus-per-job 1`, `--address auto`) go to both sweeps. `--resume` resumes both.
@@ -45,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler import statistics as cstats  # noqa: E402
 from compiler.env import format_cpus  # noqa: E402
+from orchestrator.fleet.inventory import local_gpus  # noqa: E402
 from reports.efficiency import efficiency  # noqa: E402
 from reports.regression import compare  # noqa: E402
 from store.runlog import read_runs  # noqa: E402
@@ -183,24 +185,6 @@ def _sweep(sweep: str, out: Path, overlap: bool, extra: list[str]) -> None:
         raise SystemExit(f"error: the sweep into {out} exited {done.returncode}")
 
 
-def _visible_gpus() -> list[str]:
-    """The GPUs this process may use: `CUDA_VISIBLE_DEVICES` where set, else every GPU NVML counts
-    (none without NVML)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip()]
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no NVML: a CPU host
-        return []
-
-
 def halves(gpus: list[str], cpus: list[int]) -> dict[str, dict[str, Any]]:
     """The off run's and the on run's share of the host for `--side-by-side`: the first half of
     the GPUs and of the cores for the off run, the second for the on run. SystemExit where they do
@@ -289,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give a sweep file, or --compare OFF ON")
         pairs = [(args.out / "off", args.out / "on")]
         if args.side_by_side:
-            shares = halves(_visible_gpus(), sorted(os.sched_getaffinity(0)))
+            shares = halves(local_gpus(), sorted(os.sched_getaffinity(0)))
             commands = {
                 which: _command(args.sweep, args.out / which, which == "on", extra) for which in ("off", "on")
             }

@@ -111,6 +111,16 @@ def held(batch_size, input_size=None, overrides=None):
     return mlp(batch_size, input_size, overrides)
 
 
+def _a_row_within(results, seconds: float) -> bool:
+    """Whether the results folder `results` holds a part file, or comes to within `seconds`."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (found := any(results.rglob("*.parquet"))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
 def forgets_earlier_rows(batch_size, input_size=None, overrides=None):
     """workers.toy's MLP. The first job built while the folder named by $CO_TEST_FORGET (a round's
     output, such as a tune's rung0) holds a row removes that folder's rows and commit ledger, as a
@@ -122,17 +132,12 @@ def forgets_earlier_rows(batch_size, input_size=None, overrides=None):
     round's second job would otherwise find its first job's row only on a slow machine."""
     import os
     import shutil
-    import time
     from pathlib import Path
 
     from workers.toy import mlp
 
     where, token = os.environ.get("CO_TEST_FORGET"), os.environ.get("CO_TEST_FORGET_ONCE")
-    if where and token and os.path.exists(token):
-        deadline = time.monotonic() + 3.0
-        while not any(Path(where, "results").rglob("*.parquet")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    if where and token and any(Path(where, "results").rglob("*.parquet")):
+    if where and token and os.path.exists(token) and _a_row_within(Path(where, "results"), 3.0):
         try:
             os.rename(token, token + ".used")
         except FileNotFoundError:  # another job did it

@@ -169,9 +169,14 @@ class Lane:
     sent_ns: int | None = None
     settle_s: float = SETTLE_S
 
+    @staticmethod
+    def _lock(directory: Path, gpu: str) -> int | None:
+        """The node-wide lock of `gpu`, taken (its fd), or None where a job holds it."""
+        return affinity.try_lock(directory / f"gpu-{affinity.lock_name_part(gpu)}.lock")
+
     def _try(self, directory: Path) -> Held | None:
         for gpu in self.gpus:
-            fd = affinity.try_lock(directory / f"gpu-{affinity.lock_name_part(gpu)}.lock")
+            fd = self._lock(directory, gpu)
             if fd is not None:
                 return Held(gpu, 0.0, fd)
         return None
@@ -180,7 +185,7 @@ class Lane:
         """How many of the lane's GPUs no job holds now (each lock taken and at once let go)."""
         free = 0
         for gpu in self.gpus:
-            fd = affinity.try_lock(directory / f"gpu-{affinity.lock_name_part(gpu)}.lock")
+            fd = self._lock(directory, gpu)
             if fd is not None:
                 os.close(fd)
                 free += 1

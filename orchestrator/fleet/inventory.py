@@ -99,24 +99,36 @@ def local_cpus() -> int:
     return max(1, min(counted, len(os.sched_getaffinity(0))))
 
 
+def local_gpus() -> list[str]:
+    """The GPUs an embedded local Ray on this machine would have, as Ray finds them: those
+    `CUDA_VISIBLE_DEVICES` names where it is set (at most as many as the node has), else every GPU
+    NVML counts; none without NVML, or where Ray moved the module (a CPU machine as far as we can
+    tell)."""
+    try:
+        from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
+
+        count = nv.get_current_node_num_accelerators()
+        visible = nv.get_current_process_visible_accelerator_ids()
+    except Exception:
+        return []
+    return [str(i) for i in range(count)] if visible is None else [str(v) for v in visible][:count]
+
+
 def local_classes(cpus_per_job: int | None = None) -> dict[str, HardwareClass]:
     """The classes an embedded local Ray cluster on this machine would have, without starting Ray."""
     cpus = local_cpus()
     node: dict[str, Any] = {"NodeID": "local", "Resources": {"CPU": float(cpus)}, "Labels": {}}
-    try:
-        from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
+    gpus = local_gpus()
+    if gpus:
+        node["Resources"]["GPU"] = float(len(gpus))
+        try:
+            from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
 
-        gpus = nv.get_current_node_num_accelerators()
-        visible = nv.get_current_process_visible_accelerator_ids()
-        if visible is not None:  # as Ray counts them: `CUDA_VISIBLE_DEVICES` caps the count
-            gpus = min(gpus, len(visible))
-        if gpus:
-            node["Resources"]["GPU"] = float(gpus)
             accel = nv.get_current_node_accelerator_type()
-            if accel:
-                node["Labels"][ACCEL_LABEL] = accel
-    except Exception:  # no NVML, or Ray moved the module: a CPU machine as far as we can tell
-        pass
+        except Exception:  # the GPUs without their model's label
+            accel = None
+        if accel:
+            node["Labels"][ACCEL_LABEL] = accel
     return classes_from_nodes([node], cpus_per_job)
 
 

@@ -44,3 +44,19 @@ def test_a_sweep_under_taskset_plans_and_starts_ray_with_its_cores_only():
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"local": 1, "cpus_per_job": 1, "slots": 1, "ray_cpus": 1.0}
+
+
+def test_local_gpus_are_those_cuda_visible_devices_names_no_more_than_the_node_has(monkeypatch):
+    """`local_gpus`, which local_classes counts and benchmarks/overlap.py --side-by-side splits:
+    as Ray finds them, `CUDA_VISIBLE_DEVICES` names the GPUs, at most as many as NVML counts."""
+    from ray._private.accelerators import NvidiaGPUAcceleratorManager as nv
+
+    from orchestrator.fleet.inventory import local_classes, local_gpus
+
+    count = nv.get_current_node_num_accelerators()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert local_gpus() == [str(i) for i in range(count)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1,7,5")
+    assert local_gpus() == ["3", "1", "7", "5"][:count]  # none on a machine without GPUs
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert local_gpus() == [] and "GPU" not in str(local_classes())
