@@ -22,7 +22,9 @@ the same time, the off run on the first half of the visible GPUs (as a sweep's l
 them: `orchestrator.fleet.inventory.local_gpus`) and of this process's cores, the on run on the
 second half: whatever drifts over the minutes between two runs one after the other
 (the host's state, its other tenants) then reaches both alike, and the A/A compares runs that
-differ in the overlap and their GPUs and cores only. Flags after the known ones (e.g.
+differ in the overlap and their GPUs and cores only. With `--order on,off` the on run takes the
+first half: a second pair with the halves swapped tells the overlap from the GPU a run had. Flags
+after the known ones (e.g.
 `--cpus-per-job 1`, `--address auto`) go to both sweeps. `--resume` resumes both.
 
     python benchmarks/overlap.py sweeps/overlap-gpu.yaml --out runs/overlap --side-by-side
@@ -185,10 +187,12 @@ def _sweep(sweep: str, out: Path, overlap: bool, extra: list[str]) -> None:
         raise SystemExit(f"error: the sweep into {out} exited {done.returncode}")
 
 
-def halves(gpus: list[str], cpus: list[int]) -> dict[str, dict[str, Any]]:
+def halves(gpus: list[str], cpus: list[int], first: str = "off") -> dict[str, dict[str, Any]]:
     """The off run's and the on run's share of the host for `--side-by-side`: the first half of
-    the GPUs and of the cores for the off run, the second for the on run. SystemExit where they do
-    not split evenly (an odd number of GPUs) or a half would have no core."""
+    the GPUs and of the cores for the run named `first` (`--order`'s first), the second half for
+    the other, so a second pair with the halves swapped can tell the overlap from the GPU and
+    cores a run had. SystemExit where they do not split evenly (an odd number of GPUs) or a half
+    would have no core."""
     if len(gpus) % 2:
         raise SystemExit(
             f"error: --side-by-side splits the GPUs in two, and {len(gpus)} are visible "
@@ -197,9 +201,10 @@ def halves(gpus: list[str], cpus: list[int]) -> dict[str, dict[str, Any]]:
     if len(cpus) < 2:
         raise SystemExit(f"error: --side-by-side needs a core for each run; this process may use {len(cpus)}")
     g, c = len(gpus) // 2, len(cpus) // 2
+    second = "on" if first == "off" else "off"
     return {
-        "off": {"gpus": gpus[:g], "cpus": cpus[:c]},
-        "on": {"gpus": gpus[g:], "cpus": cpus[c:]},
+        first: {"gpus": gpus[:g], "cpus": cpus[:c]},
+        second: {"gpus": gpus[g:], "cpus": cpus[c:]},
     }
 
 
@@ -254,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         help="compare outputs only: an off and an on output, or such a pair per part of the suite",
     )
     parser.add_argument(
-        "--order", default="off,on", choices=["off,on", "on,off"], help="which run goes first"
+        "--order",
+        default="off,on",
+        choices=["off,on", "on,off"],
+        help="which run goes first; with --side-by-side, which run takes the first half of the GPUs and cores",
     )
     parser.add_argument(
         "--side-by-side",
@@ -273,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give a sweep file, or --compare OFF ON")
         pairs = [(args.out / "off", args.out / "on")]
         if args.side_by_side:
-            shares = halves(local_gpus(), sorted(os.sched_getaffinity(0)))
+            shares = halves(local_gpus(), sorted(os.sched_getaffinity(0)), args.order.split(",")[0])
             commands = {
                 which: _command(args.sweep, args.out / which, which == "on", extra) for which in ("off", "on")
             }

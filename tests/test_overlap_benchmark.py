@@ -172,6 +172,10 @@ def test_side_by_side_splits_the_gpus_and_cores_in_halves_or_says_why_not():
         "off": {"gpus": ["0", "1"], "cpus": list(range(32))},
         "on": {"gpus": ["2", "3"], "cpus": list(range(32, 64))},
     }
+    assert halves(["0", "1", "2", "3"], list(range(64)), first="on") == {
+        "on": {"gpus": ["0", "1"], "cpus": list(range(32))},
+        "off": {"gpus": ["2", "3"], "cpus": list(range(32, 64))},
+    }
     assert halves([], [0, 1]) == {"off": {"gpus": [], "cpus": [0]}, "on": {"gpus": [], "cpus": [1]}}
     with pytest.raises(SystemExit, match="3 are visible .*0,1,2.*CUDA_VISIBLE_DEVICES"):
         halves(["0", "1", "2"], list(range(48)))
