@@ -23,10 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.job import PHASES
+from workers.job import MEASURING, PHASES
 
-MEASURING = ("compile", "timing", "accuracy")
-"""The phases whose time is the work a sweep is run for."""
 STARTUP = ("start", "imports", "build")
 """The phases a process started ahead runs before its gate."""
 TOP = 3

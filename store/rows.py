@@ -18,7 +18,7 @@ from store.schema import (
     check_side_row,
     options_json,
 )
-from workers.job import Job
+from workers.job import Job, job_efficiency
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +93,7 @@ def make_row(
     row["cudnn_benchmark"] = bool(json.loads(row["runtime"]).get("cudnn_benchmark"))
     if row["status"] == "ok":
         row["error"] = None
-    measured = [row.get("phase_compile_s"), row.get("phase_timing_s")]
-    if wall_s and all(v is not None for v in measured):
-        row["job_efficiency"] = sum(measured) / wall_s
+    row["job_efficiency"] = job_efficiency(row)
     return check_row(row)
 
 

@@ -43,7 +43,7 @@ from store.storage import Location, Target, resolve
 
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -79,15 +79,30 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   first process started ahead (`workers.lanes`); `wall_s` leaves that wait out.
 - 12: results gain which GPU of its host a job ran on (`gpu_index`, `gpu_uuid`, `gpu_pci_bus_id`)
   and where it and the timing thread sat (`gpu_numa_node`, `timing_numa_nodes`).
+- 13: `job_efficiency` counts the accuracy phase as work, as `reports.efficiency` always did
+  (`workers.job.MEASURING`); older files' rows are recomputed so on read (`upgrade_results`).
 """
 FP32_MEANT_STRICT_BEFORE = 9
 """Schema versions below this wrote `fp32` for what is `fp32-strict` now."""
+EFFICIENCY_WITHOUT_ACCURACY_BEFORE = 13
+"""Schema versions below this wrote a `job_efficiency` that left the accuracy phase out."""
 
 
 def upgrade_results(table: pa.Table, version: int) -> pa.Table:
-    """Rows of a results file written at schema `version`, as this version names them: before 9
-    `fp32` turned TF32 off for convolutions, which is `fp32-strict` now. Renamed, so a comparison
-    of an old run with a new one never matches the two silently (a cell of each side alone)."""
+    """Rows of a results file written at schema `version`, as this version names and computes
+    them: before 9 `fp32` turned TF32 off for convolutions, which is `fp32-strict` now. Renamed,
+    so a comparison of an old run with a new one never matches the two silently (a cell of each
+    side alone). Before 13 `job_efficiency` left the accuracy phase out: recomputed from the
+    row's phases (`workers.job.job_efficiency`)."""
+    if version < EFFICIENCY_WITHOUT_ACCURACY_BEFORE and "job_efficiency" in table.column_names:
+        from workers.job import MEASURING, job_efficiency
+
+        needed = [c for c in ("wall_s", *(f"phase_{p}_s" for p in MEASURING)) if c in table.column_names]
+        table = table.set_column(
+            table.column_names.index("job_efficiency"),
+            "job_efficiency",
+            pa.array([job_efficiency(r) for r in table.select(needed).to_pylist()], pa.float64()),
+        )
     if version >= FP32_MEANT_STRICT_BEFORE:
         return table
     from compiler.precision import STOCK, STRICT

@@ -628,7 +628,8 @@ def test_real_job_becomes_a_results_row(mlp_job, mlp_result):
 
 def test_real_job_row_has_its_efficiency(mlp_job, mlp_result):
     row = make_row(mlp_job, mlp_result, run_id="r1", wall_s=mlp_result["subprocess_s"] + 1.0)
-    measured = row["phase_compile_s"] + row["phase_timing_s"]
+    measured = row["phase_compile_s"] + row["phase_timing_s"] + row["phase_accuracy_s"]
+    assert row["phase_accuracy_s"] > 0  # the fp64 check is work, as the sweep's summary counts it
     assert row["job_efficiency"] == pytest.approx(measured / row["wall_s"])
     assert 0 < row["job_efficiency"] < 1
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cached_property, lru_cache
 from importlib import metadata
@@ -29,6 +30,19 @@ PHASES = (
     "exit",
 )
 """Phases of a job process, in order; each has a `phase_<name>_s` column (summed over processes)."""
+MEASURING = ("compile", "timing", "accuracy")
+"""The phases whose time is the work a sweep is run for: a job's efficiency is their share of its
+wall time (the row's `job_efficiency`, `reports.efficiency`)."""
+
+
+def job_efficiency(row: Mapping[str, Any]) -> float | None:
+    """A results row's share of its `wall_s` spent in the `MEASURING` phases (`phase_<name>_s`);
+    None where it has no wall time or never compiled or timed (an accuracy phase it lacks is 0)."""
+    wall = row.get("wall_s")
+    if not wall or row.get("phase_compile_s") is None or row.get("phase_timing_s") is None:
+        return None
+    return sum(row.get(f"phase_{p}_s") or 0.0 for p in MEASURING) / wall
+
 
 Task = Literal[
     "image-classification",

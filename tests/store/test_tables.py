@@ -384,6 +384,26 @@ def test_run_log_appends_and_finishes_entries(tmp_path, table_spec):
     assert sorted(p.name for p in out.iterdir()) == ["run.json"]
 
 
+def test_a_job_efficiency_written_before_schema_13_reads_with_its_accuracy_phase_as_work(tmp_path, rows):
+    """Older files' `job_efficiency` left the accuracy phase out, where the sweep's summary
+    (`reports.efficiency`) counted it: read back, it is recomputed as rows are written now, and a
+    current file's value is left as written."""
+    from store.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY
+
+    part = tmp_path / "results" / f"hardware={rows[0]['hardware']}"
+    part.mkdir(parents=True)
+    phases = {"wall_s": 100.0, "phase_compile_s": 40.0, "phase_timing_s": 20.0, "phase_accuracy_s": 10.0}
+    for name, row, version, written in (("old", rows[0], 12, 0.6), ("new", rows[1], SCHEMA_VERSION, 0.55)):
+        table = pa.Table.from_pylist([{**row, **phases, "job_efficiency": written}], schema=RESULTS_SCHEMA)
+        table = table.drop_columns(["hardware"]).replace_schema_metadata(
+            {SCHEMA_VERSION_KEY: str(version).encode()}
+        )
+        pq.write_table(table, part / f"part-{name}.parquet")
+    got = {r["job_id"]: r["job_efficiency"] for r in read_results(tmp_path).to_pylist()}
+    assert got[rows[0]["job_id"]] == pytest.approx(0.7)  # (40 + 20 + 10) / 100
+    assert got[rows[1]["job_id"]] == pytest.approx(0.55)
+
+
 def test_files_carry_the_schema_version_and_older_files_read_alongside_newer_ones(tmp_path, rows):
     """History that lasts: a results file of the first schema (no version key, a subset of today's
     columns, as written before the phase, repeats and baseline columns existed) reads together with
