@@ -89,6 +89,9 @@ def test_the_next_job_starts_its_first_process_while_the_job_before_it_runs(lock
     assert a["lane_wait_s"] < 5 and b["lane_wait_s"] > 0.5
     assert a["started_ahead"] == b["started_ahead"] == [True] and b["ahead_off"] is None
     assert b["ahead_hidden_s"] > 0  # its start-up ran while the job before it held the lane
+    # only what ran while no GPU was free for the job is hidden: the first job found the lane
+    # free, so its start-up ran while the GPU waited for it, and hid nothing
+    assert a["ahead_hidden_s"] <= a["lane_wait_s"] < 5 and b["ahead_hidden_s"] <= b["lane_wait_s"]
 
     (a_scratch,), (b_scratch,) = first_root.glob("job-*"), next_root.glob("job-*")
     a_record = json.loads((a_scratch / "result.json").read_text())

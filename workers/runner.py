@@ -348,6 +348,15 @@ def _take_device(
     return held, cores, clock_lock
 
 
+def _hidden_behind_the_wait(first: dict[str, Any], waited_s: float) -> None:
+    """A job's first process, started before the job held a GPU, hid only the start-up that ran
+    while no GPU was free for the job (`lane_wait_s`, outside its wall time). What ran while a
+    GPU sat free waiting for it (the hold-back: `workers.lanes`) hid nothing: it stays in its
+    start-up phases, not in `ahead_hidden_s`."""
+    if first.get("ahead_hidden_s"):
+        first["ahead_hidden_s"] = min(first["ahead_hidden_s"], waited_s)
+
+
 @contextlib.contextmanager
 def _hold(lane: Lane, waiting: Callable[[], object], ready: Callable[[], bool]) -> Iterator[Held]:
     """`lane.hold`, a stop while waiting being a cancellation (nothing ran: nothing to keep)."""
@@ -446,6 +455,8 @@ def run_job(
             )
             held, cores, clock_lock = _take_device(stack, job, threads, ahead, env, lane, lock_clocks)
             _run_steps(job, steps, job_file, env, ahead, done)
+        if held is not None and done:
+            _hidden_behind_the_wait(done[0], held.waited_s)
         warm = done[-1] if len(done) > 1 and steps[-1].flags == ("--warm",) else None
         result = merge(done[0], done[1 : len(done) - (warm is not None)], warm)
         if len(steps) > 1 or lane is not None:
