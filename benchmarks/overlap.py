@@ -24,8 +24,8 @@ second half: whatever drifts over the minutes between two runs one after the oth
 (the host's state, its other tenants) then reaches both alike, and the A/A compares runs that
 differ in the overlap and their GPUs and cores only. With `--order on,off` the on run takes the
 first half: a second pair with the halves swapped tells the overlap from the GPU a run had. Flags
-after the known ones (e.g.
-`--cpus-per-job 1`, `--address auto`) go to both sweeps. `--resume` resumes both.
+after the known ones (e.g. `--cpus-per-job 1`, `--address auto`) go to both sweeps. `--resume`
+resumes both.
 
     python benchmarks/overlap.py sweeps/overlap-gpu.yaml --out runs/overlap --side-by-side
 """
