@@ -28,6 +28,9 @@ What each use costs when it stops:
   the row's `notes` say why, once; the recorder's `from_cache` is null.
 - `ACCURACY_SAME`: `compiler.measure.check_against_fp64` raises (the accuracy rule itself cannot
   run), so the job ends `runtime_error` with this module's message as its error.
+- `BUNDLE_FORMAT`: `compiler.bundle_check` cannot check a compile-cache bundle's container, so
+  `compile_tuned` loads no bundle (a warning, `ExportError` under `strict`) and the preset
+  compiles without it: torch's own reader would loop on a container cut short.
 
 Left outside on purpose: `torch._inductor.config` (the compile knobs every torch.compile user
 sets) and Dynamo's user-facing calls (`torch._dynamo.reset`, `torch._dynamo.config`: what every
@@ -120,6 +123,14 @@ AOTI_BUILD = PrivateApi(
     "Inductor's C++ compiler would link the static one (compiler.aoti.runtime_link_options); "
     "without it packages are linked as Inductor links them",
 )
+BUNDLE_FORMAT = PrivateApi(
+    "torch.utils._appending_byte_serializer (_ENCODING_VERSION, CHECKSUM_DIGEST_SIZE) and "
+    "torch.compiler._cache (CacheArtifactManager._ensure_cache_artifacts_registered, "
+    "CacheArtifactFactory._artifact_types)",
+    ("2.11", "2.13"),
+    "checking a compile-cache bundle's container before torch's loader reads it "
+    "(compiler.bundle_check); without it compile_tuned loads no bundle and the preset compiles without it",
+)
 APIS = (
     AOTI_LOADER,
     AOTI_BUILD,
@@ -128,6 +139,7 @@ APIS = (
     TRITON_AUTOTUNERS,
     COMPILE_METRICS,
     ACCURACY_SAME,
+    BUNDLE_FORMAT,
 )
 
 
@@ -417,3 +429,24 @@ def inductor_cache_dir() -> str:
         return str(cache_dir())
 
     return use(AOTI_BUILD, call)
+
+
+# --- the compile-cache bundle's container ----------------------------------------------------------
+
+
+def bundle_format() -> tuple[int, int, frozenset[str]]:
+    """What `torch.compiler.save_cache_artifacts` writes here: (the container's format version,
+    the size of its leading checksum, the artifact types torch registers and would load)."""
+
+    def call() -> tuple[int, int, frozenset[str]]:
+        from torch.compiler._cache import CacheArtifactFactory, CacheArtifactManager
+        from torch.utils import _appending_byte_serializer as serializer
+
+        CacheArtifactManager._ensure_cache_artifacts_registered()  # as torch's loader does first
+        return (
+            int(serializer._ENCODING_VERSION),
+            int(serializer.CHECKSUM_DIGEST_SIZE),
+            frozenset(CacheArtifactFactory._artifact_types),
+        )
+
+    return use(BUNDLE_FORMAT, call)
