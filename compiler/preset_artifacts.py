@@ -4,7 +4,9 @@ compiles (`PresetArtifacts.install_bundle`), and its AOTInductor package (`compi
 loaded with the model's own weights and checked against eager (`PresetArtifacts.packaged`).
 
 Each file is read through `ExportFiles.verified`: exactly the bytes the manifest's sha256 names
-(bundles are unpickled on load: a file that does not match is refused, never loaded). A refused
+(bundles are unpickled on load: a file that does not match is refused, never loaded); a bundle's
+container is then checked by `compiler.bundle_check` before torch's loader reads it, and anything
+that loader raises is a refusal too, never an exception out of `compile_tuned`. A refused
 file raises `ExportError` under `strict`, else warns and the preset compiles without it; what
 happened goes into `Applied` (`bundle`, `package` and their files).
 
@@ -56,23 +58,39 @@ class PresetArtifacts:
             return None
 
     def install_bundle(self) -> None:
+        """Put the preset's bundle into torch's local caches, or refuse it (a warning, and the preset
+        compiles without it; `ExportError` under `strict`): one whose bytes are not those the
+        manifest names, one whose container `compiler.bundle_check` refuses (torch's loader never
+        sees it: it would loop on a container cut short, and write an artifact wherever its key
+        points), and one on which torch's loader raises anything at all."""
         import torch
+
+        from compiler.bundle_check import check_bundle
 
         bundle = self.entry.get("bundle")
         if not bundle or self.applied.bundle != "none":
             return
-        self.applied.bundle_file = self.export.where(bundle)
-        data = self.file(bundle, "compiling without the bundle")
+        where = self.applied.bundle_file = self.export.where(bundle)
+        instead = "compiling without the bundle"
+        data = self.file(bundle, instead)
         if data is None:
             self.applied.bundle = "refused"
             return
-        info = torch.compiler.load_cache_artifacts(data)
-        if info is None:  # torch could not read the bytes (it logged why: "checksum does not match")
+        try:
+            check_bundle(data, where)
+            try:
+                info = torch.compiler.load_cache_artifacts(data)
+            except Exception as exc:  # whatever torch's loader raises: never out of compile_tuned
+                raise ExportError(
+                    f"{where}: torch's loader failed on it ({type(exc).__name__}: {exc})"
+                ) from exc
+            if info is None:  # torch could not read the bytes (it logged why: "checksum does not match")
+                raise ExportError(
+                    f"{where}: torch refused the compile-cache bundle (its warning above says why)"
+                )
+        except ExportError as exc:
             self.applied.bundle = "refused"
-            self.refused(
-                ExportError(f"{bundle}: torch refused the compile-cache bundle (its warning above says why)"),
-                "compiling without the bundle",
-            )
+            self.refused(exc, instead)
             return
         self.applied.bundle = "loaded"
         self.applied.cache_artifacts = {k: len(v) for k, v in info.artifacts.items()}

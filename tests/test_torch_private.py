@@ -375,6 +375,11 @@ NEEDLES = (
     # AOTI_BUILD
     "cpp_builder",
     "cache_dir_utils",
+    # BUNDLE_FORMAT
+    "_appending_byte_serializer",
+    "compiler._cache",
+    "_artifact_types",
+    "_ensure_cache_artifacts_registered",
 )
 PACKAGES = ("compiler", "workers", "orchestrator", "store", "reports", "benchmarks")
 EXEMPT = {

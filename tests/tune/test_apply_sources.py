@@ -220,7 +220,8 @@ def test_a_preset_file_outside_the_export_is_never_read(tmp_path):
 
 def test_a_bundle_torch_refuses_is_reported_refused_not_loaded(tmp_path):
     """A bundle replaced and its new sha256 written into the manifest passes the export's checks;
-    torch then refused it ("checksum does not match", logged) and `Applied` said `loaded`."""
+    torch then refused it ("checksum does not match", logged) and `Applied` said `loaded`. Its
+    container's own checksum is checked now before torch reads it (`compiler.bundle_check`)."""
     dest = write_export(tmp_path / "exp", bundle=valid_bundle())
     assert serve(dest)[0].bundle == "loaded"
     damaged = bytearray(valid_bundle())
@@ -230,10 +231,11 @@ def test_a_bundle_torch_refuses_is_reported_refused_not_loaded(tmp_path):
     applied, warned = serve(dest)
     assert applied.bundle == "refused" and applied.cache_artifacts == {}
     assert any(
-        "torch refused the compile-cache bundle" in w and "compiling without the bundle" in w for w in warned
+        "the bundle's own checksum does not match its bytes" in w and "compiling without the bundle" in w
+        for w in warned
     )
     model, inputs = toy.mlp(4)
-    with pytest.raises(ExportError, match="torch refused the compile-cache bundle"):
+    with pytest.raises(ExportError, match="bundles/mlp.bin: the bundle's own checksum does not match"):
         compile_tuned(model, inputs, dest, model_name="mlp", run_example=False, strict=True)
 
 
