@@ -43,7 +43,8 @@ class Applied:
     never changed, only checked (`SettingMismatchWarning`)."""
     precision: str | None = None
     bundle: str = "none"
-    """`loaded`, `refused` (sha256 mismatch or unreadable), `none` (the preset has no bundle)."""
+    """`loaded`, `refused` (sha256 mismatch or unreadable, a container `compiler.bundle_check`
+    refused, or one torch's loader raised on: see `warnings`), `none` (the preset has no bundle)."""
     bundle_file: str | None = None
     cache_artifacts: dict[str, int] = field(default_factory=dict)
     """Artifacts the bundle put into the local caches, by cache (inductor, aot_autograd, ...)."""
@@ -53,6 +54,9 @@ class Applied:
     mismatch), `failed` (it would not load or its outputs differed from eager: see `warnings`),
     `skipped` (another input signature, `use_package=False`, or not the exact cell), `none`."""
     package_file: str | None = None
+    signed_by: str | None = None
+    """The id of the key whose signature of the manifest verified (`compiler.export_signature`:
+    the first 8 hex digits of its sha256, never the key); None where no key was named."""
     compile_s: float | None = None
     """Wall time of the first call (the compile), when example inputs were run; with a package,
     from verifying it to the end of its first call (and CUDA-graph capture)."""

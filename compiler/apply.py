@@ -60,6 +60,7 @@ from compiler.export_files import (
     sha256_file,
     warn_caller,
 )
+from compiler.export_signature import KEY_ENV, SIGNATURE, SignatureError, named_key, verify
 from compiler.hardware import hardware_class, software_stack, stack_mismatch
 from compiler.preset_artifacts import PresetArtifacts
 from compiler.preset_choice import (
@@ -74,8 +75,10 @@ from compiler.process_settings import ProcessSettings, RuntimeSettingWarning, Se
 __all__ = [
     "CACHE_ENV",
     "EXPORT_FORMAT",
+    "KEY_ENV",
     "MANIFEST",
     "PRESETS",
+    "SIGNATURE",
     "Applied",
     "CastInputs",
     "ExportCacheWarning",
@@ -83,6 +86,7 @@ __all__ = [
     "PresetFallbackWarning",
     "RuntimeSettingWarning",
     "SettingMismatchWarning",
+    "SignatureError",
     "cache_root",
     "compile_tuned",
     "find_preset",
@@ -107,6 +111,8 @@ def compile_tuned(
     use_package: bool = True,
     strict: bool = False,
     filesystem: Any = None,
+    trusted_key: bytes | None = None,
+    trusted_key_file: str | Path | None = None,
 ) -> tuple[Any, Applied]:
     """Compile `model` with the preset exported to `source` (a directory or a URI) for this
     hardware class and software stack; return the compiled model and what was applied.
@@ -126,6 +132,12 @@ def compile_tuned(
     used) and returned as a `compiler.aoti.PackagedModel`, which compiles the preset with
     `torch.compile` for any other input signature. Otherwise the bundle and `torch.compile`.
     With `strict`, what would be a fallback raises `ExportError` instead.
+    `trusted_key` (the key's bytes) or `trusted_key_file` (a file holding it; by default the file
+    `$ORCHESTRATE_EXPORT_KEY_FILE` names, if set) makes the export usable only if its manifest is
+    signed with that key (`compiler.export_signature`): an unsigned export, or one whose signature
+    does not verify, raises `SignatureError` (an `ExportError`) whatever `strict` says, since
+    nothing in it can be trusted; `applied.signed_by` is the id of the key that verified. Without
+    a key, the manifest's sha256 list is all that is checked (docs/production.md, "Trust model").
     An eager preset (`compiler.config.is_eager_preset`: the tuner measured eager faster than the
     compiled config it had chosen) sets its precision policy and runtime settings and returns
     `model` itself, uncompiled (cast where its precision is not the model's, as for any preset);
@@ -135,7 +147,8 @@ def compile_tuned(
     `filesystem`, a `pyarrow.fs.FileSystem`, a path in it) through the content-addressed cache in
     `cache_root()` (`$COMPILE_ORCHESTRATOR_CACHE` moves it): the manifest and serving.json first,
     then only the bundle and package of the preset it serves, each fetched once per cache."""
-    tuning = _Tuning(model, example_inputs, source, strict=strict, run_example=run_example)
+    key = named_key(trusted_key, trusted_key_file)  # a key named but unreadable raises: never unchecked
+    tuning = _Tuning(model, example_inputs, source, strict=strict, run_example=run_example, key=key)
     return tuning.run(filesystem, model_name, batch_size, dtype, use_package)
 
 
@@ -144,7 +157,14 @@ class _Tuning:
     did (`applied`)."""
 
     def __init__(
-        self, model: Any, example_inputs: Any, source: str | Path, *, strict: bool, run_example: bool
+        self,
+        model: Any,
+        example_inputs: Any,
+        source: str | Path,
+        *,
+        strict: bool,
+        run_example: bool,
+        key: bytes | None = None,
     ):
         self.model = model
         self.inputs = example_inputs
@@ -165,6 +185,13 @@ class _Tuning:
         self.settings = ProcessSettings(self.applied, strict)
         self.artifacts: PresetArtifacts | None = None
         """The preset's bundle and package, once `choose` found the preset."""
+        self._key = key
+        """The key the export's manifest must be signed with, or None (never into `applied`)."""
+
+    def check_signature(self, export: ExportFiles, manifest: bytes) -> None:
+        """`ExportFiles.before_use`: with a key named, the manifest's signature (SignatureError)."""
+        if self._key is not None:
+            self.applied.signed_by = verify(export, manifest, self._key)
 
     def warn(self, message: str) -> None:
         self.applied.warnings.append(message)
@@ -200,7 +227,9 @@ class _Tuning:
         """Open the export and pick the preset (`entry`, `config`); the reason to fall back, or None."""
         source, applied = self.source, self.applied
         try:
-            self.export = export = open_export(source, filesystem)
+            self.export = export = open_export(source, filesystem, self.check_signature)
+        except SignatureError:
+            raise  # with a key named, an export not signed with it is refused, never a fallback
         except ExportError as exc:
             return f"cannot use the export at {source}: {exc}"
         manifest = export.manifest

@@ -31,6 +31,7 @@ import posixpath
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -224,6 +225,9 @@ class ExportFiles:
         self.manifest: dict[str, Any] = {}
         self.presets: dict[str, Any] = {}
         self.presets_file = PRESETS
+        self.before_use: Callable[[ExportFiles, bytes], Any] | None = None
+        """Called with the manifest's bytes before anything is read from them (a signature check,
+        `compiler.export_signature.verify`): what it raises, `open_export` raises."""
 
     def where(self, rel: str) -> str:
         """How to name the file `rel` of this export in a message."""
@@ -248,7 +252,14 @@ class ExportFiles:
     def _read(self, rel: str, expected: str) -> bytes:
         raise NotImplementedError
 
+    def unlisted(self, name: str, limit: int) -> bytes | None:
+        """The file `name` beside the manifest, which the manifest cannot list (its signature), or
+        None where there is none; ExportError for one over `limit` bytes or that cannot be read."""
+        raise NotImplementedError
+
     def _open(self, manifest: bytes) -> ExportFiles:
+        if self.before_use is not None:
+            self.before_use(self, manifest)
         self.manifest = check_manifest(_json(manifest, self.where(MANIFEST)), self.where(MANIFEST))
         files = self.manifest.get("files", {})
         if PRESETS not in files and PRESETS_BEFORE in files:
@@ -277,6 +288,15 @@ class LocalExport(ExportFiles):
         except OSError as exc:
             raise ExportError(f"{path}: cannot read it ({exc})") from exc
 
+    def unlisted(self, name: str, limit: int) -> bytes | None:
+        path = self.root / name
+        if not path.exists() and not path.is_symlink():
+            return None
+        data = self._read(name, "")
+        if len(data) > limit:
+            raise ExportError(f"{path}: {len(data)} bytes, far larger than that file is (at most {limit})")
+        return data
+
 
 class RemoteExport(ExportFiles):
     """An export at a URI or in a given `pyarrow.fs` filesystem, read through `ContentCache`."""
@@ -295,6 +315,21 @@ class RemoteExport(ExportFiles):
             raise ExportError(f"{self.where(rel)}: cannot read it ({type(exc).__name__}: {exc})") from exc
         self.transferred += len(data)
         return data
+
+    def unlisted(self, name: str, limit: int) -> bytes | None:
+        import pyarrow.fs as pafs
+
+        try:
+            info = self.fs.get_file_info(f"{self.root}/{name}")
+        except Exception as exc:  # pyarrow's own errors, as in _fetch
+            raise ExportError(f"{self.where(name)}: cannot read it ({type(exc).__name__}: {exc})") from exc
+        if info.type != pafs.FileType.File:
+            return None
+        if info.size is not None and info.size > limit:
+            raise ExportError(
+                f"{self.where(name)}: {info.size} bytes, far larger than that file is (at most {limit})"
+            )
+        return self._fetch(name)
 
     def _read(self, rel: str, expected: str) -> bytes:
         data = self.cache.get(expected)
@@ -382,9 +417,14 @@ class ContentCache:
             )
 
 
-def open_export(source: str | os.PathLike[str], filesystem: Any = None) -> ExportFiles:
+def open_export(
+    source: str | os.PathLike[str],
+    filesystem: Any = None,
+    before_use: Callable[[ExportFiles, bytes], Any] | None = None,
+) -> ExportFiles:
     """The export at `source`: a directory, a URI, or with `filesystem` (a `pyarrow.fs`
-    filesystem) a path in it. ExportError if it cannot be used."""
+    filesystem) a path in it. ExportError if it cannot be used. `before_use(export, manifest)`
+    sees the manifest's bytes before anything else is read (`ExportFiles.before_use`)."""
     text = str(source)
     if filesystem is None and "://" not in text:
         root = Path(text)
@@ -392,7 +432,9 @@ def open_export(source: str | os.PathLike[str], filesystem: Any = None) -> Expor
             manifest = (root / MANIFEST).read_bytes()
         except OSError as exc:
             raise ExportError(f"{root / MANIFEST}: cannot read it ({exc})") from exc
-        return LocalExport(root)._open(manifest)
+        local = LocalExport(root)
+        local.before_use = before_use
+        return local._open(manifest)
     if filesystem is None:
         import pyarrow.fs as pafs
 
@@ -406,6 +448,7 @@ def open_export(source: str | os.PathLike[str], filesystem: Any = None) -> Expor
     else:
         root, key = text, f"{filesystem.type_name}:{text}"
     export = RemoteExport(text, filesystem, root, ContentCache(cache_root() / "exports"))
+    export.before_use = before_use
     return export.open_manifest(key)
 
 

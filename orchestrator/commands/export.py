@@ -73,10 +73,21 @@ def add_parsers(sub) -> None:
         "a load test in a fresh process to the preset's bundle job: 57-81 s on an H200, 16-24 s for the smoke "
         "models on a 2-core CPU); a stack whose loader crashes gets none anyway",
     )
+    p.add_argument(
+        "--sign-key-file",
+        metavar="FILE",
+        default=None,
+        help="sign the manifest with the key in FILE (HMAC-SHA256, written to DEST/manifest.sig; the key itself is "
+        "written nowhere), so that a serving process that names the same key (compile_tuned's trusted_key_file, "
+        "or $ORCHESTRATE_EXPORT_KEY_FILE) refuses any manifest not signed with it (default: the file "
+        "$ORCHESTRATE_EXPORT_KEY_FILE names, if set; make a key with "
+        "python -c 'import secrets; print(secrets.token_hex(32))' > FILE)",
+    )
     p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args) -> int:
+    from compiler.export_signature import key_id, named_key
     from orchestrator.tune.export import ExportError, export
     from store.storage import StorageError, checked
 
@@ -87,6 +98,7 @@ def cmd_export(args) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
+        sign_key = named_key(key_file=args.sign_key_file)  # read before anything is compiled
         source = checked(args.out)
         with _remote_lock(args.dest):  # a local DEST: export() holds its lock
             dest, remote = _dest(args.dest, args.scratch, args.resume)
@@ -100,6 +112,7 @@ def cmd_export(args) -> int:
                 resume=args.resume,
                 log=log,
                 budget=args.budget,
+                sign_key=sign_key,
             )
             if remote is not None:
                 publish(dest, remote, log)
@@ -108,8 +121,9 @@ def cmd_export(args) -> int:
         return EXIT_BAD_INPUT
     bundles = sum(1 for f in manifest["files"] if f.startswith("bundles/"))
     packages = sum(1 for f in manifest["files"] if f.startswith("packages/"))
+    signed = f", manifest.sig (key {key_id(sign_key)})" if sign_key is not None else ""
     print(
-        f"wrote {remote or dest}: serving.json, {bundles} bundles, {packages} packages, manifest.json "
+        f"wrote {remote or dest}: serving.json, {bundles} bundles, {packages} packages, manifest.json{signed} "
         f"(stack: {manifest['stack']})"
     )
     return 0

@@ -12,6 +12,9 @@ DEST/
                    batch size (`compiler.aoti`: AOTInductor, no weights inside), built in the same
                    process after the bundle; `compile_tuned` serves an exact cell from it without
                    tracing or compiling
+  manifest.sig     with `sign_key`: the manifest's HMAC-SHA256 with that key
+                   (`compiler.export_signature`), which a serving process that names the key
+                   requires; written just before the manifest, which it signs
 
 An eager preset (`compile: null`, `orchestrator.tune.eager`) has nothing to compile: it gets no
 bundle and no package, and stays in serving.json and the manifest with its runtime settings.
@@ -40,6 +43,7 @@ from compiler import durable
 from compiler.aoti import LOADER_CRASHED
 from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig, is_eager_preset, preset_runtime
+from compiler.export_signature import SIGNATURE, write_signature
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
 from orchestrator.spec.models import default_name as _default_name
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
@@ -231,9 +235,11 @@ def export(
     resume: bool = False,
     log: Callable[[str], None] = print,
     budget: str | None = None,
+    sign_key: bytes | None = None,
 ) -> dict[str, Any]:
     """Write `dest` (see the module docstring); return the manifest. `budget`: which accuracy
-    budget's presets, of a tune that decided under several. With `resume`, an interrupted
+    budget's presets, of a tune that decided under several. `sign_key`: sign the manifest with it
+    (`manifest.sig`; the key itself is written nowhere). With `resume`, an interrupted
     export into `dest` (of the same source, class and package choice) goes on from its last
     finished preset. DEST's lock is held throughout (`lock.OutputLocked`, before anything is read,
     while another live driver holds it); a DEST that taking it created is removed again if the
@@ -241,7 +247,9 @@ def export(
     existed = Path(dest).exists()
     try:
         with holding(dest, again="Wait for it to finish, or pass another --dest."):
-            return _export(out, hardware, Path(dest), threads, scratch_root, packages, resume, log, budget)
+            return _export(
+                out, hardware, Path(dest), threads, scratch_root, packages, resume, log, budget, sign_key
+            )
     except BaseException:
         if not existed:
             with contextlib.suppress(OSError):
@@ -259,6 +267,7 @@ def _export(
     resume: bool,
     log: Callable[[str], None],
     budget: str | None = None,
+    sign_key: bytes | None = None,
 ) -> dict[str, Any]:
     """The export's steps: plan it and refuse what this node cannot build; pick up an interrupted
     export's progress; a bundle (and package) per preset; serving.json; the manifest, last."""
@@ -293,7 +302,7 @@ def _export(
     for i, entry in enumerate(entries, 1):
         entries[i - 1] = _export_preset(run, i, entry, done)
     _write_presets(dest, hardware, stack, entries, defaults)
-    return _write_manifest(dest, out, hardware, stack, entries)
+    return _write_manifest(dest, out, hardware, stack, entries, sign_key)
 
 
 def _check_this_node(hardware: str, device: str, stack: dict[str, Any]) -> None:
@@ -451,16 +460,22 @@ def _write_presets(
 
 
 def _write_manifest(
-    dest: Path, out: Target, hardware: str, stack: dict[str, Any], entries: list[dict[str, Any]]
+    dest: Path,
+    out: Target,
+    hardware: str,
+    stack: dict[str, Any],
+    entries: list[dict[str, Any]],
+    sign_key: bytes | None = None,
 ) -> dict[str, Any]:
     """DEST/manifest.json, written last (the export is finished), with the sha256 of every other
-    file; an earlier try's stray temporary files and the progress file go. Returns the manifest."""
+    file, and just before it its signature with `sign_key` (or no signature); an earlier try's stray
+    temporary files and the progress file go. Returns the manifest."""
     for stray in [p for p in dest.rglob(".*") if p.is_file() and p.name not in (PROGRESS, LOCK_FILE)]:
         stray.unlink()  # the temporary file of a job killed mid-write, on an earlier try
     files = {
         str(p.relative_to(dest)): sha256_file(p)
         for p in sorted(dest.rglob("*"))
-        if p.is_file() and p.name not in (MANIFEST, PROGRESS, LOCK_FILE)
+        if p.is_file() and p.name not in (MANIFEST, SIGNATURE, PROGRESS, LOCK_FILE)
     }
     manifest = {
         "format": EXPORT_FORMAT,
@@ -473,6 +488,8 @@ def _write_manifest(
         "runtime": {_cell(e): preset_runtime(e) for e in entries},
         "files": files,
     }
-    durable.write_text(dest / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    text = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    write_signature(dest, text, sign_key)  # before the manifest: a finished export is a signed one
+    durable.write_bytes(dest / MANIFEST, text)
     (dest / PROGRESS).unlink(missing_ok=True)
     return manifest
