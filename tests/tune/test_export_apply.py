@@ -551,9 +551,11 @@ def test_another_class_or_stack_warns_once_and_falls_back(tmp_path, what):
     model, inputs = toy.mlp(4)
     with pytest.warns(PresetFallbackWarning) as record:
         _, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
-    assert len(record) == 1
+    # (pytest.warns records every warning: torch's own DeprecationWarnings too, where this test is
+    # the first of its process to import Inductor)
+    (warned,) = [w for w in record if w.category is PresetFallbackWarning]
     expected = "are for hardware class 'H100'" if what == "hardware" else "another stack: torch 2.0.0"
-    assert expected in str(record[0].message) and applied.match == "fallback"
+    assert expected in str(warned.message) and applied.match == "fallback"
 
 
 def test_a_model_never_swept_gets_the_class_default(tmp_path):
