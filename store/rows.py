@@ -19,6 +19,7 @@ from store.schema import (
     options_json,
 )
 from workers.job import Job, job_efficiency
+from workers.text import plain
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,9 @@ def make_row(
     row["cudnn_benchmark"] = bool(json.loads(row["runtime"]).get("cudnn_benchmark"))
     if row["status"] == "ok":
         row["error"] = None
+    for key in ("error", "notes"):  # no terminal colour codes in a row, whoever wrote the text
+        if isinstance(row.get(key), str):
+            row[key] = plain(row[key])
     row["job_efficiency"] = job_efficiency(row)
     return check_row(row)
 

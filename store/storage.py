@@ -43,6 +43,7 @@ from store.location_forms import (  # noqa: F401  (callers import these from her
     is_uri,
     redact,
 )
+from workers.text import format_size  # noqa: F401  (callers import it from here too)
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -140,16 +141,6 @@ def free_bytes(loc: Location) -> int | None:
         existing = next(p for p in [loc.local_path, *loc.local_path.parents] if p.exists())
         return shutil.disk_usage(existing).free
     return None
-
-
-def format_size(n: int) -> str:
-    """`n` bytes for a person: 0 B, 900 B, 9.5 KiB, 40 KiB, 3.2 MiB."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    size, i = float(n), 0
-    while size >= 1024 and i < len(units) - 1:
-        size /= 1024
-        i += 1
-    return f"{size:.0f} {units[i]}" if i == 0 or size >= 10 else f"{size:.1f} {units[i]}"
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from orchestrator.fleet.inventory import HardwareClass
 from store.fields import HARNESS_ERROR
 from store.rows import failure_row, make_row, side_rows
 from workers.job import Job
+from workers.text import plain
 
 WAIT_S = 0.25
 CANCEL_GRACE_S = 15.0
@@ -32,7 +33,9 @@ SIGKILL) and return what they left, before it is killed with its worker."""
 
 
 def _short(exc: BaseException, limit: int = 2000) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    """`Type: message` of a Ray exception, without the colour codes Ray puts in it, cut to `limit`
+    (its head and its tail)."""
+    text = plain(f"{type(exc).__name__}: {exc}")
     return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2 :]
 
 
