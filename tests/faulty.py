@@ -181,3 +181,24 @@ def compile_with_child(batch_size, input_size=None, overrides=None):
 
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "co-test-grandchild"])
     return _ManyKernels(), {"x": torch.randn(batch_size, 64)}
+
+
+def os_error(batch_size, input_size=None, overrides=None):
+    """Raises the model's own OSError while building: `overrides` names its `errno` and its `path`
+    (environment variables expanded: `$TORCHINDUCTOR_CACHE_DIR/x` lies in the job's scratch)."""
+    import os
+
+    code = int((overrides or {}).get("errno", 2))
+    path = os.path.expandvars(str((overrides or {}).get("path", "/nonexistent/weights.bin")))
+    raise OSError(code, os.strerror(code), path)
+
+
+def colourful_crash(batch_size, input_size=None, overrides=None):
+    """Prints a line in a terminal's colours, as a logger or a compiler may, then ends its process
+    with exit code 3: a crash whose output's tail goes into the row's error."""
+    import os
+    import sys
+
+    print("\x1b[1;31merror:\x1b[0m the model gave up", flush=True)
+    sys.stderr.flush()
+    os._exit(3)

@@ -1,8 +1,10 @@
 """Run one job in a fresh subprocess with its own caches, thread counts and a hard timeout.
 
 The subprocess is `python -m workers.bench`. Whatever happens to it (a segfault, a hang, an
-exception, running out of memory) this module returns a result dict with a `status`; it never
-raises for a job's failure. The whole process tree (Inductor's compile workers included) is
+exception, running out of memory, its scratch filling up) this module returns a result dict with
+a `status`; it never raises for a job's failure. Each process's status is decided once it has
+ended, in one place, `workers.outcome.classify` (called by `_run_bench`); the job's scratch
+directory is made and checked by `workers.scratch`. The whole process tree (Inductor's compile workers included) is
 killed on timeout, on cancellation, and when the caller's thread is interrupted; and when this
 process dies, even of SIGKILL, the job process dies with it (PR_SET_PDEATHSIG) and a guard it
 forked kills its process group, every descendant included (`compiler.env.guard_process_group`,
@@ -24,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,17 +37,16 @@ from compiler import clocks
 from compiler.env import project_pythonpath
 from compiler.kernels import read_choice_stream
 from compiler.shared_cache import cache_environment
-from workers import affinity
+from workers import affinity, scratch
 from workers.ahead import Overlap, Started, Step
 from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV, choices_stream
-from workers.bench_gate import AT_GATE
 from workers.job import Job
 from workers.lanes import VISIBLE, Held, Lane, LaneStopped
+from workers.outcome import classify
 from workers.repeats import merge
 
 POLL_S = 0.1
 KILL_GRACE_S = 3.0
-LOG_TAIL_CHARS = 3000
 
 
 def job_environment(
@@ -101,28 +101,11 @@ def kill_tree(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
         proc.wait(timeout=grace_s)
 
 
-def _tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
-            return f.read().decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
 def _read_result(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def _signal_name(returncode: int) -> str:
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
 
 
 def plural(n: int, word: str) -> str:
@@ -234,7 +217,8 @@ def _run_bench(
     ahead: Started | None = None,
     watch: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """One `python -m workers.bench` process under a wall-time limit; its result, classified.
+    """One `python -m workers.bench` process under a wall-time limit; its result, classified
+    (`workers.outcome.classify`: its status and error, the harness's faults told from the job's).
     With `ahead`, the process was started ahead (`workers.ahead`): its gate opens now, its time
     limit counts from here, and its `subprocess_s` from its start. `watch` is called at every
     poll. With `step.keep_choices` (the job's first, cold process: only its choices are the
@@ -255,65 +239,8 @@ def _run_bench(
         # tearing the process down (its CUDA context, its memory), within one poll interval
         result["phase_exit_s"] = max(0.0, ended - finished)
     progress = keep_streamed_choices(result, choices_stream(step.result_file)) if step.keep_choices else None
-    if not result.get("final"):
-        _classify_failure(result, proc, step, timeout_s if timed_out else None, progress)
-    elif progress:  # the process reported an exception from within its compile
-        result["notes"] = "; ".join(filter(None, [result.get("notes"), f"the compile failed {progress}"]))
-    result.pop("final", None)  # how the process and this runner speak, not what the job measured
-    result.pop("phase", None)
-    result.pop(AT_GATE, None)  # it died at its gate
-    trace = result.pop("traceback", None)
-    if trace and result.get("error") and trace.strip() not in result["error"]:
-        result["error"] += "\n--- traceback ---\n" + trace.strip()
+    classify(result, proc.returncode, step, job_file, timeout_s if timed_out else None, progress)
     return result
-
-
-def _classify_failure(
-    result: dict[str, Any],
-    proc: subprocess.Popen,
-    step: Step,
-    timed_out_after: float | None,
-    progress: str | None,
-) -> None:
-    """The status and error of a process that ended without its final result: a timeout (after
-    `timed_out_after` s) or a crash, where it was and how far its compile got, its output's tail."""
-    phase = result.get("phase", "start")
-    got = f", {progress}" if progress else ""
-    if timed_out_after is not None:
-        result["status"] = "timeout"
-        result["error"] = (
-            f"timed out after {timed_out_after:g} s in phase {phase!r}{got}; killed the process tree"
-        )
-    else:
-        rc = proc.returncode
-        how = f"killed by {_signal_name(rc)}" if rc < 0 else f"exited with code {rc}"
-        if rc == -signal.SIGKILL:
-            how += " (possibly the kernel's out-of-memory killer)"
-        result["status"] = "crash"
-        result["error"] = f"job process {how} in phase {phase!r}{got}"
-    tail = _tail(step.log_file)
-    if tail:
-        result["error"] += "\n--- last output ---\n" + tail
-
-
-def _job_scratch(
-    job: Job,
-    threads: int,
-    scratch_root: str | None,
-    prefix: str,
-    extra_path: tuple[str, ...] = (),
-    shared_cache: str | None = None,
-) -> tuple[Path, Path, Path, dict[str, str]]:
-    """A fresh scratch directory for `job`'s processes (under `scratch_root`, created if this
-    node lacks it) holding `job.json`; returns it, the job file, the log file and the processes'
-    environment (private caches inside it)."""
-    if scratch_root:  # a path on this node, which may not have it yet
-        Path(scratch_root).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"{prefix}-{job.job_id[:12]}-", dir=scratch_root))
-    job_file = scratch / "job.json"
-    job_file.write_text(json.dumps(job.to_dict()))
-    env = job_environment(scratch, threads, extra_path=extra_path, shared_cache=shared_cache)
-    return scratch, job_file, scratch / "log.txt", env
 
 
 def _take_device(
@@ -373,13 +300,14 @@ def _pin(env: dict[str, str], cores: affinity.CoreLease) -> None:
         env[affinity.AFFINITY_ENV] = affinity.format_cpus(cores.cpus)
 
 
-def _steps(job: Job, scratch: Path, log_file: Path) -> list[Step]:
+def _steps(job: Job, made: scratch.Scratch) -> list[Step]:
     """The job's processes in order: the cold one, its repeats, or its warm compile alone."""
-    steps = [Step((), scratch / "result.json", log_file, keep_choices=True)]
+    where = made.path
+    steps = [Step((), where / "result.json", made.log_file, keep_choices=True)]
     for k in range(2, job.measure.repeats + 1):
-        steps.append(Step(("--repeat", str(k)), scratch / f"repeat{k}.json", scratch / f"log-repeat{k}.txt"))
+        steps.append(Step(("--repeat", str(k)), where / f"repeat{k}.json", where / f"log-repeat{k}.txt"))
     if job.measure.warm_compile and job.measure.repeats == 1:
-        steps.append(Step(("--warm",), scratch / "warm.json", scratch / "log-warm.txt"))
+        steps.append(Step(("--warm",), where / "warm.json", where / "log-warm.txt"))
     return steps
 
 
@@ -428,21 +356,18 @@ def run_job(
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
     clock is locked for the job where NVML allows it. With `shared_cache` (HOST:PORT of a Redis
     server) its processes share compile and autotune work there (a run option: the job's id and
-    identity do not change with it). A scratch directory that cannot be made is the harness's
-    failure, not the job's: a `harness_error` result, which `--resume` runs again."""
+    identity do not change with it). A scratch directory that cannot be made, or that fills up,
+    turns read-only or vanishes under a running process (`workers.scratch`), is the harness's
+    failure, not the job's: a `harness_error` result, which `--resume` runs again. Each process's
+    status is decided by `workers.outcome.classify`, once it has ended."""
     try:
-        scratch, job_file, log_file, env = _job_scratch(
-            job, threads, scratch_root, "job", extra_path, shared_cache
-        )
+        made = scratch.make(job, scratch_root, "job")
     except OSError as exc:
-        where = scratch_root or tempfile.gettempdir()
-        return {
-            "status": "harness_error",
-            "error": f"the job's scratch directory could not be made under {where} on this node: "
-            f"{type(exc).__name__}: {exc} (--scratch must name a writable directory)",
-        }
+        return scratch.unmade(scratch_root, exc)
+    job_file = made.job_file
+    env = job_environment(made.path, threads, extra_path=extra_path, shared_cache=shared_cache)
     gpu = job.device == "cuda"
-    steps = _steps(job, scratch, log_file)
+    steps = _steps(job, made)
     done: list[dict[str, Any]] = []
 
     def spawn(step: Step, extra: dict[str, str], fds: tuple[int, ...]) -> subprocess.Popen:
@@ -474,7 +399,7 @@ def run_job(
         raise JobCancelled(stop.kept or (_kept_choices(done[0]) if done else {})) from None
     finally:
         if not keep_scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(made.path, ignore_errors=True)
     return result
 
 
@@ -485,13 +410,15 @@ def build_bundle(
     filled to `dest` (a compile-cache bundle, `workers.bench --bundle`), then, with `package`,
     its AOTInductor package there; return the process's result (`status`, `compile_s`,
     `bundle_bytes`, `bundle_artifacts`, `package_*` or `package_error`, ...)."""
-    scratch, job_file, log_file, env = _job_scratch(job, threads, scratch_root, "bundle")
+    made = scratch.make(job, scratch_root, "bundle")
+    env = job_environment(made.path, threads)
     try:
         with affinity.core_lease(threads) as cores:
             _pin(env, cores)
             flags = ("--bundle", str(Path(dest).resolve()))
             if package is not None:
                 flags += ("--package", str(Path(package).resolve()))
-            return _run_bench(Step(flags, scratch / "result.json", log_file), job_file, env, job.timeout_s)
+            step = Step(flags, made.path / "result.json", made.log_file)
+            return _run_bench(step, made.job_file, env, job.timeout_s)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(made.path, ignore_errors=True)
