@@ -9,7 +9,12 @@ import shlex
 import sys
 from pathlib import Path
 
+EXIT_REGRESSION = 1
+"""`nightly`, `report --fail-on regression`: a cell regressed."""
 EXIT_BAD_INPUT = 2
+EXIT_UNFINISHED = 3
+"""`sweep`, `tune`, `nightly`: the run ended, but left jobs as `harness_error` (a fault of the
+harness, not of the model), which the printed `--resume` command runs again."""
 EXIT_INTERRUPTED = 130
 
 
@@ -96,23 +101,36 @@ def add_deadline(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def resume_command(args, out) -> str:
+def resume_command(args, out, drop: tuple[str, ...] = (), command: str | None = None) -> str:
     """The command that finishes this one: its own flags (--only, --precisions, ... choose the
-    work, so a resume without them would run other work) without --deadline, with --out OUT and
-    --resume."""
+    work, so a resume without them would run other work) without --deadline and the flags `drop`
+    names (each with its value), with --out OUT and --resume; `command` in place of this one's
+    name (a nightly's run resumes as a `sweep`)."""
     words = list(getattr(args, "argv", None) or sys.argv[1:])
+    if command is not None and words:
+        words[0] = command
+    dropped = ("--deadline", *drop)
     kept: list[str] = []
     skip = False
     for word in words:
         if skip:
             skip = False
-        elif word == "--deadline":
+        elif word in dropped:
             skip = True
-        elif not word.startswith("--deadline=") and word != "--resume":
+        elif not word.startswith(tuple(f"{d}=" for d in dropped)) and word != "--resume":
             kept.append(word)
     if not any(w == "--out" or w.startswith("--out=") for w in kept):
         kept += ["--out", str(out)]
     return shlex.join(["orchestrate", *kept, "--resume"])
+
+
+def unfinished_exit(message: str | None) -> int:
+    """The exit status of a run that ended: 0, or after printing `message` (what a run that left
+    `harness_error` jobs says, with the command that runs them again) `EXIT_UNFINISHED`."""
+    if message is None:
+        return 0
+    print(f"\n{message}", file=sys.stderr)
+    return EXIT_UNFINISHED
 
 
 def deadline_at(args) -> float | None:

@@ -3,17 +3,21 @@ there (orchestrator.fleet.nightly), made for cron and CI (docs/regression.md).""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
+    EXIT_REGRESSION,
     add_cluster_flags,
     add_only,
     check_plan_locally,
     drive,
     load_sweep,
+    resume_command,
     sweep_options,
+    unfinished_exit,
 )
 from orchestrator.commands.targets import outputs_among
 from store.layout import SWEEP_WRITTEN
@@ -27,7 +31,9 @@ def add_parsers(sub) -> None:
         description="Runs SWEEP into DIR/<UTC date>T<time>Z (DIR a path or a URI), compares it with the newest "
         "earlier run under DIR that has rows (as `orchestrate report NEW --baseline OLD`), writes "
         "regression.md and regression.json into the new run, prints the summary, and exits 1 when a cell "
-        "regressed (0 otherwise; 2 on bad input; 130 when interrupted). Made for cron and CI: see docs/regression.md.",
+        "regressed (0 otherwise; 2 on bad input; 3 when jobs ended as harness_error, a fault of the harness "
+        "whose cells the comparison counts as failures: it prints the sweep that finishes the run, then the "
+        "comparison to make again; 130 when interrupted). Made for cron and CI: see docs/regression.md.",
     )
     p.add_argument("sweep", type=Path, help="sweep YAML file")
     p.add_argument(
@@ -70,10 +76,28 @@ def cmd_nightly(args) -> int:
         return code
     if result.comparison is None:
         print(f"{result.run}: the first run under {history}; nothing to compare yet")
-        return 0
-    print(to_markdown(result.comparison, terminal=True))
-    print(f"reports: {result.run.join('regression.md')}, .json and .html beside it")
-    return 1 if result.comparison.counts()["regression"] else 0
+    else:
+        print(to_markdown(result.comparison, terminal=True))
+        print(f"reports: {result.run.join('regression.md')}, .json and .html beside it")
+    if result.summary.harness_errors:  # their cells count as failures: finish the run, then compare
+        return unfinished_exit(_unfinished(args, result, history))
+    if result.comparison is not None and result.comparison.counts()["regression"]:
+        return EXIT_REGRESSION
+    return 0
+
+
+def _unfinished(args, result, history) -> str:
+    """What a nightly whose run left `harness_error` jobs says: the sweep that finishes tonight's
+    run (the nightly's own flags, into its folder) and, where it was compared, the comparison to
+    make again then."""
+    from orchestrator.fleet.summary import unfinished
+
+    resume = resume_command(args, result.run, drop=("--history", "--thresholds"), command="sweep")
+    message = unfinished(result.summary.harness_errors, resume)
+    if result.comparison is not None:
+        again = ["orchestrate", "report", str(result.run), "--history", str(history)]
+        message += f"\nthen compare it again:\n  {shlex.join(again)}"
+    return message
 
 
 def _check_history_root(history) -> None:

@@ -19,6 +19,7 @@ from orchestrator.commands.common import (
     load_sweep,
     resume_command,
     sweep_options,
+    unfinished_exit,
     whole,
 )
 from store.location_forms import arg as location_arg
@@ -126,4 +127,4 @@ def cmd_sweep(args) -> int:
         + f"results: {results_path(out)}  (next: orchestrate report {shlex.quote(str(out))}; "
         f"orchestrate presets {shlex.quote(str(out))})"
     )
-    return 0
+    return unfinished_exit(summary.unfinished())

@@ -22,6 +22,7 @@ from orchestrator.commands.common import (
     not_empty,
     print_what_won,
     resume_command,
+    unfinished_exit,
     whole,
 )
 from store.location_forms import arg as location_arg
@@ -285,7 +286,7 @@ def cmd_tune(args) -> int:
     if summary is None:
         return code
     _print_summary(summary, opts.out_dir)
-    return 0
+    return unfinished_exit(summary.unfinished())
 
 
 def _tune_options(args, spec, deadline: float | None):

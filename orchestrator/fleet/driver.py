@@ -32,6 +32,7 @@ from orchestrator.fleet.preflight import Checked, check_inputs
 from orchestrator.fleet.progress import Progress
 from orchestrator.fleet.scheduler import Scheduler
 from orchestrator.fleet.stopping import DeadlineReached, check_deadline, sigterm_as_interrupt
+from orchestrator.fleet.summary import SweepSummary
 from orchestrator.fleet.support import Triage, row_error, triage
 from orchestrator.spec.matrix import expand, select_matching
 from orchestrator.spec.sweep import SweepSpec
@@ -51,20 +52,6 @@ from workers.runner import plural
 
 class SweepInterrupted(RuntimeError):
     pass
-
-
-@dataclass
-class SweepSummary:
-    run_id: str
-    out_dir: Location
-    planned: int
-    skipped: int
-    counts: dict[str, int]
-    wall_s: float
-    """Whole invocation, Ray start and stop included."""
-    dispatch_s: float
-    """From the first job dispatched to the last row recorded."""
-    hardware: dict[str, int]
 
 
 @contextmanager
@@ -472,7 +459,7 @@ def _finish(
     out: Location, run: _Plan, recorder: _Recorder, resume: str, dispatch_s: float, t_start: float
 ) -> SweepSummary:
     """The normal end, Ray stopped: the run's end in run.json (a refused write says every row is
-    saved), and the summary."""
+    saved), and the summary (with the command that runs its `harness_error` jobs again)."""
     counts = dict(recorder.progress.counts)
     saved = f"all {recorder.sink.rows_written} rows of this run saved, but not the end of the run in {runlog.RUN_FILE}"
     with refusal_stops(out, saved, resume):
@@ -486,4 +473,5 @@ def _finish(
         wall_s=time.monotonic() - t_start,
         dispatch_s=dispatch_s,
         hardware={n: run.classes[n].slots for n in sorted(run.used)},
+        resume_command=resume,
     )

@@ -63,6 +63,7 @@ from typing import Any, TextIO
 
 from compiler import statistics as cstats
 from compiler.accuracy import Budget
+from orchestrator.fleet import summary as fleet_summary
 from orchestrator.fleet.cache import SNAPSHOT_FILE, check_address, shared_cache
 from orchestrator.fleet.driver import SweepOptions, ray_session, run_sweep
 from orchestrator.fleet.existing import OutputExistsError
@@ -84,7 +85,9 @@ from orchestrator.tune.plan import (
 )
 from orchestrator.tune.presets import durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import Candidate
+from orchestrator.tune.summary import TuneSummary
 from reports import efficiency
+from store.fields import HARNESS_ERROR
 from store.layout import DEPLOYED_FILE, ROUNDS, TUNE_FILE
 from store.lock import holding
 from store.rows import latest_rows
@@ -94,29 +97,6 @@ from store.storage import Location, checked, refusal_stops
 from workers.job import Job, software_stack
 from workers.repeats import pool
 from workers.runner import plural
-
-
-@dataclass
-class TuneSummary:
-    out_dir: Location
-    cells: int
-    tuned: int
-    stock: int
-    no_preset: int
-    eager: int
-    """Cells whose preset is eager: the compiled preset chosen ran slower than eager there
-    (`orchestrator.tune.eager`)."""
-    jobs: dict[str, int]
-    wall_s: float
-    decisions: dict[str, str]
-    what_won: list[dict[str, Any]] = field(default_factory=list)
-    pruned: dict[str, dict[str, str]] = field(default_factory=dict)
-    deployed: dict[str, Any] = field(default_factory=dict)
-    """`deployed.json`: per cell and budget what was deployed and its speedup over a stock user."""
-    budgets: list[str] = field(default_factory=list)
-    """The accuracy budgets the presets were decided under (a preset per cell and budget)."""
-    time_went: str = ""
-    """Where the time of the jobs this tune ran went (`reports.efficiency`), over all its rounds."""
 
 
 def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -> TuneSummary:
@@ -212,6 +192,8 @@ class TuneContext:
     """Jobs each round ran, by round name."""
     timed_rows: list[dict[str, Any]] = field(default_factory=list)
     """The rows this tune's rounds ran (not those a resumed tune found): where its time went."""
+    harness_errors: dict[str, int] = field(default_factory=dict)
+    """Jobs each round left as `harness_error` (not finished: `tune --resume` runs them again)."""
 
     @classmethod
     def open(
@@ -293,6 +275,9 @@ def run_round(ctx: TuneContext, name: str, jobs: list[Job], what: str) -> dict[s
         ctx.timed_rows += [r for r in everything if r.get("run_id") == ran.run_id]
     rows = latest_rows(everything, lambda r: r["job_id"])
     check_rows_kept(name, where, jobs, rows, ctx.resume)
+    if unfinished := sum(rows[j.job_id]["status"] == HARNESS_ERROR for j in jobs):
+        ctx.harness_errors[name] = unfinished
+        print(f"tune {name}: {fleet_summary.unfinished(unfinished, ctx.resume)}", file=ctx.stream, flush=True)
     return rows
 
 
@@ -492,4 +477,6 @@ def summarize(
         deployed=summary,
         budgets=[b.name for b in ctx.budgets],
         time_went=efficiency.render(ctx.timed_rows),
+        harness_errors=dict(ctx.harness_errors),
+        resume_command=ctx.resume,
     )
