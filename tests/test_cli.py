@@ -325,3 +325,38 @@ def test_the_resume_command_keeps_the_flags_that_choose_the_work():
     args = build_parser().parse_args(argv)
     args.argv = argv
     assert resume_command(args, "o") == "orchestrate sweep s.yaml --out o --cpus-per-job 2 --resume"
+
+
+def test_a_nightly_that_left_harness_errors_resumes_its_run_as_a_sweep(capsys):
+    """A nightly whose run left `harness_error` jobs exits 3 and prints the sweep that finishes
+    that run (its own flags but --history and --thresholds, into the run's folder) and the
+    comparison to make again; a run that finished exits 0 and prints nothing more."""
+    from types import SimpleNamespace
+
+    from orchestrator.cli import build_parser
+    from orchestrator.commands.common import EXIT_UNFINISHED, unfinished_exit
+    from orchestrator.commands.nightly import _unfinished
+    from orchestrator.fleet.summary import SweepSummary
+
+    argv = [
+        "nightly",
+        "s.yaml",
+        "--history",
+        "h",
+        "--only",
+        "*/bs1/*",
+        "--thresholds=t.json",
+        "--scratch",
+        "/s",
+    ]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    summary = SweepSummary("r", None, 2, 0, {"ok": 1, "harness_error": 1}, 1.0, 1.0, {"cpu": 1})
+    result = SimpleNamespace(run="h/2026-11-29T010000Z", summary=summary, comparison=object())
+    assert unfinished_exit(_unfinished(args, result, "h")) == EXIT_UNFINISHED == 3
+    err = capsys.readouterr().err
+    assert err.endswith(
+        "Run it again with:\n  orchestrate sweep s.yaml --only '*/bs1/*' --scratch /s --out h/2026-11-29T010000Z "
+        "--resume\nthen compare it again:\n  orchestrate report h/2026-11-29T010000Z --history h\n"
+    ), err
+    assert unfinished_exit(None) == 0 and capsys.readouterr().err == ""
