@@ -29,13 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from store.fields import (
-    HARNESS_ERROR,
-    KERNEL_CHOICE_FIELDS,
-    RESULT_FIELDS,
-    STATUSES,
-    TRITON_KERNEL_FIELDS,
-)
+from store.fields import HARNESS_ERROR, RESULT_FIELDS, STATUSES
+from store.kernel_fields import KERNEL_CHOICE_FIELDS, TRITON_KERNEL_FIELDS
 from store.latest import JOB_COLUMNS, latest_table
 from store.layout import RESULTS_DIR
 from store.preset_fields import PRESET_FIELDS
