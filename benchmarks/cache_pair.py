@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -50,29 +51,49 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from compiler.cache_access import CacheAccess, derive_key  # noqa: E402
 from compiler.env import die_with_parent  # noqa: E402
-from orchestrator.fleet.cache import RedisAddress, _client, _start, find_redis_server  # noqa: E402
+from orchestrator.fleet.cache import PASSWORD_ENV, SECRET_ENV  # noqa: E402
+from orchestrator.fleet.cache_server import find_redis_server, start_server  # noqa: E402
 
 GRACE_S = 60
 
 
-def start_redis(out: Path, port: int) -> subprocess.Popen:
-    """The project's own redis-server start (`orchestrator.fleet.cache`: loopback, no automatic
-    saves, dies with this script) on `port`, its files in OUT/redis: an explicit SAVE writes
-    OUT/redis/dump.rdb, which a server started there later loads."""
+def credentials(out: Path, fresh: bool) -> dict[str, str]:
+    """The server's password and the fleet's secret that seals its entries, in OUT/redis/credentials.json
+    (this user's only): made anew for a phase that starts empty, read by the warm phase, whose
+    tunes must verify the entries the cold phase's tunes sealed."""
+    path = out / "redis" / "credentials.json"
+    if fresh or not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"password": secrets.token_hex(32), "secret": secrets.token_hex(32)}))
+        path.chmod(0o600)
+    return json.loads(path.read_text())
+
+
+def start_redis(out: Path, port: int, fresh: bool) -> tuple[subprocess.Popen, CacheAccess]:
+    """A redis-server as a fleet would run one for `--cache-redis` (loopback, a password, no
+    automatic saves, dies with this script) on `port`, its files in OUT/redis: an explicit SAVE
+    writes OUT/redis/dump.rdb, which a server started there later loads."""
     binary, looked = find_redis_server()
     if binary is None:
         sys.exit(f"no redis-server binary ({looked})")
     data = out / "redis"
     data.mkdir(parents=True, exist_ok=True)
-    proc = _start(binary, data, port)  # None: it did not start, or another server holds the port
+    given = credentials(out, fresh)
+    access = CacheAccess(f"redis://127.0.0.1:{port}", given["password"], derive_key(given["secret"]))
+    config = (
+        f"port {port}\nbind 127.0.0.1\nrequirepass {given['password']}\ndir {data}\n"
+        f'logfile {data / "redis.log"}\nsave ""\nappendonly no\n'
+    )
+    proc = start_server(binary, config, access)  # None: it did not start, or another server holds the port
     if proc is None:
         sys.exit(f"redis-server did not start on port {port} (taken? give --port): {data / 'redis.log'}")
-    return proc
+    return proc, access
 
 
-def redis_info(port: int) -> dict:
-    client = _client(RedisAddress("127.0.0.1", port))
+def redis_info(access: CacheAccess) -> dict:
+    client = access.client()
     info = client.info("memory")
     keys = sorted(":".join(k.decode(errors="replace").split(":")[:2]) for k in client.scan_iter(count=1000))
     kinds: dict[str, int] = {}
@@ -97,8 +118,19 @@ def halves(cpu: bool) -> list[tuple[str, set[int]]]:
     return [(gpus[0], set(cores[:half])), (gpus[1], set(cores[half : 2 * half]))]
 
 
-def launch(name: str, out: Path, gpus: str, cores: set[int], tune_args: list[str], cpus_per_job: int):
+def launch(
+    name: str,
+    out: Path,
+    gpus: str,
+    cores: set[int],
+    tune_args: list[str],
+    cpus_per_job: int,
+    access: CacheAccess | None = None,
+):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, RAY_AUTH_MODE="disabled")
+    if access is not None:  # the server's credentials, as a fleet gives them: in the environment
+        given = credentials(out, fresh=False)
+        env.update({PASSWORD_ENV: given["password"], SECRET_ENV: given["secret"]})
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = f"/tmp/pyc-{name}"
     cmd = [
@@ -159,7 +191,7 @@ def serial(out: Path, port: int, deadline: float, tune_args: list[str], cpu: boo
     """shared-cold, shared-warm, nocache one after another on the whole machine."""
     (out / "serial.done").unlink(missing_ok=True)
     (out / "redis" / "dump.rdb").unlink(missing_ok=True)
-    redis = start_redis(out, port)
+    redis, access = start_redis(out, port, fresh=True)
     cores = set(os.sched_getaffinity(0))
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if not cpu:
@@ -174,11 +206,13 @@ def serial(out: Path, port: int, deadline: float, tune_args: list[str], cpu: boo
         ("nocache", ["--no-shared-cache"]),
     ]
     for name, extra in plan:
-        result["tunes"][name] = {"redis_at_start": redis_info(port)}
-        run = launch(name, out, gpus, cores, [*tune_args, *extra], per_job)
+        result["tunes"][name] = {"redis_at_start": redis_info(access)}
+        run = launch(
+            name, out, gpus, cores, [*tune_args, *extra], per_job, access if "shared" in name else None
+        )
         result["tunes"][name].update(supervise({name: run}, deadline)[name])
         (out / "serial.json").write_text(json.dumps(result, indent=1) + "\n")
-    result["redis_at_end"] = redis_info(port)
+    result["redis_at_end"] = redis_info(access)
     redis.terminate()
     redis.wait(30)
     (out / "serial.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -213,8 +247,8 @@ def main() -> int:
 
     if args.phase == "cold":  # an empty server: redis-server would load a dump left in its --dir
         (out / "redis" / "dump.rdb").unlink(missing_ok=True)
-    redis = start_redis(out, args.port)
-    before = redis_info(args.port)
+    redis, access = start_redis(out, args.port, fresh=args.phase == "cold")
+    before = redis_info(access)
     print(f"redis on {args.port}: {before['dbsize']} keys at start {before['key_prefixes']}", flush=True)
     (gpus_a, cores_a), (gpus_b, cores_b) = halves(args.cpu)
     n = "1" if args.phase == "cold" else "2"
@@ -229,12 +263,13 @@ def main() -> int:
             cores_b,
             [*tune_args, "--cache-redis", f"127.0.0.1:{args.port}"],
             len(cores_b),
+            access,
         ),
     }
     result: dict = {"phase": args.phase, "tune_args": tune_args, "redis_at_start": before, "tunes": {}}
     result["tunes"] = supervise(runs, args.deadline)
-    result["redis_at_end"] = redis_info(args.port)
-    client = _client(RedisAddress("127.0.0.1", args.port))
+    result["redis_at_end"] = redis_info(access)
+    client = access.client(timeout_s=60)
     client.save()  # OUT/redis/dump.rdb: the next phase's server starts from it
     redis.terminate()
     redis.wait(30)

@@ -32,11 +32,15 @@ What each use costs when it stops:
   `compile_tuned` loads no bundle (a warning, `ExportError` under `strict`) and the preset
   compiles without it: torch's own reader would loop on a container cut short.
 
+- `REMOTE_CACHE`, `COMPILE_WORKERS`, `AUTOTUNE_FILE`: the shared compile cache's hooks, whose
+  functions live in `compiler.torch_private_cache`. Without `REMOTE_CACHE` a job compiles without
+  the shared cache (`compile_cache = unavailable`, the notes say why); without `COMPILE_WORKERS`
+  Inductor's compile workers do not read the shared Triton autotune configs; without
+  `AUTOTUNE_FILE` GEMM/conv autotune timings are not shared.
+
 Left outside on purpose: `torch._inductor.config` (the compile knobs every torch.compile user
 sets) and Dynamo's user-facing calls (`torch._dynamo.reset`, `torch._dynamo.config`: what every
-torch.compile user calls; Dynamo's utilities and metrics above are inside), the shared cache's
-hooks into `torch._inductor.remote_cache` and `codecache` (`compiler.shared_cache`: each already
-checks what it finds and says in the row's `notes` what it skipped), the CPU ISA probe's cache
+torch.compile user calls; Dynamo's utilities and metrics above are inside), the CPU ISA probe's cache
 (`compiler.isa_probe`, which also asks `cpp_builder` and `cache_dir_utils`: an optimisation its
 caller skips on any error), and the hand-run measurement scripts of `benchmarks/` (which name
 their exemptions in tests/test_torch_private.py). The attributes of a `CachingAutotuner` (its
@@ -123,6 +127,26 @@ AOTI_BUILD = PrivateApi(
     "Inductor's C++ compiler would link the static one (compiler.aoti.runtime_link_options); "
     "without it packages are linked as Inductor links them",
 )
+REMOTE_CACHE = PrivateApi(
+    "torch._inductor.remote_cache.RedisRemoteCache.backend_override_cls, RemoteCacheBackend and cache_stats",
+    ("2.11", "2.13"),
+    "routing Inductor's FX-graph and Triton autotune remote caches through the project's own backend "
+    "(compiler.torch_private_cache.route_remote_caches: authenticated, sealed entries, short timeouts); "
+    "without it a job compiles without the shared cache",
+)
+COMPILE_WORKERS = PrivateApi(
+    "torch._inductor.async_compile._worker_compile_triton",
+    ("2.11", "2.13"),
+    "having Inductor's compile workers read the shared Triton autotune configs through the same backend "
+    "(compiler.torch_private_cache.route_compile_workers); without it they do not read them",
+)
+AUTOTUNE_FILE = PrivateApi(
+    "torch._inductor.codecache.PersistentCache (get_local_cache_path, get_system, update_local_cache, lookup) "
+    "and torch._inductor.select_algorithm.AlgorithmSelectorCache",
+    ("2.11", "2.13"),
+    "sharing max-autotune's GEMM/conv timings through the shared cache (compiler.shared_cache.GemmBridge); "
+    "without it they are not shared",
+)
 BUNDLE_FORMAT = PrivateApi(
     "torch.utils._appending_byte_serializer (_ENCODING_VERSION, CHECKSUM_DIGEST_SIZE) and "
     "torch.compiler._cache (CacheArtifactManager._ensure_cache_artifacts_registered, "
@@ -132,6 +156,9 @@ BUNDLE_FORMAT = PrivateApi(
     "(compiler.bundle_check); without it compile_tuned loads no bundle and the preset compiles without it",
 )
 APIS = (
+    REMOTE_CACHE,
+    COMPILE_WORKERS,
+    AUTOTUNE_FILE,
     AOTI_LOADER,
     AOTI_BUILD,
     FEEDBACK_SAVER,

@@ -220,6 +220,13 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ),
     ("cache_namespace", pa.string(), "prefix of the shared cache's keys: co:<class>:<stack hash>:"),
     (
+        "cache_rejected",
+        pa.int32(),
+        "shared-cache entries the job did not use (notes say why): without the fleet's seal or with one that "
+        "does not verify (each compiled as a miss), or served to a process that failed and then succeeded "
+        "without the cache (its row is that run's: compile_cache off); null where the job had no shared cache",
+    ),
+    (
         "fx_cache_hits",
         pa.int32(),
         "Inductor FX-graph cache hits in the first compile (its process starts with an empty local cache: "

@@ -38,7 +38,7 @@ from store.storage import Location, Target, resolve
 
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -76,6 +76,8 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   and where it and the timing thread sat (`gpu_numa_node`, `timing_numa_nodes`).
 - 13: `job_efficiency` counts the accuracy phase as work, as `reports.efficiency` always did
   (`workers.job.MEASURING`); older files' rows are recomputed so on read (`upgrade_results`).
+- 14: results gain `cache_rejected`, the shared-cache entries a job did not use: unsealed, sealed
+  with another key, or handed back by a compile that then failed and succeeded without the cache.
 """
 FP32_MEANT_STRICT_BEFORE = 9
 """Schema versions below this wrote `fp32` for what is `fp32-strict` now."""

@@ -173,8 +173,8 @@ def test_a_run_without_the_overlap_starts_each_process_after_the_one_before(lock
     from orchestrator.fleet.options import SweepOptions
     from workers.task import execute_job
 
-    assert task_kwargs(SweepOptions(out_dir="o", overlap=False), None) == {"overlap": False}
-    assert task_kwargs(SweepOptions(out_dir="o"), "h:1") == {"shared_cache": "h:1"}
+    assert task_kwargs(SweepOptions(out_dir="o", overlap=False)) == {"overlap": False}
+    assert task_kwargs(SweepOptions(out_dir="o")) == {}
     assert inspect.signature(execute_job).parameters["overlap"].default is True
     row = run_job(_job(), threads=1, node_jobs=1, scratch_root=str(tmp_path), overlap=False)
     assert row["status"] == "ok", row.get("error")

@@ -317,8 +317,8 @@ def test_gpu_tasks_are_admitted_two_to_a_gpu_where_lanes_are_on(monkeypatch):
     assert laned["num_gpus"] == 1 / LANE_DEPTH and laned["num_cpus"] == 13 / LANE_DEPTH
     assert plain["num_gpus"] == 1 and plain["num_cpus"] == 13
     assert uses_lanes(SweepOptions(out_dir="o")) and not uses_lanes(SweepOptions(out_dir="o", overlap=False))
-    assert task_kwargs(SweepOptions(out_dir="o"), None, lanes=True) == {"lanes": True}
-    assert task_kwargs(SweepOptions(out_dir="o", overlap=False), None, lanes=True) == {"overlap": False}
+    assert task_kwargs(SweepOptions(out_dir="o"), lanes=True) == {"lanes": True}
+    assert task_kwargs(SweepOptions(out_dir="o", overlap=False), lanes=True) == {"overlap": False}
     assert node_gpus("2", count=0) == ("2",)  # outside Ray, without NVML: the task's own GPU
 
     submitted, waits = [], iter([7.0, 0.0] * 8)

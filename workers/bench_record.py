@@ -30,6 +30,9 @@ from workers.job import PHASES
 from workers.lanes import VISIBLE
 
 SPAWNED_AT_ENV = "CO_SPAWNED_AT"
+CACHE_SERVED = "cache_served"
+"""In RESULT.json (never a row's column): the shared cache handed this process an entry, so a
+failure after it may be the cache's (the runner compiles the job once more without it)."""
 ERROR_CHARS = 4000
 
 
@@ -78,6 +81,11 @@ class JobRecord:
         self._gate = bench_gate.gate_fd()
         self.ahead = self._gate is not None
         """Started ahead: the process waits at its gate before it touches the device."""
+
+    def cache_served(self) -> None:
+        """The shared cache handed this process its first entry: said in RESULT.json at once."""
+        self.result[CACHE_SERVED] = True
+        self.save()
 
     def save(self, final: bool = False) -> None:
         """Rewrite RESULT.json (atomically) with the result and the notes so far."""
@@ -159,6 +167,12 @@ class JobRecord:
         self.result["error"] = exc if isinstance(exc, str) else error_text(exc)
         if isinstance(exc, BaseException):
             self.result["traceback"] = "".join(traceback.format_exception(exc))[-ERROR_CHARS:]
+        if self.shared_cache is not None:  # what the cache did before the failure: the row names its part
+            cols = self.shared_cache.columns()
+            self.result.update({k: cols[k] for k in ("compile_cache", "cache_rejected") if k in cols})
+            self.notes.extend(n for n in self.shared_cache.notes if n not in self.notes)
+            if self.shared_cache.link is not None and self.shared_cache.workers().served:
+                self.result[CACHE_SERVED] = True  # a compile worker was handed a Triton config
 
     def rotating(self, fn, input_sets, mark_step: bool = False):
         """`workers.bench_calls.rotating` on this job's device."""

@@ -68,7 +68,7 @@ def compile_imports(run: JobRecord) -> None:
     if run.shared_cache is None:  # before the first compile (a tune's baseline compiles first)
         from compiler.shared_cache import install
 
-        run.shared_cache = install(run.job.hardware)
+        run.shared_cache = install(run.job.hardware, on_first_serve=run.cache_served)
         run.result.update(compile_cache=run.shared_cache.mode, cache_namespace=run.shared_cache.namespace)
         run.notes.extend(run.shared_cache.notes)
 

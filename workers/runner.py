@@ -34,10 +34,11 @@ from typing import Any
 import psutil
 
 from compiler import clocks
+from compiler.cache_access import CacheAccess
 from compiler.env import project_pythonpath
 from compiler.kernels import read_choice_stream
 from compiler.shared_cache import cache_environment
-from workers import affinity, scratch
+from workers import affinity, cache_retry, scratch
 from workers.ahead import Overlap, Started, Step
 from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV, choices_stream
 from workers.job import Job
@@ -54,12 +55,13 @@ def job_environment(
     threads: int,
     base: dict[str, str] | None = None,
     extra_path: tuple[str, ...] = (),
-    shared_cache: str | None = None,
+    shared_cache: CacheAccess | None = None,
 ) -> dict[str, str]:
     """Environment of a job subprocess: private compile caches (so every compile is cold and
     jobs never share state), explicit thread counts, no network access to model hubs. With
-    `shared_cache` (HOST:PORT of a Redis server) Inductor's remote caches are on and the job
-    shares its compile work there (`compiler.shared_cache`); without it every remote cache is
+    `shared_cache` (the access to a Redis server: `compiler.cache_access`) Inductor's remote caches
+    are on and the job shares its compile work there (`compiler.shared_cache`; the secret goes
+    into the environment, never the command line); without it every remote cache is
     pinned off, whatever the caller's environment says."""
     env = dict(os.environ if base is None else base)
     threads_s = str(max(1, threads))
@@ -321,11 +323,15 @@ def _run_steps(
 ) -> None:
     """Run the job's processes one after another into `done`, each later one only while every
     one before it is `ok`; each is started ahead of the end of the one before it where
-    `overlap` can (`workers.ahead`)."""
+    `overlap` can (`workers.ahead`). One that failed after the shared cache handed it an entry
+    runs again without the cache (`workers.cache_retry`)."""
     for i, step in enumerate(steps):
         if done and done[-1].get("status") != "ok":
             return
-        done.append(_run_bench(step, job_file, env, job.timeout_s, overlap.take(i), overlap.watch(i)))
+        result = _run_bench(step, job_file, env, job.timeout_s, overlap.take(i), overlap.watch(i))
+        result = cache_retry.settle(result, step, env, lambda s, e: _run_bench(s, job_file, e, job.timeout_s))
+        cache_retry.drop_after(result, env)
+        done.append(result)
 
 
 def run_job(
@@ -335,7 +341,7 @@ def run_job(
     keep_scratch: bool = False,
     extra_path: tuple[str, ...] = (),
     lock_clocks: bool = False,
-    shared_cache: str | None = None,
+    shared_cache: CacheAccess | None = None,
     node_jobs: int | None = None,
     overlap: bool = True,
     lane: Lane | None = None,
@@ -354,9 +360,10 @@ def run_job(
     processes started ahead meanwhile, and takes its cores once it holds one. The
     processes are pinned to
     `threads` cores reserved on this node (`workers.affinity`); with `lock_clocks` the GPU's SM
-    clock is locked for the job where NVML allows it. With `shared_cache` (HOST:PORT of a Redis
-    server) its processes share compile and autotune work there (a run option: the job's id and
-    identity do not change with it). A scratch directory that cannot be made, or that fills up,
+    clock is locked for the job where NVML allows it. With `shared_cache` (the access to a Redis
+    server: `compiler.cache_access`) its processes share compile and autotune work there (a run
+    option: the job's id and identity do not change with it); a process that fails after the
+    cache handed it an entry runs once more without it (`workers.cache_retry`). A scratch directory that cannot be made, or that fills up,
     turns read-only or vanishes under a running process (`workers.scratch`), is the harness's
     failure, not the job's: a `harness_error` result, which `--resume` runs again. Each process's
     status is decided by `workers.outcome.classify`, once it has ended."""

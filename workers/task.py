@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from compiler.cache_access import CacheAccess
 from workers.job import Job
 from workers.lanes import VISIBLE, Lane, node_gpus
 from workers.runner import JobCancelled, run_job, stopping_when
@@ -104,7 +105,7 @@ def execute_job(
     scratch_root: str | None = None,
     extra_path: tuple[str, ...] = (),
     lock_clocks: bool = False,
-    shared_cache: str | None = None,
+    shared_cache: CacheAccess | None = None,
     overlap: bool = True,
     lanes: bool = False,
     sent_ns: int | None = None,

@@ -219,24 +219,47 @@ def add_budgets(p: argparse.ArgumentParser) -> None:
 def add_cache_redis(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-redis",
-        metavar="HOST:PORT",
-        help="an existing Redis server for the shared compile cache (one every worker node reaches, on a "
-        "cluster); checked before anything runs. Default: a private redis-server on 127.0.0.1 for the run, "
-        "stopped at its end (jobs on this machine only); without a redis-server binary the run goes on "
-        "without the cache, with one warning",
+        metavar="URL",
+        help="an existing Redis server for the shared compile cache, one every worker node reaches: "
+        "redis://[USER@]HOST:PORT, rediss://... (TLS; ?ssl_ca_certs=PATH for a private CA), unix:///PATH, or "
+        "HOST:PORT. Never put its password in the URL: it comes from $ORCHESTRATE_CACHE_PASSWORD or "
+        "--cache-password-file. Checked (an authenticated PING) before anything runs. Default: a private "
+        "redis-server for the run on a unix socket only this user can open, with a random password, stopped "
+        "at its end (jobs on this machine only); without a redis-server binary the run goes on without the "
+        "cache, with one warning",
+    )
+    p.add_argument(
+        "--cache-password-file",
+        metavar="FILE",
+        help="a file holding the --cache-redis server's password (the URL's user's, with ACLs); default "
+        "$ORCHESTRATE_CACHE_PASSWORD_FILE, else $ORCHESTRATE_CACHE_PASSWORD",
+    )
+    p.add_argument(
+        "--cache-secret-file",
+        metavar="FILE",
+        help="a file holding the fleet's secret that seals every cache entry (an HMAC key: jobs use no entry "
+        "it did not seal, since entries are unpickled); default $ORCHESTRATE_CACHE_SECRET_FILE, else "
+        "$ORCHESTRATE_CACHE_SECRET, else a key derived from the server's password. The same on every node "
+        "and in every run that shares the server",
     )
 
 
-def cache_redis_address(args, enabled: bool, flag: str) -> str | None:
-    """The --cache-redis of a run that shares its compile cache, checked (a bad one raises
-    CacheAddressError: one error line, exit 2); refused where the cache is off."""
-    from orchestrator.fleet.cache import CacheAddressError, check_address
+def cache_redis_address(args, enabled: bool, flag: str):
+    """The `compiler.cache_access.CacheAccess` of a run's --cache-redis with its credentials (a
+    bad address, or one without a password or secret, raises CacheAddressError: one error line,
+    exit 2; its server is checked by the preflight); None without --cache-redis; refused where the
+    cache is off."""
+    from orchestrator.fleet.cache import CacheAddressError, named_access
 
+    given = [f for f in ("cache_password_file", "cache_secret_file") if getattr(args, f, None)]
     if args.cache_redis is None:
+        if given:
+            name = "--" + given[0].replace("_", "-")
+            raise CacheAddressError(f"{name} goes with --cache-redis (a private server makes its own)")
         return None
     if not enabled:
         raise CacheAddressError(f"--cache-redis names the shared compile cache's server, which {flag}")
-    return str(check_address(args.cache_redis))
+    return named_access(args.cache_redis, args.cache_password_file, args.cache_secret_file)
 
 
 def budgets_from_args(args):

@@ -101,9 +101,20 @@ def _add_forwarded(p) -> None:
     )
     p.add_argument(
         "--cache-redis",
-        metavar="HOST:PORT",
+        metavar="URL",
         help="as for `sweep`: the Redis server of --shared-cache, as the cluster's nodes reach it (checked "
         "by the driver on the head node)",
+    )
+    p.add_argument(
+        "--cache-password-file",
+        metavar="FILE",
+        help="as for `sweep`: a file on the head node holding the --cache-redis server's password (the "
+        "driver there reads it; $ORCHESTRATE_CACHE_PASSWORD in the head node's environment does too)",
+    )
+    p.add_argument(
+        "--cache-secret-file",
+        metavar="FILE",
+        help="as for `sweep`: a file on the head node holding the secret that seals the cache's entries",
     )
 
 
@@ -139,6 +150,8 @@ FORWARDED = (
     "--no-overlap",
     "--shared-cache",
     "--cache-redis",
+    "--cache-password-file",
+    "--cache-secret-file",
 )
 """The flags `submit` takes as `sweep` does and passes on to the `orchestrate sweep` it runs."""
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from orchestrator.fleet.address import connect_error
-from orchestrator.fleet.cache import shared_cache
+from orchestrator.fleet.cache import CacheLive, shared_cache
 from orchestrator.fleet.existing import quarantine_damage, read_done
 from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, local_cpus, resolve
 from orchestrator.fleet.options import SweepOptions
@@ -158,7 +158,7 @@ def run_sweep(
     stream = stream or sys.stderr
     if ready is None:
         ready = check_inputs(spec, opts, plan or (lambda classes: _planned(spec, opts, classes)))
-    out, history_dirs = ready.out, ready.history
+    out = ready.out
     resume = opts.resume_command or _resume_command(spec, out)
     with refusal_stops(out, "no job of this run was recorded", resume):  # the lock, quarantine/, run.json
         lock = OutputLock.acquire(out, opts.argv)  # before anything is read: one writer per output
@@ -168,7 +168,7 @@ def run_sweep(
                 print(f"note: {out}: {lock.taken_over}", file=stream)
             if opts.resume:
                 quarantine_damage(out, stream, stamp)
-            return _run_locked(spec, opts, out, history_dirs, lock, stream, stamp, task_body, plan, resume)
+            return _run_locked(spec, opts, ready, lock, stream, stamp, task_body, plan, resume)
         finally:
             lock.release()
 
@@ -214,12 +214,17 @@ class _Plan:
 class _Recorder:
     """Where every finished job goes: its row (and its rows of the other tables) into the output's
     sink, a line of progress and, under --lock-clocks, one warning per class whose clocks did not
-    lock."""
+    lock. A row whose job could not use the shared cache has the cache checked at once
+    (`CacheLive.check`), so that a dead server is dropped for the next jobs without waiting for
+    the next periodic check."""
 
-    def __init__(self, sink: ResultSink, progress: Progress, lock_clocks: bool):
+    def __init__(
+        self, sink: ResultSink, progress: Progress, lock_clocks: bool, cache: CacheLive | None = None
+    ):
         self.sink = sink
         self.progress = progress
         self.lock_clocks = lock_clocks
+        self.cache = cache
         self.unlocked: set[str] = set()
 
     def emit(
@@ -228,6 +233,8 @@ class _Recorder:
         """One finished job: its row, and its rows of the other tables (`tables`)."""
         self.sink.add(row, tables)
         self.progress.finished_job(job.name, row["status"], wall)
+        if self.cache is not None and row.get("compile_cache") == "unavailable":
+            self.cache.check()
         if self.lock_clocks and row.get("clocks_locked") is False and job.hardware not in self.unlocked:
             self.unlocked.add(job.hardware)
             why = next((n for n in (row.get("notes") or "").split("; ") if "--lock-clocks" in n), "")
@@ -242,8 +249,7 @@ class _Recorder:
 def _run_locked(
     spec: SweepSpec,
     opts: SweepOptions,
-    out: Location,
-    history_dirs: list[Location],
+    ready: Checked,
     lock: OutputLock,
     stream: TextIO,
     stamp: str,
@@ -258,23 +264,22 @@ def _run_locked(
     command that resumes."""
     import ray
 
-    history = read_done(spec, out, history_dirs, opts.resume, stream, stamp)
+    out = ready.out
+    history = read_done(spec, out, ready.history, opts.resume, stream, stamp)
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     t_start = time.monotonic()
     with (
-        shared_cache(
-            opts.shared_cache, opts.cache_redis, opts.scratch_root, stream, keep=out
-        ) as cache_address,
+        shared_cache(opts.shared_cache, ready.cache, opts.scratch_root, stream, keep=out) as cache,
         ray_session(opts.address),
         sigterm_as_interrupt(),
     ):
         run = _plan_run(spec, opts, history, plan, run_id)
         _start_run_log(out, spec, opts, run)
-        _announce(spec, opts, run, out, cache_address, stream)
+        _announce(spec, opts, run, out, cache, stream)
         progress = Progress(total=len(run.jobs), already_done=run.skipped, stream=stream)
-        recorder = _Recorder(ResultSink(out), progress, opts.lock_clocks)
+        recorder = _Recorder(ResultSink(out), progress, opts.lock_clocks, cache)
         recorder.record_unsupported(run)
-        scheduler = _scheduler(run, opts, recorder, task_body, cache_address)
+        scheduler = _scheduler(run, opts, recorder, task_body, cache)
         scheduler.add(longest_first(run.todo, history))
         t_dispatch = time.monotonic()
         try:
@@ -321,16 +326,16 @@ def _announce(
     opts: SweepOptions,
     run: _Plan,
     out: Location,
-    cache_address: str | None,
+    cache: CacheLive | None,
     stream: TextIO,
 ) -> None:
     """Say what this run does: a note where a private compile cache serves this machine only and
     where --lock-clocks has no GPU to lock, the plan's line, and the notes of the classes' jobs
     that run without something."""
-    if cache_address and not opts.cache_redis and opts.address not in (None, "", "local"):
+    if cache and cache.server is not None and opts.address not in (None, "", "local"):
         print(
-            f"note: shared compile cache: a private Redis at {cache_address} serves the jobs on this "
-            "machine only; give --cache-redis HOST:PORT of a server every node reaches",
+            f"note: shared compile cache: a private Redis at {cache} serves the jobs on this "
+            "machine only; give --cache-redis URL of a server every node reaches",
             file=stream,
         )
     if opts.lock_clocks and not any(run.classes[n].device == "cuda" for n in run.used):
@@ -355,13 +360,12 @@ def uses_lanes(opts: SweepOptions, task_body: Callable[..., dict[str, Any]] | No
     return opts.overlap and task_body is None
 
 
-def task_kwargs(opts: SweepOptions, cache_address: str | None, lanes: bool = False) -> dict[str, Any]:
+def task_kwargs(opts: SweepOptions, lanes: bool = False) -> dict[str, Any]:
     """The run options every job's task takes as keywords (`workers.task.execute_job`), given
     only where they differ from its defaults; `lanes` where GPU tasks are admitted `LANE_DEPTH`
-    to a GPU (`uses_lanes`)."""
+    to a GPU (`uses_lanes`). The shared cache is given per task, as it is when the task is sent
+    (`_scheduler`: it may have stopped answering since the run began)."""
     found: dict[str, Any] = {}
-    if cache_address:
-        found["shared_cache"] = cache_address
     if not opts.overlap:
         found["overlap"] = False
     elif lanes:
@@ -374,7 +378,7 @@ def _scheduler(
     opts: SweepOptions,
     recorder: _Recorder,
     task_body: Callable[..., dict[str, Any]] | None,
-    cache_address: str | None,
+    cache: CacheLive | None,
 ) -> Scheduler:
     """The dispatch loop of this run: a remote function per class used, every row to `recorder`,
     the rows of cancelled jobs' other tables kept."""
@@ -389,7 +393,8 @@ def _scheduler(
         emit=recorder.emit,
         inventory=lambda: cluster_classes(opts.cpus_per_job),
         max_attempts=opts.max_attempts,
-        task_kwargs=task_kwargs(opts, cache_address, lanes),
+        task_kwargs=task_kwargs(opts, lanes),
+        sent_kwargs=(lambda: {"shared_cache": cache.access}) if cache is not None else None,
         keep=recorder.sink.add_side,
     )
 

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiler.cache_access import CacheAccess
 from store.storage import Location, Target
 
 
@@ -45,9 +46,12 @@ class SweepOptions:
     """Jobs compile through Inductor's remote caches on a Redis server shared by the sweep's jobs
     (their compile_s is then not a cold compile; rows say what the cache served). Off by default:
     a sweep measures cold compiles."""
-    cache_redis: str | None = None
-    """HOST:PORT of an existing Redis server for `shared_cache`; None starts a private one on
-    127.0.0.1 for the sweep (reachable by jobs on this machine only)."""
+    cache_redis: str | CacheAccess | None = None
+    """An existing Redis server for `shared_cache`: its URL or HOST:PORT, as `--cache-redis` takes
+    it (the password from `$ORCHESTRATE_CACHE_PASSWORD` or `$ORCHESTRATE_CACHE_PASSWORD_FILE`, the
+    secret that seals entries from `$ORCHESTRATE_CACHE_SECRET` or derived from the password), or a
+    `compiler.cache_access.CacheAccess`; None starts a private one for the sweep (reachable by
+    jobs on this machine only)."""
     argv: list[str] = field(default_factory=list)
     """The command line, recorded in run.json (the CLI's; empty from Python)."""
     resume_command: str | None = None
@@ -85,7 +89,11 @@ def _problems(opts: SweepOptions):
         yield "out_dir", opts.out_dir, "must be a path or a URI"
     if not isinstance(opts.history_dirs, (list, tuple)) or not all(map(_location, opts.history_dirs)):
         yield "history_dirs", opts.history_dirs, "must be a list of paths or URIs"
-    for name in ("address", "only", "cache_redis", "resume_command"):
+    if not isinstance(opts.cache_redis, CacheAccess) and not _cache_live(opts.cache_redis):
+        value = opts.cache_redis
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            yield "cache_redis", value, "must be None, a URL or HOST:PORT, or a CacheAccess"
+    for name in ("address", "only", "resume_command"):
         value = getattr(opts, name)
         if value is not None and not (isinstance(value, str) and value.strip(", ")):
             yield name, value, "must be None or a non-empty string"
@@ -104,6 +112,13 @@ def _problems(opts: SweepOptions):
         yield "deadline", opts.deadline, "must be None or a time.monotonic() value"
     if not isinstance(opts.argv, (list, tuple)) or not all(isinstance(a, str) for a in opts.argv):
         yield "argv", opts.argv, "must be a list of strings"
+
+
+def _cache_live(value: Any) -> bool:
+    """A tune's running cache, handed to the sweeps of its rounds (`orchestrator.fleet.cache`)."""
+    from orchestrator.fleet.cache import CacheLive
+
+    return isinstance(value, CacheLive)
 
 
 def _location(value: Any, uri: bool = True) -> bool:

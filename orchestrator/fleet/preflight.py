@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from compiler.cache_access import CacheAccess
 from orchestrator.fleet.address import check_ray_address
-from orchestrator.fleet.cache import check_address
+from orchestrator.fleet.cache import CacheLive, check_access, named_access
 from orchestrator.fleet.inventory import HardwareClass, local_classes
 from orchestrator.fleet.options import OptionsError, SweepOptions, check_options
 from orchestrator.spec.sweep import SweepSpec
@@ -26,21 +27,26 @@ class Checked:
 
     out: Location
     history: list[Location]
+    cache: CacheAccess | CacheLive | None = None
+    """The named shared-cache server (`opts.cache_redis`) with its credentials, checked; a tune's
+    running cache as it was handed over; None for none or a private one."""
 
 
 def preflight(opts: SweepOptions) -> Checked:
     """The checks a sweep (`opts`: its SweepOptions) makes before Ray starts: a dead `opts.address` raises
-    `AddressError`, a dead `opts.cache_redis` (with `shared_cache`) `cache.CacheAddressError`, an
+    `AddressError`, a dead `opts.cache_redis` (with `shared_cache`; resolved here to its
+    `CacheAccess` and checked, once) `cache.CacheAddressError`, an
     output that cannot be written or is no orchestrate output (`/`, a home directory) and a history
     location that cannot be read `storage.StorageError`. The CLI runs it where its errors belong;
     `run_sweep` runs it unless it is given what it found."""
     check_ray_address(opts.address)  # seconds, not Ray's minute of retries
-    if opts.shared_cache and opts.cache_redis:
-        check_address(opts.cache_redis)
+    cache = opts.cache_redis if opts.shared_cache else None
+    if cache is not None and not isinstance(cache, CacheLive):
+        cache = check_access(named_access(cache) if isinstance(cache, str) else cache)
     out = checked(opts.out_dir)
     check_own_output(out)
     check_writable(out)
-    return Checked(out, [checked(h) for h in opts.history_dirs])
+    return Checked(out, [checked(h) for h in opts.history_dirs], cache)
 
 
 def check_inputs(spec: Any, opts: Any, plan: Callable[[dict[str, HardwareClass]], Any]) -> Checked:

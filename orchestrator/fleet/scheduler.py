@@ -61,6 +61,9 @@ class Scheduler:
     max_attempts: int = 3
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of every task (run options such as `shared_cache`, given only when set)."""
+    sent_kwargs: Callable[[], dict[str, Any]] | None = None
+    """Keyword arguments as they are when a task is sent (the shared cache, which the driver stops
+    sending once its server stops answering)."""
     keep: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None
     """Gets the rows of the other tables that a cancelled job leaves (its streamed kernel choices)."""
     depth: dict[str, int] = field(default_factory=dict)
@@ -91,8 +94,14 @@ class Scheduler:
             free = hw.slots * self.depth.get(name, 1) - self._in_flight(name)
             while queue and free > 0:
                 job, attempt = queue.popleft()
+                now = self.sent_kwargs() if self.sent_kwargs is not None else {}
                 ref = self.remotes[name].remote(
-                    job.to_dict(), hw.cpus_per_job, *self.task_args, **self.task_kwargs, **self._sent(name)
+                    job.to_dict(),
+                    hw.cpus_per_job,
+                    *self.task_args,
+                    **self.task_kwargs,
+                    **now,
+                    **self._sent(name),
                 )
                 self.running[ref] = _Running(job, time.monotonic(), attempt)
                 free -= 1

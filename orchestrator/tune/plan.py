@@ -10,6 +10,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from compiler.accuracy import STOCK_BUDGET, Budget, searched
 from compiler.capabilities import known
@@ -70,8 +71,10 @@ class TuneOptions:
     scratch_root: str | None = None
     shared_cache: bool = True
     """Share compile and autotune work between the tune's jobs through Redis (see `orchestrator.tune.search`)."""
-    cache_redis: str | None = None
-    """HOST:PORT of an existing Redis server; None starts a private one for the tune."""
+    cache_redis: str | Any = None
+    """An existing Redis server: its URL or HOST:PORT (credentials from the environment, as for
+    `SweepOptions.cache_redis`) or a `compiler.cache_access.CacheAccess`; None starts a private
+    one for the tune."""
     cache_from: Location | None = None
     """An earlier run's output whose shared-cache snapshot (`orchestrator.fleet.cache.SNAPSHOT_FILE`)
     the private server starts with: its GEMM/conv timings and Triton configs (`--cache-from`)."""

@@ -64,7 +64,7 @@ from typing import Any, TextIO
 from compiler import statistics as cstats
 from compiler.accuracy import Budget
 from orchestrator.fleet import summary as fleet_summary
-from orchestrator.fleet.cache import SNAPSHOT_FILE, check_address, shared_cache
+from orchestrator.fleet.cache import SNAPSHOT_FILE, CacheLive, check_access, named_access, shared_cache
 from orchestrator.fleet.driver import SweepOptions, ray_session, run_sweep
 from orchestrator.fleet.existing import OutputExistsError
 from orchestrator.fleet.inventory import cluster_classes
@@ -103,30 +103,32 @@ def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -
     """Run the search (see the module docstring) into `opts.out_dir`; return what it decided.
 
     OUT's lock is held from before anything is read to the end (`lock.OutputLocked` while another
-    live driver holds it); the per-rung sweeps lock OUT/<rung> inside it."""
+    live driver holds it); the per-rung sweeps lock OUT/<rung> inside it. A named cache server that
+    does not answer is refused before that (`check_cache`): nothing is written."""
     stream = stream or sys.stderr
     out = checked(opts.out_dir)
     resume = opts.resume_command or shlex.join(
         ["orchestrate", "tune", spec.source or "SWEEP.yaml", "--out", str(out), "--resume"]
     )
+    named = check_cache(opts, stream)
     with (
         refusal_stops(out, "nothing of this tune was written", resume),
         holding(out, opts.argv, stream=stream),
     ):
-        return _run_tune(spec, opts, out, resume, stream)
+        return _run_tune(spec, opts, out, resume, stream, named)
 
 
-def _run_tune(spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, stream: TextIO) -> TuneSummary:
-    """The tune's stages, in order; the four rounds run inside one shared compile cache and Ray."""
+def _run_tune(
+    spec: SweepSpec, opts: TuneOptions, out: Location, resume: str, stream: TextIO, named: Any
+) -> TuneSummary:
+    """The tune's stages, in order; the four rounds run inside one shared compile cache and Ray
+    (`named`: the checked server of --cache-redis, else None)."""
     check_output(spec, opts, out)
     pruned = pruned_knobs(opts.prune_from)  # a bad --prune-from is refused before Ray starts
     started = time.monotonic()
-    check_cache(opts, stream)
     seed = opts.cache_from.join(SNAPSHOT_FILE) if opts.cache_from else None
     with (
-        shared_cache(
-            opts.shared_cache, opts.cache_redis, opts.scratch_root, stream, keep=out, seed=seed
-        ) as cache,
+        shared_cache(opts.shared_cache, named, opts.scratch_root, stream, keep=out, seed=seed) as cache,
         ray_session(opts.address),
     ):
         ctx = TuneContext.open(spec, opts, out, resume, stream, cache, pruned, started)
@@ -153,10 +155,12 @@ def check_output(spec: SweepSpec, opts: TuneOptions, out: Location) -> None:
         check_same_sweep(out.join(name), spec)
 
 
-def check_cache(opts: TuneOptions, stream: TextIO) -> None:
-    """Check --cache-redis's address, and note what --max-compile-s judges with a shared cache."""
-    if opts.shared_cache and opts.cache_redis:
-        check_address(opts.cache_redis)
+def check_cache(opts: TuneOptions, stream: TextIO):
+    """The --cache-redis server with its credentials, checked (None: none named), and a note of
+    what --max-compile-s judges with a shared cache."""
+    named = opts.cache_redis if opts.shared_cache else None
+    if named is not None:
+        named = check_access(named_access(named) if isinstance(named, str) else named)
     if opts.shared_cache and opts.budgets.max_compile_s is not None:
         print(
             "note: --max-compile-s with the shared compile cache: a candidate's compile_s may be served "
@@ -164,6 +168,7 @@ def check_cache(opts: TuneOptions, stream: TextIO) -> None:
             "where the budget must judge cold compiles",
             file=stream,
         )
+    return named
 
 
 @dataclass
@@ -203,12 +208,13 @@ class TuneContext:
         out: Location,
         resume: str,
         stream: TextIO,
-        cache_address: str | None,
+        cache: CacheLive | None,
         pruned: dict[str, dict[str, str]],
         started: float,
     ) -> TuneContext:
-        """The context of a tune whose shared compile cache is at `cache_address` (None: none);
-        the rounds' sweep options are made here, once."""
+        """The context of a tune whose shared compile cache is `cache` (None: none), which every
+        round uses as it is (a server that stopped answering in one round is not used in the
+        next); the rounds' sweep options are made here, once."""
         sweep = SweepOptions(
             out_dir=out,
             address=opts.address,
@@ -217,8 +223,8 @@ class TuneContext:
             allow_missing=opts.allow_missing,
             overlap=opts.overlap,
             scratch_root=opts.scratch_root,
-            shared_cache=cache_address is not None,
-            cache_redis=cache_address,
+            shared_cache=cache is not None,
+            cache_redis=cache,
             argv=opts.argv,
             resume_command=resume,
             deadline=opts.deadline,
@@ -267,7 +273,7 @@ def run_round(ctx: TuneContext, name: str, jobs: list[Job], what: str) -> dict[s
     print(f"tune {name}: {what}", file=ctx.stream, flush=True)
     if jobs:
         # a folder of the tune's output, checked with it, on the tune's live cluster and cache
-        ready = Checked(where, [])
+        ready = Checked(where, [], ctx.sweep.cache_redis)
         ran = run_sweep(ctx.spec, ctx.round_options(name), ctx.stream, plan=lambda classes: jobs, ready=ready)
     ctx.jobs_run[name] = len(jobs)
     everything = read_results(where).to_pylist()

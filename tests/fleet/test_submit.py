@@ -353,6 +353,7 @@ def test_submit_passes_on_every_sweep_flag_it_takes():
     given = [
         "--only", "*/bs1/*", "--resume", "--timeout-cap", "60", "--cpus-per-job", "2", "--allow-missing",
         "--max-attempts", "2", "--lock-clocks", "--no-overlap", "--shared-cache", "--cache-redis", "head:6379",
+        "--cache-password-file", "/etc/cache/password", "--cache-secret-file", "/etc/cache/secret",
     ]  # fmt: skip
     args = build_parser().parse_args(["submit", "s.yaml", *given])
     assert forwarded(args) == given

