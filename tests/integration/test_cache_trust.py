@@ -176,8 +176,10 @@ def test_planted_and_swapped_entries_never_decide_a_result(sweep_file, tmp_path,
     assert {r["status"] for r in rows.values()} == {"ok"}, [r["error"] for r in rows.values()]
     assert not marker.exists()
     for row in rows.values():
-        assert row["cache_rejected"] == 1 and row["compile_from_cache"] is False, row["notes"]
-        assert row["fx_cache_hits"] == 0 and row["fx_cache_misses"] == 1, row["notes"]
+        assert row["cache_rejected"] == 1 and row["fx_cache_hits"] == 0, row["notes"]
+        assert row["fx_cache_misses"] == 1, row["notes"]
+        # on a GPU the Triton configs the first sweep sealed are still served; the graphs never are
+        assert row["compile_from_cache"] is bool(row["autotune_cache_hits"]), row
     notes = sorted(r["notes"] for r in rows.values())
     rejected = [n for n in notes if "shared cache: 1 entry rejected (" in n]
     assert len(rejected) == 2 and "not sealed: 1" in " ".join(rejected), notes
