@@ -169,14 +169,15 @@ def check_access(access: CacheAccess, timeout_s: float = CHECK_TIMEOUT_S) -> Cac
         client.ping()
     except Exception as exc:  # redis.ConnectionError, AuthenticationError, TimeoutError, ssl errors
         # redis-py's messages never hold the password; the URL shown holds none (cache_url)
-        name = type(exc).__name__
-        hint = (
-            "check the password and the user (the URL's user, $ORCHESTRATE_CACHE_PASSWORD)"
-            if "Auth" in name or "NOAUTH" in str(exc) or "WRONGPASS" in str(exc)
-            else "is it up and reachable from here and from every worker node?"
-        )
+        said = f"{type(exc).__name__}: {exc}"
+        if "Auth" in type(exc).__name__ or "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+            raise CacheAddressError(
+                f"--cache-redis {access}: the server refused the credentials ({said}); check the password "
+                f"(${PASSWORD_ENV} or --cache-password-file) and the URL's user"
+            ) from None
         raise CacheAddressError(
-            f"--cache-redis {access}: no Redis server answers there ({name}: {exc}); {hint}"
+            f"--cache-redis {access}: no Redis server answers there ({said}); is it up and reachable from "
+            "here and from every worker node?"
         ) from None
     finally:
         client.close()

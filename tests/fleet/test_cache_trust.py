@@ -70,7 +70,7 @@ def test_a_wrong_or_missing_password_is_refused_without_echoing_it(tmp_path):
             with pytest.raises(cache.CacheAddressError) as refused:
                 cache.check_access(CacheAccess(server.url, wrong, b"k"))
             text = str(refused.value)
-            assert text.startswith(f"--cache-redis {server.url}: no Redis server answers there (")
+            assert text.startswith(f"--cache-redis {server.url}: the server refused the credentials (")
             assert "check the password" in text, text
             assert "right-password" not in text and "wrong-password" not in text
 
