@@ -71,7 +71,9 @@ class CacheLink:
     def _full(self, key: str) -> bytes:
         return (self.namespace + key).encode()
 
-    def _take(self, name: bytes, stored: Any) -> bytes | None:
+    def _take(self, name: bytes, stored: Any, use: bool = True) -> bytes | None:
+        """The payload of `stored` read under `name` if its seal verifies (counted as `used` where
+        `use`), else None (a miss, or a rejection counted by why)."""
         if stored is None:
             self.misses += 1
             return None
@@ -79,11 +81,17 @@ class CacheLink:
         if payload is None:
             self.rejected[why or "rejected"] += 1
             return None
-        self.served += 1
-        if self.served == 1 and self.on_first_serve is not None:
+        if use:
+            self.used()
+        return payload
+
+    def used(self, n: int = 1) -> None:
+        """`n` entries were handed on to torch (`on_first_serve` at the first)."""
+        first = self.served == 0
+        self.served += n
+        if first and n and self.on_first_serve is not None:
             with contextlib.suppress(Exception):
                 self.on_first_serve()
-        return payload
 
     def get(self, key: str) -> bytes | None:
         """The payload stored under the namespaced `key`, if sealed by the fleet's secret for
@@ -96,13 +104,14 @@ class CacheLink:
         self._call("SET", lambda c: c.set(name, seal(self.access.key, name, payload)))
 
     def hash_items(self, key: str) -> dict[str, bytes]:
-        """The fields of the hash at the namespaced `key` whose values are sealed for that field."""
+        """The fields of the hash at the namespaced `key` whose values are sealed for that field;
+        not counted as used (the caller counts those it uses: `used`)."""
         name = self._full(key)
         entries = self._call("HGETALL", lambda c: c.hgetall(name)) or {}
         found: dict[str, bytes] = {}
         for raw_field, stored in entries.items():
             text = raw_field.decode(errors="replace") if isinstance(raw_field, bytes) else str(raw_field)
-            payload = self._take(field_name(name, text), stored)
+            payload = self._take(field_name(name, text), stored, use=False)
             if payload is not None:
                 found[text] = payload
         return found

@@ -144,6 +144,7 @@ class GemmBridge:
             keys = self.shared.get(op, ())
             if any(k == inputs or k.startswith(f"{inputs}_") for k in keys):
                 self.hits += 1
+                self.link.used()  # shared timings chose this op's kernel
 
 
 def _read_cache_file(path: Path) -> dict[str, Any]:

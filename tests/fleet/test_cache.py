@@ -205,6 +205,7 @@ def test_gemm_bridge_round_trip_through_redis(server, client, tmp_path):
     second = GemmBridge(link)
     assert second.prefill(local, {"hash": "x"}) == 3
     assert dict(link.rejected) == {"not sealed": 1}
+    assert link.served == 0  # filled into the file, not yet used: a failure now is not the cache's
     merged = json.loads(local.read_text())
     assert merged["system"] == {"hash": "x"}
     assert merged["cache"]["mm"]["in1"]["highest"] == {"choice-a": 0.5, "choice-b": 0.25}
@@ -212,6 +213,7 @@ def test_gemm_bridge_round_trip_through_redis(server, client, tmp_path):
     assert "in9" not in merged["cache"]["mm"]
     assert merged["cache"]["conv"] == {"x": {"highest": {"c": 1.0}}}
     second.count_lookup("mm", "in1", second.updates, {"a": 0.5})  # answered from the shared file
+    assert link.served == 1
     second.count_lookup("conv", "x", second.updates, {"c": 1.0})  # a local entry: not the cache's hit
     before = second.updates
     second.push(merged["cache"])  # Inductor benchmarked during the lookup
