@@ -223,4 +223,6 @@ def test_a_fleets_tls_server_with_a_user_and_a_password_from_the_environment(
             check=False,
         )
     assert refused.returncode == 2 and "not-the-password" not in refused.stdout + refused.stderr
-    assert refused.stderr.startswith(f"error: --cache-redis {server.url}: the server refused the credentials (")
+    assert refused.stderr.startswith(
+        f"error: --cache-redis {server.url}: the server refused the credentials ("
+    )
