@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compiler import durable
 from compiler.cache_access import CacheAccess
 from compiler.cache_link import CacheLink
 from compiler.torch_private import AUTOTUNE_FILE, COMPILE_WORKERS, REMOTE_CACHE, use
@@ -110,10 +111,7 @@ def compile_in_worker(spec: WorkerLink, load_kernel: Any, extra_env: Any, extra_
 def _report(report_dir: str, link: CacheLink) -> None:
     """Write what this worker's link did so far to `report_dir/<pid>.json` (replaced whole)."""
     with contextlib.suppress(OSError):  # a report lost costs counts, never the compile
-        path = Path(report_dir, f"{os.getpid()}.json")
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(link.counts()))
-        os.replace(tmp, path)
+        durable.write_text(Path(report_dir, f"{os.getpid()}.json"), json.dumps(link.counts()))
 
 
 def route_compile_workers(spec: WorkerLink) -> None:
