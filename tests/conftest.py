@@ -55,7 +55,7 @@ FILE_S = {
     "tests/integration/test_submit.py": 62,
     "tests/integration/test_seed_models.py": 59,
     "tests/integration/test_scratch_faults.py": 45,  # measured alone, not yet in such a run
-    "tests/integration/test_cache_trust.py": 90,  # measured alone, not yet in such a run
+    "tests/integration/test_cache_trust.py": 75,  # measured alone, not yet in such a run
     "tests/tune/test_bundle_safety.py": 30,  # measured alone, not yet in such a run
     "tests/fleet/test_cache_trust.py": 8,  # measured alone, not yet in such a run
     "tests/integration/test_fleet_lost_node.py": 46,
