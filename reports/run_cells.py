@@ -17,8 +17,10 @@ from typing import Any
 import pyarrow as pa
 
 from compiler import statistics as cstats
-from reports.regression_cells import KEY
 from store.rows import latest_rows
+
+KEY = ("hardware", "model", "batch_size", "dtype", "config")
+"""A cell: the names a run's rows are matched on (within a run, and between two runs compared)."""
 
 
 @dataclass(frozen=True)

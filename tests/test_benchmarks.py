@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.regression_cells import VERDICTS
+from reports.regression import VERDICTS
 
 pytestmark = pytest.mark.bench  # a tier of its own, after the default one (docs/testing.md)
 

@@ -12,8 +12,8 @@ import pytest
 
 from compiler import statistics as cstats
 from orchestrator.cli import main
-from reports.html import render_html
 from reports.regression import compare, compare_history, to_markdown
+from reports.regression.html import render_html
 from store.rows import make_row
 from store.schema import rows_to_table
 from store.sink import ResultSink

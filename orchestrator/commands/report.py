@@ -13,7 +13,7 @@ from orchestrator.commands.targets import PAGE_NAMES, check_not_output_data, che
 from store.location_forms import arg as location_arg
 
 JSON_FORMATS = ("comparison", "pytorch")
-"""What --json writes: the comparison (reports/regression_markdown.py) or benchmark records
+"""What --json writes: the comparison (reports/regression/markdown.py) or benchmark records
 (reports/benchmark_records.py)."""
 
 
@@ -211,8 +211,8 @@ def _one_run(args, out, table) -> int:
 
 def _compare_runs(args, out, table) -> int:
     from compiler.statistics import load_thresholds
-    from reports.html import render_html
     from reports.regression import compare, to_json_text, to_markdown
+    from reports.regression.html import render_html
     from store.schema import read_results, read_table, results_path
     from store.storage import StorageError, checked
 

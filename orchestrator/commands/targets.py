@@ -15,7 +15,7 @@ PAGE_STARTS = {
     "--json": b'{\n "format": 1,\n "thresholds": {',
     "--html": b"<!DOCTYPE html><html><head><meta charset='utf-8'>",
 }
-"""How each page this tool writes begins (reports/regression.py, reports/html.py): an existing file
+"""How each page this tool writes begins (reports/regression/: markdown.py, html.py): an existing file
 is replaced only when it begins so (a page of an earlier run), or is empty."""
 
 PAGE_NAMES = {"--md": "a Markdown summary", "--json": "a JSON comparison", "--html": "an HTML page"}

@@ -22,8 +22,8 @@ from typing import Any, TextIO
 from compiler.statistics import load_thresholds
 from orchestrator.fleet.driver import SweepOptions, SweepSummary, run_sweep
 from orchestrator.spec.sweep import SweepSpec
-from reports.html import render_html
 from reports.regression import Comparison, compare_history, to_json_text, to_markdown
+from reports.regression.html import render_html
 from store.integrity import DamagedOutputError, OutputWarning
 from store.schema import read_results, read_table
 from store.storage import Location

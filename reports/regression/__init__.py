@@ -12,9 +12,9 @@ with its reasons in words. The decisions and their thresholds are `compiler.stat
 (`latency_verdict`, `figure_verdict`, `thresholds.json`); nothing here decides on its own.
 
 Here: `compare` (two runs, a window's samples pooled into the baseline's) and `compare_history`
-(the consecutive-runs rule). The parts: `reports.regression_cells` (a `CellChange` per cell, the
-`Comparison`), `reports.regression_match` (rows matched by cell, samples, winners, environment),
-`reports.regression_verdict` (one cell judged) and `reports.regression_markdown` (the text).
+(the consecutive-runs rule). The parts: `reports.regression.cells` (a `CellChange` per cell, the
+`Comparison`), `reports.regression.match` (rows matched by cell, samples, winners, environment),
+`reports.regression.verdict` (one cell judged) and `reports.regression.markdown` (the text).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collections import defaultdict
 import pyarrow as pa
 
 from compiler import statistics as cstats
-from reports.regression_cells import ENV_KEYS, KEY, VERDICTS, CellChange, Comparison
-from reports.regression_markdown import to_json_text, to_markdown
-from reports.regression_match import (
+from reports.regression.cells import ENV_KEYS, VERDICTS, CellChange, Comparison
+from reports.regression.markdown import to_json_text, to_markdown
+from reports.regression.match import (
     device_groups,
     environment_diff,
     latest_by_cell,
@@ -34,7 +34,8 @@ from reports.regression_match import (
     speedup_trend,
     winners,
 )
-from reports.regression_verdict import compare_cell, compare_winners
+from reports.regression.verdict import compare_cell, compare_winners
+from reports.run_cells import KEY
 
 __all__ = [
     "ENV_KEYS",

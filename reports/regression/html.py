@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from reports.charts import COLORS, TABLE_END, Point, bar_chart, page_end, page_head, table_start, trend_chart
 from reports.charts import esc as _e
-from reports.regression_cells import CellChange, Comparison
+from reports.regression.cells import CellChange, Comparison
 
 VERDICT_COLORS = {
     "regression": "#cf222e",

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from compiler import statistics as cstats
-from reports.regression_cells import CellChange
-from reports.regression_match import device_groups, sample_groups
+from reports.regression.cells import CellChange
+from reports.regression.match import device_groups, sample_groups
 
 
 def _first_line(text: str | None) -> str:

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from compiler import statistics as cstats
-from reports.regression_cells import ENV_KEYS, KEY, CellChange
-from reports.run_cells import Speedup, row_speedup
+from reports.regression.cells import ENV_KEYS, CellChange
+from reports.run_cells import KEY, Speedup, row_speedup
 from store.rows import latest_rows
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from reports.regression_cells import Comparison
+from reports.regression.cells import Comparison
 
 
 def _ms(pair: tuple[float | None, float | None]) -> str:

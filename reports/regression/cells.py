@@ -10,7 +10,6 @@ from typing import Any
 
 from compiler import statistics as cstats
 
-KEY = ("hardware", "model", "batch_size", "dtype", "config")
 VERDICTS = ("regression", "watch", "improvement", "unchanged", "new", "missing")
 """`watch`: over a threshold, but not decided: too few processes per side
 (`statistics.undecided_reason`), or in history mode not yet on enough consecutive runs."""
