@@ -11,7 +11,7 @@ A sweep or a tune declares `accuracy:` (`parse_budget`):
 
 The error is the one `compiler.measure.rel_err_against` measures: max |x - fp64| / max |fp64| over
 the output tensors (a row's `fp64_max_rel_err`, or `eager_fp64_max_rel_err` for eager). Every
-threshold is in `compiler/thresholds.json` (`compiler.statistics.Thresholds`).
+threshold is in `compiler/statistics/thresholds.json` (`compiler.statistics.Thresholds`).
 
 Which policies a budget searches on a class (`policies_for`): the cell's own (the model's dtype,
 always: it is the stock user's), and the others in the nominal order of `compiler.precision`

@@ -236,7 +236,7 @@ def _method(iterations: int | None, repeats: int | None = None) -> str:
         )
         ci = (
             "The 95% intervals come from a hierarchical bootstrap over processes and then calls "
-            "(`compiler/statistics.py`), so they include the spread between processes; warm compile "
+            "(`compiler/statistics/`), so they include the spread between processes; warm compile "
             "is the median of the later processes' compiles."
         )
     else:

@@ -14,7 +14,7 @@ import pytest
 
 from compiler import statistics as cstats
 from compiler.measure import split_busy
-from compiler.thresholds import _ADDED_IN_V2, _ADDED_IN_V3
+from compiler.statistics.thresholds import _ADDED_IN_V2, _ADDED_IN_V3
 from orchestrator.cli import main
 from reports.regression import compare, compare_history, to_markdown
 from store.rows import make_row

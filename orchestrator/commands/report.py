@@ -30,7 +30,7 @@ def add_parsers(sub) -> None:
         "of OUT against RUN: the compiled-latency ratio with its interval, speedup, compile time, memory, "
         "status, graph breaks, recompiles and autotune winner changes, and a verdict per cell (regression, "
         "improvement, unchanged, new, missing) with its reasons; the hardware classes each model regressed on; "
-        "the environment diff. Thresholds: compiler/thresholds.json (or --thresholds).",
+        "the environment diff. Thresholds: compiler/statistics/thresholds.json (or --thresholds).",
     )
     p.add_argument(
         "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
@@ -82,7 +82,7 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--thresholds",
         metavar="FILE",
-        help="with --baseline: a thresholds JSON file like compiler/thresholds.json (versioned; default: that one)",
+        help="with --baseline: a thresholds JSON file like compiler/statistics/thresholds.json (versioned; default: that one)",
     )
     p.set_defaults(func=cmd_report)
 

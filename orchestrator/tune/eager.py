@@ -5,8 +5,9 @@ beats the preset P chosen for a cell (`orchestrator.tune.cells.decide`, `presets
 is a paired comparison that P's own row holds already: the ratio P's compiled / eager
 (`compiler.statistics.paired_speedup`: the hierarchical bootstrap over P's processes), judged by
 the project's one "faster than" rule (`statistics.beats`: the whole 95% interval above 1), and
-only where the row holds at least `min_processes` processes (`compiler/thresholds.json`: one
-process's interval cannot cover the spread between processes). The row is the one P's figures
+only where the row holds at least `min_processes` processes
+(`compiler/statistics/thresholds.json`: one process's interval cannot cover the spread between
+processes). The row is the one P's figures
 come from: the confirmation job of a tuned or kept stock preset, a sweep's row of a swept one.
 
 Then the cell's preset becomes eager (`config: eager`, `compile: null`) under the runtime settings

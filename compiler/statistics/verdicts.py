@@ -2,8 +2,8 @@
 regressed against a baseline (`latency_verdict` on a latency interval, `figure_verdict` and
 `once_per_run_verdict` on a figure measured once per run), when a latency comparison cannot be
 decided (`undecided_reason`), and which latency figure judges a cell (`judged_figure`). Part of
-the one statistics module (`compiler.statistics`); the thresholds are `compiler.thresholds`, the
-intervals `compiler.intervals`.
+the one statistics module (`compiler.statistics`); the thresholds are
+`compiler.statistics.thresholds`, the intervals `compiler.statistics.intervals`.
 
 Only numpy is needed; nothing here imports torch, Ray or the orchestrator."""
 
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from compiler.intervals import Interval, beats
-from compiler.student_t import t_quantile
-from compiler.thresholds import Thresholds
+from compiler.statistics.intervals import Interval, beats
+from compiler.statistics.student_t import t_quantile
+from compiler.statistics.thresholds import Thresholds
 
 
 def host_bound_share(device_ms: float | None, wall_ms: float | None) -> float | None:

@@ -1,6 +1,6 @@
 """Student's t quantile without scipy: the widening of the intervals with few processes
-(`compiler.intervals`) and the prediction interval of a figure measured once per run
-(`compiler.verdicts.once_per_run_verdict`). Part of the one statistics module
+(`compiler.statistics.intervals`) and the prediction interval of a figure measured once per run
+(`compiler.statistics.verdicts.once_per_run_verdict`). Part of the one statistics module
 (`compiler.statistics`).
 
 Standard library only."""

@@ -6,17 +6,19 @@ everywhere.
 Its parts live in modules of their own, by role; this module names the public API of all of
 them, so a caller imports one module (``from compiler import statistics as cstats``):
 
-- `compiler.samples`: a row's latency samples: `summarize` (median, p10, p90), `percentile`,
-  `spread`, and `split_groups` (the flat sample list cut into the groups of its processes).
-- `compiler.intervals`: the hierarchical (two-stage) bootstrap over processes, then calls, and
-  the intervals it gives: `median_interval`, `ratio_interval` (paired or unpaired),
+- `compiler.statistics.samples`: a row's latency samples: `summarize` (median, p10, p90),
+  `percentile`, `spread`, and `split_groups` (the flat sample list cut into the groups of its
+  processes).
+- `compiler.statistics.intervals`: the hierarchical (two-stage) bootstrap over processes, then
+  calls, and the intervals it gives: `median_interval`, `ratio_interval` (paired or unpaired),
   `paired_speedup`, and the one "faster than" rule, `beats`. Its docstring says why the
   intervals resample processes and how they stay honest for a few of them.
-- `compiler.thresholds`: `Thresholds` and `load_thresholds` (`compiler/thresholds.json`).
-- `compiler.verdicts`: what a comparison shows: `gain_verdict`, `latency_verdict`,
+- `compiler.statistics.thresholds`: `Thresholds` and `load_thresholds`
+  (`compiler/statistics/thresholds.json`).
+- `compiler.statistics.verdicts`: what a comparison shows: `gain_verdict`, `latency_verdict`,
   `figure_verdict`, `once_per_run_verdict`, `undecided_reason`, `borrows_between`,
   `judged_figure`, `host_bound_share`, `family_level`.
-- `compiler.student_t`: `t_quantile`, Student's t without scipy.
+- `compiler.statistics.student_t`: `t_quantile`, Student's t without scipy.
 
 Each name has its one definition in those modules; nothing is defined here. Only numpy is
 needed; nothing here imports torch, Ray or the orchestrator.
@@ -24,11 +26,19 @@ needed; nothing here imports torch, Ray or the orchestrator.
 
 from __future__ import annotations
 
-from compiler.intervals import LEVEL, N_BOOT, Interval, beats, median_interval, paired_speedup, ratio_interval
-from compiler.samples import LatencySummary, percentile, split_groups, spread, summarize
-from compiler.student_t import t_quantile
-from compiler.thresholds import THRESHOLDS_FILE, THRESHOLDS_VERSION, Thresholds, load_thresholds
-from compiler.verdicts import (
+from compiler.statistics.intervals import (
+    LEVEL,
+    N_BOOT,
+    Interval,
+    beats,
+    median_interval,
+    paired_speedup,
+    ratio_interval,
+)
+from compiler.statistics.samples import LatencySummary, percentile, split_groups, spread, summarize
+from compiler.statistics.student_t import t_quantile
+from compiler.statistics.thresholds import THRESHOLDS_FILE, THRESHOLDS_VERSION, Thresholds, load_thresholds
+from compiler.statistics.verdicts import (
     borrows_between,
     family_level,
     figure_verdict,

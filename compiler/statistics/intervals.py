@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.samples import split_groups
-from compiler.student_t import t_quantile
+from compiler.statistics.samples import split_groups
+from compiler.statistics.student_t import t_quantile
 
 LEVEL = 0.95
 N_BOOT = 2000

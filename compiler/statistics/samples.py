@@ -1,7 +1,7 @@
 """Latency samples as a row stores them: a summary (median, p10, p90), the spread of one figure
 measured several times, and the flat sample list cut back into the groups of the processes that
 measured it (`split_groups`). Part of the one statistics module (`compiler.statistics`); the
-intervals over these groups are `compiler.intervals`.
+intervals over these groups are `compiler.statistics.intervals`.
 
 Standard library only."""
 

@@ -1,8 +1,8 @@
 """When a change counts: `Thresholds`, read by `load_thresholds` from a versioned JSON file
 (`thresholds.json` beside this module by default; an older version's file is read with the keys
 it lacks defaulted). The regression report's thresholds, the latency change the tuner's verdicts
-count (`compiler.verdicts`) and the accuracy budgets of `compiler.accuracy`. Part of the one
-statistics module (`compiler.statistics`).
+count (`compiler.statistics.verdicts`) and the accuracy budgets of `compiler.accuracy`. Part of
+the one statistics module (`compiler.statistics`).
 
 Standard library only."""
 
