@@ -4,7 +4,7 @@ package's latency against the preset's.
 For every preset of an export directory (`orchestrate export ... --dest DIR`) that has a bundle,
 fresh processes with empty Inductor and Triton caches build the model (random weights, as the
 sweep did) and time its first call: `cold` compiles the preset's config with `torch.compile`,
-`bundle` goes through `compiler.apply.compile_tuned(use_package=False)`, which verifies and loads
+`bundle` goes through `compiler.serving.compile_tuned(use_package=False)`, which verifies and loads
 the bundle first, and, where the preset has an AOTInductor package, `package` goes through
 `compile_tuned` with it (from verifying the package to the end of its first call, CUDA-graph
 capture included). Imports (torch, Dynamo, Inductor) and, on CPU, the C++ compiler's ISA probe
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from compiler.env import project_pythonpath  # noqa: E402
-from compiler.export_files import open_export  # noqa: E402
+from compiler.serving.files import open_export  # noqa: E402
 from compiler.statistics import paired_speedup  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
             torch.cuda.synchronize()
         out["first_call_s"] = time.perf_counter() - t0
     else:
-        from compiler.apply import compile_tuned
+        from compiler.serving import compile_tuned
 
         t0 = time.perf_counter()
         packaged, applied = compile_tuned(
@@ -116,7 +116,7 @@ def latencies(run, model, packaged, input_sets, export_dir, entry, iterations) -
     import torch
 
     from compiler import measure
-    from compiler.apply import compile_tuned
+    from compiler.serving import compile_tuned
     from workers import zoo
     from workers.bench import _call
 

@@ -67,8 +67,8 @@ def child(
     import torch._inductor.compile_fx  # noqa: F401
     from torch._dynamo.utils import counters
 
-    from compiler.apply import _call
     from compiler.measure import compare_outputs
+    from compiler.serving.apply import _call
     from workers.zoo import output_tensors
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

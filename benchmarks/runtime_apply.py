@@ -1,5 +1,5 @@
 """Does an exported preset's runtime setting reach the serving process? Latency through
-`compiler.apply.compile_tuned` against the same compiled config under torch's default runtime
+`compiler.serving.compile_tuned` against the same compiled config under torch's default runtime
 settings, each in fresh processes.
 
 For every preset of an export directory (`orchestrate export ... --dest DIR`) whose config sets
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from compiler.config import is_eager_preset  # noqa: E402
 from compiler.env import project_pythonpath  # noqa: E402
-from compiler.export_files import open_export  # noqa: E402
+from compiler.serving.files import open_export  # noqa: E402
 from compiler.statistics import ratio_interval, summarize  # noqa: E402
 
 
@@ -55,9 +55,9 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
     import torch
 
     from compiler import measure, runtime
-    from compiler.apply import compile_tuned
     from compiler.config import CompileConfig
     from compiler.precision import apply_precision
+    from compiler.serving import compile_tuned
     from workers.bench import JobRun
 
     presets = open_export(export_dir).presets

@@ -86,7 +86,7 @@ def package_options(config: CompileConfig) -> tuple[dict[str, Any], bool]:
 
 def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
     """(args, kwargs) of a call with `example_inputs` (a dict of keyword arguments, a tuple or list
-    of positional ones, or one tensor), as `compiler.apply` calls models."""
+    of positional ones, or one tensor), as `compiler.serving.apply` calls models."""
     if isinstance(example_inputs, dict):
         return (), dict(example_inputs)
     if isinstance(example_inputs, (list, tuple)):

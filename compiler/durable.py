@@ -10,7 +10,7 @@ a valid name. On a `pyarrow.fs` filesystem that is not local (S3, GCS, ...): one
 completed multipart upload); a store gives no more than that.
 
 Every writer of results, presets, manifests, packages and bundles goes through here. This module
-imports neither Ray nor the orchestrator (a serving process uses it through `compiler.apply`).
+imports neither Ray nor the orchestrator (a serving process uses it through `compiler.serving`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ has a fresh cache directory, so that its compile is cold, and so paid the builds
 machine, inside `compile_s`, though they depend on the machine, not on the model or the config.
 
 `probe` runs the check in the job's "imports" phase, before the compile is timed. The libraries it
-built are kept in the user's cache (`compiler.export_files.cache_root`, under `cpu-isa/`, keyed by
+built are kept in the user's cache (`compiler.serving.files.cache_root`, under `cpu-isa/`, keyed by
 torch version, machine and compiler) and copied into the next job's fresh cache directory, so that a
 later job skips the g++ builds. The load check in a child process still runs for each ISA in every
 job, and the kept libraries are first loaded in a child process of their own: where one no longer
@@ -59,7 +59,7 @@ def probe(cache_root: Path | None = None) -> bool:
     from torch._inductor import cpu_vec_isa
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    from compiler.export_files import cache_root as default_root
+    from compiler.serving.files import cache_root as default_root
 
     job_cache = Path(cache_dir())
     kept = (cache_root or default_root()) / "cpu-isa" / _key()

@@ -17,7 +17,7 @@ switches torch has: whether cuDNN may run float32 convolutions on TF32 tensor co
 
 `apply_precision` (the job process) sets both switches to the policy's values, torch's defaults
 where the policy says nothing, so a job measures the policy whatever the environment left set;
-`explicit` is what a policy changes from torch's defaults, and all that `compiler.apply` sets in a
+`explicit` is what a policy changes from torch's defaults, and all that `compiler.serving` sets in a
 serving process. Every row records the values it ran under (`settings`).
 
 Nothing here imports torch at module level: sweep validation reads the names.

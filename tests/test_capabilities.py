@@ -300,7 +300,7 @@ def test_a_gpu_job_checks_its_device_before_compiling(tmp_path, monkeypatch):
 
 
 def test_export_refuses_presets_the_device_cannot_run_before_any_compile():
-    from compiler.export_files import ExportError
+    from compiler.serving.files import ExportError
     from orchestrator.tune.export import check_supported
 
     entries = [

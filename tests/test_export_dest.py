@@ -47,8 +47,8 @@ def _interrupted_build(staging, out) -> None:
 def test_an_export_to_s3_is_uploaded_manifest_last_and_reads_back(
     s3_bucket, cpu_output, tmp_path, capsys, monkeypatch
 ):
-    from compiler.apply import MANIFEST, PRESETS
-    from compiler.export_files import CACHE_ENV, open_export
+    from compiler.serving import MANIFEST, PRESETS
+    from compiler.serving.files import CACHE_ENV, open_export
     from orchestrator.commands.export import staging_dir
     from store.storage import resolve
 

@@ -124,7 +124,7 @@ def test_an_installed_package_that_fails_to_import_is_no_missing_extra():
 
 SERVE = """\
 import json, torch
-from compiler.apply import compile_tuned
+from compiler.serving import compile_tuned
 
 class MLP(torch.nn.Module):  # the shapes of the export's mlp (workers.toy, which is refused too)
     def __init__(self):

@@ -95,6 +95,24 @@ def test_no_import_circle_between_orchestrator_subpackages():
     assert _cycle(floors) is None, " -> ".join(_cycle(floors))
 
 
+def test_the_serving_api_imports_nothing_outside_compiler():
+    """`compiler/serving/` is what a production process imports: none of its modules imports the
+    floors above `compiler` (`workers`, `store`, `reports`, `orchestrator`) or Ray, anywhere in
+    its body."""
+    serving = {m: deps for m, deps in _all_imports().items() if m.split(".")[:2] == ["compiler", "serving"]}
+    assert "compiler.serving" in serving and "compiler.serving.apply" in serving
+    outside = {m: sorted(d for d in deps if d.split(".")[0] != "compiler") for m, deps in serving.items()}
+    assert {m: deps for m, deps in outside.items() if deps} == {}
+    ray = []
+    for path in sorted((ROOT / "compiler" / "serving").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                ray += [f"{path.name}: {a.name}" for a in node.names if a.name.split(".")[0] == "ray"]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ray":
+                ray.append(f"{path.name}: {node.module}")
+    assert ray == []
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle_inside_a_package(package):
     assert _cycle(_imports(package)) is None, " -> ".join(_cycle(_imports(package)))

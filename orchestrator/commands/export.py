@@ -21,16 +21,16 @@ if TYPE_CHECKING:
 def add_parsers(sub) -> None:
     p = sub.add_parser(
         "export",
-        help="one hardware class's presets plus a compile-cache bundle per preset, for compiler.apply",
+        help="one hardware class's presets plus a compile-cache bundle per preset, for compiler.serving",
         description="Write DEST/serving.json (the export's presets: per model, batch size and dtype the fastest ok config of the "
         "class, and per dtype a class default for models never swept), DEST/bundles/*.bin (a cold compile of "
         "each preset in a fresh process, saved with torch.compiler.save_cache_artifacts) and DEST/manifest.json "
         "(the class, the software stack, the sha256 of every file), and DEST/packages/*.pt2: each preset compiled "
         "ahead of time for its batch size (AOTInductor, without weights), built in the same process and shipped "
         "only once a fresh process loaded it, which "
-        "compiler.apply.compile_tuned loads with the serving model's weights instead of tracing and compiling. "
+        "compiler.serving.compile_tuned loads with the serving model's weights instead of tracing and compiling. "
         "Runs on a node of that class with the stack the sweep ran on, and refuses anything else before "
-        "compiling. Load it in production with compiler.apply.compile_tuned.",
+        "compiling. Load it in production with compiler.serving.compile_tuned.",
     )
     p.add_argument(
         "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
@@ -87,7 +87,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_export(args) -> int:
-    from compiler.export_signature import key_id, named_key
+    from compiler.serving.signature import key_id, named_key
     from orchestrator.tune.export import ExportError, export
     from store.storage import StorageError, checked
 
@@ -147,7 +147,7 @@ def _dest(text: str, scratch: str | None, resume: bool) -> tuple[Path, Location 
     import pyarrow.fs as pafs
     from pyarrow.lib import ArrowException
 
-    from compiler.apply import MANIFEST
+    from compiler.serving import MANIFEST
     from store.lock import LOCK_FILE
     from store.storage import StorageError, check_writable, checked, is_uri
 
@@ -190,7 +190,7 @@ def publish(staging: Path, remote: Location, log) -> None:
     last (a reader that finds it finds every file it lists), then remove `staging`."""
     from pyarrow.lib import ArrowException
 
-    from compiler.apply import MANIFEST
+    from compiler.serving import MANIFEST
     from orchestrator.tune.export import PROGRESS
     from store.storage import StorageError, format_size
 

@@ -1,5 +1,5 @@
 """`orchestrate export OUT --hardware CLASS --dest DIR`: one hardware class's presets with a
-compile-cache bundle per preset, for `compiler.apply.compile_tuned` on a production node.
+compile-cache bundle per preset, for `compiler.serving.compile_tuned` on a production node.
 
 DEST/
   manifest.json    format, hardware class, software stack, sha256 of every other file
@@ -13,7 +13,7 @@ DEST/
                    process after the bundle; `compile_tuned` serves an exact cell from it without
                    tracing or compiling
   manifest.sig     with `sign_key`: the manifest's HMAC-SHA256 with that key
-                   (`compiler.export_signature`), which a serving process that names the key
+                   (`compiler.serving.signature`), which a serving process that names the key
                    requires; written just before the manifest, which it signs
 
 An eager preset (`compile: null`, `orchestrator.tune.eager`) has nothing to compile: it gets no
@@ -41,10 +41,10 @@ from typing import Any
 
 from compiler import durable
 from compiler.aoti import LOADER_CRASHED
-from compiler.apply import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.config import CompileConfig, is_eager_preset, preset_runtime
-from compiler.export_signature import SIGNATURE, write_signature
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
+from compiler.serving import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
+from compiler.serving.signature import SIGNATURE, write_signature
 from orchestrator.spec.models import default_name as _default_name
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
 from store.layout import LOCK_FILE, TUNE_FILE

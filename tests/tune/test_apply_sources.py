@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from compiler.apply import (
+from compiler.serving import (
     CACHE_ENV,
     MANIFEST,
     PRESETS,
@@ -221,7 +221,7 @@ def test_a_preset_file_outside_the_export_is_never_read(tmp_path):
 def test_a_bundle_torch_refuses_is_reported_refused_not_loaded(tmp_path):
     """A bundle replaced and its new sha256 written into the manifest passes the export's checks;
     torch then refused it ("checksum does not match", logged) and `Applied` said `loaded`. Its
-    container's own checksum is checked now before torch reads it (`compiler.bundle_check`)."""
+    container's own checksum is checked now before torch reads it (`compiler.serving.bundle_check`)."""
     dest = write_export(tmp_path / "exp", bundle=valid_bundle())
     assert serve(dest)[0].bundle == "loaded"
     damaged = bytearray(valid_bundle())
@@ -286,7 +286,7 @@ def _sizes(fs: pafs.FileSystem, root: str, rels: list[str]) -> int:
 FRESH = """
 import json, sys, warnings
 import pyarrow.fs as pafs
-from compiler.apply import compile_tuned
+from compiler.serving import compile_tuned
 from tests.counting_fs import counting
 from workers import toy
 fs, counter = counting({build})
@@ -368,7 +368,7 @@ def test_a_uri_string_is_served_from_the_cache_once_fetched(remote, isolated):
     env = {**os.environ, CACHE_ENV: str(cache), "TMPDIR": str(scratch), "PYTHONPATH": str(ROOT)}
     code = (
         "import sys, warnings; warnings.simplefilter('ignore')\n"
-        "from compiler.apply import compile_tuned\nfrom workers import toy\n"
+        "from compiler.serving import compile_tuned\nfrom workers import toy\n"
         "m, x = toy.mlp(4)\n_, a = compile_tuned(m, x, sys.argv[1], model_name='mlp', run_example=False)\n"
         "print(a.match, a.bundle)\n"
     )

@@ -1,6 +1,6 @@
 """Bundles that cannot hurt a serving process: a compile-cache bundle whose bytes match the
 manifest (as after someone rewrote it) but that torch's loader cannot take is refused before torch
-reads it (`compiler.bundle_check`) or, where torch's loader raises, refused all the same: a warning
+reads it (`compiler.serving.bundle_check`) or, where torch's loader raises, refused all the same: a warning
 and the preset compiled without it, `ExportError` under `strict`. The containers are made with
 torch's own writer (`BytesWriter`, checksum included), as a rewritten export would hold them; the
 fallback runs in a fresh process, timed and its memory measured."""
@@ -20,8 +20,8 @@ import pytest
 from torch.utils._appending_byte_serializer import AppendingByteSerializer, BytesWriter
 
 from compiler import torch_private
-from compiler.apply import ExportError, PresetFallbackWarning, compile_tuned
-from compiler.bundle_check import check_bundle
+from compiler.serving import ExportError, PresetFallbackWarning, compile_tuned
+from compiler.serving.bundle_check import check_bundle
 from tests.tune.test_export_apply import write_export
 from workers import toy
 
@@ -83,7 +83,7 @@ CUT_SHORT = rechecksummed(GENUINE[4 : len(GENUINE) // 4])
 def test_the_bundle_format_is_what_torch_writes_on_this_torch():
     """BUNDLE_FORMAT (`compiler.torch_private`): the version and checksum of torch's own writer,
     and the artifact types its loader registers, every one of which the check knows how to read."""
-    from compiler.bundle_check import JSON, PICKLED
+    from compiler.serving.bundle_check import JSON, PICKLED
 
     version, checksum, types = torch_private.bundle_format()
     assert (version, checksum) == (1, 4) and container([])[checksum:] == version.to_bytes(8, "big")
@@ -208,7 +208,7 @@ def test_on_an_unchecked_torch_no_bundle_is_loaded(tmp_path, monkeypatch):
 
 SERVE_BOUNDED = """
 import json, resource, sys, time, warnings, torch
-from compiler.apply import ExportError, compile_tuned
+from compiler.serving import ExportError, compile_tuned
 from workers import toy
 model, inputs = toy.mlp(4)
 with torch.no_grad():

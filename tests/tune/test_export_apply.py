@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from compiler import aoti
-from compiler.apply import (
+from compiler.config import CompileConfig
+from compiler.hardware import accelerator_type, hardware_class, software_stack
+from compiler.serving import (
     EXPORT_FORMAT,
     MANIFEST,
     PRESETS,
@@ -25,9 +27,7 @@ from compiler.apply import (
     find_preset,
     sha256_file,
 )
-from compiler.config import CompileConfig
-from compiler.export_files import PRESETS_BEFORE
-from compiler.hardware import accelerator_type, hardware_class, software_stack
+from compiler.serving.files import PRESETS_BEFORE
 from orchestrator.tune.export import bundle_caveat, export, plan_export
 from orchestrator.tune.presets import class_defaults
 from store.rows import make_row
@@ -315,7 +315,7 @@ def compile_tuned_in_fresh_process(dest: Path, kwargs: str, report: str) -> dict
     `sys` and `warned`, the messages of the warnings it raised)."""
     code = (
         "import json, sys, warnings, torch\n"
-        "from compiler.apply import compile_tuned\n"
+        "from compiler.serving import compile_tuned\n"
         "from workers import toy\n"
         "model, inputs = toy.mlp(4, None, {})\n"
         "assert torch.backends.cudnn.benchmark is False\n"
@@ -568,6 +568,6 @@ def test_a_model_never_swept_gets_the_class_default(tmp_path):
 
 
 def test_the_apply_api_imports_neither_ray_nor_the_orchestrator():
-    code = "import sys, compiler.apply; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'orchestrator', 'workers')))"
+    code = "import sys; from compiler.serving import *; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'orchestrator', 'workers')))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""Signed exports (`compiler.export_signature`): `orchestrate export --sign-key-file` writes
+"""Signed exports (`compiler.serving.signature`): `orchestrate export --sign-key-file` writes
 `manifest.sig`, and a serving process that names the key serves only an export whose manifest
 verifies with it. An unsigned export, one signed with another key, and a rewritten manifest whose
 sha256 list is right for the files it lists but whose signature is not are refused with
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.apply import (
+from compiler.serving import (
     KEY_ENV,
     MANIFEST,
     SIGNATURE,
@@ -21,7 +21,7 @@ from compiler.apply import (
     SignatureError,
     compile_tuned,
 )
-from compiler.export_signature import key_id, write_signature
+from compiler.serving.signature import key_id, write_signature
 from orchestrator.cli import main
 from tests.tune.test_apply_sources import rehash
 from tests.tune.test_export_apply import results_dir, valid_bundle, write_export  # noqa: F401 (a fixture)

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from compiler.apply import ExportError, RuntimeSettingWarning, SettingMismatchWarning, compile_tuned
+from compiler.serving import ExportError, RuntimeSettingWarning, SettingMismatchWarning, compile_tuned
 from tests.tune.test_export_apply import edit_presets, write_export
 from workers import toy
 

@@ -1,4 +1,4 @@
-"""What `compiler.apply.compile_tuned` does to a serving process's process-wide settings: it sets only
+"""What `compiler.serving.compile_tuned` does to a serving process's process-wide settings: it sets only
 what the preset measured away from torch's defaults (its precision policy's float32 switches where
 they differ, its runtime settings, Inductor's `freezing`), records each change with its old value
 (`Applied.changed`) and says it once (`RuntimeSettingWarning`); a setting the preset leaves alone
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compiler.export_files import ExportError, warn_caller
+from compiler.serving.files import ExportError, warn_caller
 
 
 class RuntimeSettingWarning(UserWarning):

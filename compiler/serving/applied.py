@@ -1,4 +1,4 @@
-"""What `compiler.apply.compile_tuned` hands back: the record of what it did (`Applied`), the
+"""What `compiler.serving.compile_tuned` hands back: the record of what it did (`Applied`), the
 wrapper around a model whose preset runs in another dtype than the model's (`CastInputs`: it
 casts the inputs outside the compiled region), and the warning it gives where the export does not
 apply here (`PresetFallbackWarning`).
@@ -43,7 +43,7 @@ class Applied:
     never changed, only checked (`SettingMismatchWarning`)."""
     precision: str | None = None
     bundle: str = "none"
-    """`loaded`, `refused` (sha256 mismatch or unreadable, a container `compiler.bundle_check`
+    """`loaded`, `refused` (sha256 mismatch or unreadable, a container `compiler.serving.bundle_check`
     refused, or one torch's loader raised on: see `warnings`), `none` (the preset has no bundle)."""
     bundle_file: str | None = None
     cache_artifacts: dict[str, int] = field(default_factory=dict)
@@ -55,7 +55,7 @@ class Applied:
     `skipped` (another input signature, `use_package=False`, or not the exact cell), `none`."""
     package_file: str | None = None
     signed_by: str | None = None
-    """The id of the key whose signature of the manifest verified (`compiler.export_signature`:
+    """The id of the key whose signature of the manifest verified (`compiler.serving.signature`:
     the first 8 hex digits of its sha256, never the key); None where no key was named."""
     compile_s: float | None = None
     """Wall time of the first call (the compile), when example inputs were run; with a package,

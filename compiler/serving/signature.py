@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from compiler.export_files import MANIFEST, ExportError, ExportFiles
+from compiler.serving.files import MANIFEST, ExportError, ExportFiles
 
 SIGNATURE = "manifest.sig"
 KEY_ENV = "ORCHESTRATE_EXPORT_KEY_FILE"

@@ -1,6 +1,6 @@
 """Apply an exported preset in a production process: `compile_tuned`.
 
-    from compiler.apply import compile_tuned
+    from compiler.serving import compile_tuned
 
     compiled, applied = compile_tuned(model, {"pixel_values": x}, "/opt/presets/H100", model_name="vit")
     print(applied.summary())
@@ -23,15 +23,16 @@ refused, never loaded), loads it, applies the config (its global Inductor knobs 
 policy included), compiles, and runs the example inputs once so the compile happens now. On
 another class or stack, or with a damaged export, it warns once (`PresetFallbackWarning`) and
 falls back to plain `torch.compile(model)`; it never raises for those unless `strict=True`.
-The export's files are read through `compiler.export_files`: the manifest and presets checked
+The export's files are read through `compiler.serving.files`: the manifest and presets checked
 for shape, every path confined to the export, an export at a URI fetched once into a
 content-addressed cache in the user's cache directory.
 
 This module is the call itself (`compile_tuned`, one call's steps in order); its parts are
-modules of their own: which preset serves the model (`compiler.preset_choice`), the process-wide
-settings a preset sets and checks (`compiler.process_settings`), its compile-cache bundle and
-AOTInductor package (`compiler.preset_artifacts`), and what the call hands back
-(`compiler.applied`). Every name a caller needs is importable from here.
+modules of their own: which preset serves the model (`compiler.serving.choice`), the process-wide
+settings a preset sets and checks (`compiler.serving.settings`), its compile-cache bundle and
+AOTInductor package (`compiler.serving.artifacts`), and what the call hands back
+(`compiler.serving.applied`). Every name a caller needs is importable from the package,
+`compiler.serving`.
 
 This module imports neither Ray nor the orchestrator package, nor do its parts.
 """
@@ -44,54 +45,22 @@ from pathlib import Path
 from typing import Any
 
 from compiler.aoti import split_inputs
-from compiler.applied import Applied, CastInputs, PresetFallbackWarning
 from compiler.config import CompileConfig, is_eager_preset
-from compiler.export_files import (
-    CACHE_ENV,
-    EXPORT_FORMAT,
-    MANIFEST,
-    PRESETS,
-    ExportCacheWarning,
-    ExportError,
-    ExportFiles,
-    cache_root,
-    open_export,
-    preset_config,
-    sha256_file,
-    warn_caller,
-)
-from compiler.export_signature import KEY_ENV, SIGNATURE, SignatureError, named_key, verify
 from compiler.hardware import hardware_class, software_stack, stack_mismatch
-from compiler.preset_artifacts import PresetArtifacts
-from compiler.preset_choice import (
+from compiler.serving.applied import Applied, CastInputs, PresetFallbackWarning
+from compiler.serving.artifacts import PresetArtifacts
+from compiler.serving.choice import (
     eager_reason,
     find_preset,
     inputs_batch_size,
     model_policies,
     unsupported_here,
 )
-from compiler.process_settings import ProcessSettings, RuntimeSettingWarning, SettingMismatchWarning
+from compiler.serving.files import ExportError, ExportFiles, open_export, preset_config, warn_caller
+from compiler.serving.settings import ProcessSettings
+from compiler.serving.signature import SignatureError, named_key, verify
 
-__all__ = [
-    "CACHE_ENV",
-    "EXPORT_FORMAT",
-    "KEY_ENV",
-    "MANIFEST",
-    "PRESETS",
-    "SIGNATURE",
-    "Applied",
-    "CastInputs",
-    "ExportCacheWarning",
-    "ExportError",
-    "PresetFallbackWarning",
-    "RuntimeSettingWarning",
-    "SettingMismatchWarning",
-    "SignatureError",
-    "cache_root",
-    "compile_tuned",
-    "find_preset",
-    "sha256_file",
-]
+__all__ = ["compile_tuned"]
 
 
 def _call(fn: Any, inputs: Any) -> Any:
@@ -134,7 +103,7 @@ def compile_tuned(
     With `strict`, what would be a fallback raises `ExportError` instead.
     `trusted_key` (the key's bytes) or `trusted_key_file` (a file holding it; by default the file
     `$ORCHESTRATE_EXPORT_KEY_FILE` names, if set) makes the export usable only if its manifest is
-    signed with that key (`compiler.export_signature`): an unsigned export, or one whose signature
+    signed with that key (`compiler.serving.signature`): an unsigned export, or one whose signature
     does not verify, raises `SignatureError` (an `ExportError`) whatever `strict` says, since
     nothing in it can be trusted; `applied.signed_by` is the id of the key that verified. Without
     a key, the manifest's sha256 list is all that is checked (docs/production.md, "Trust model").
@@ -143,7 +112,7 @@ def compile_tuned(
     `model` itself, uncompiled (cast where its precision is not the model's, as for any preset);
     `applied.eager` and `applied.summary()` say why, and `run_example` runs nothing.
 
-    `source` is read through `compiler.export_files`: a directory in place; a URI (or, with
+    `source` is read through `compiler.serving.files`: a directory in place; a URI (or, with
     `filesystem`, a `pyarrow.fs.FileSystem`, a path in it) through the content-addressed cache in
     `cache_root()` (`$COMPILE_ORCHESTRATOR_CACHE` moves it): the manifest and serving.json first,
     then only the bundle and package of the preset it serves, each fetched once per cache."""

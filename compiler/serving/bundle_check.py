@@ -22,7 +22,7 @@ torch's loader then only walks a container whose lengths are consistent.
 
 What no check of the bytes can tell: a well-formed pickle runs whatever code it names when it is
 unpickled, and a compiled graph holds code Inductor runs. Only a signed export
-(`compiler.export_signature`) says that the bundle is the one its exporter wrote.
+(`compiler.serving.signature`) says that the bundle is the one its exporter wrote.
 
 This module imports only torch (lazily, through `compiler.torch_private`) and the standard
 library; neither Ray nor the orchestrator package."""
@@ -37,7 +37,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 
-from compiler.export_files import ExportError
+from compiler.serving.files import ExportError
 from compiler.torch_private import TorchPrivateError, bundle_format
 
 PICKLED = frozenset({"inductor", "aot_autograd", "precompile", "pgo"})

@@ -1,4 +1,4 @@
-"""The files of an export (`orchestrate export`), read for `compiler.apply.compile_tuned`.
+"""The files of an export (`orchestrate export`), read for `compiler.serving.compile_tuned`.
 
 `open_export(source)` reads `manifest.json` and `serving.json` (the export's presets) and checks their shape: anything
 it cannot use raises `ExportError`, never `AttributeError` or `TypeError`. Every other file is
@@ -227,7 +227,7 @@ class ExportFiles:
         self.presets_file = PRESETS
         self.before_use: Callable[[ExportFiles, bytes], Any] | None = None
         """Called with the manifest's bytes before anything is read from them (a signature check,
-        `compiler.export_signature.verify`): what it raises, `open_export` raises."""
+        `compiler.serving.signature.verify`): what it raises, `open_export` raises."""
 
     def where(self, rel: str) -> str:
         """How to name the file `rel` of this export in a message."""

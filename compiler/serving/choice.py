@@ -1,4 +1,4 @@
-"""Which preset of an export `compiler.apply.compile_tuned` serves a model with: the exact cell
+"""Which preset of an export `compiler.serving.compile_tuned` serves a model with: the exact cell
 (model, batch size and precision) else the class default (`find_preset`), the precisions a model
 looks for (`model_policies`), the batch size its example inputs show (`inputs_batch_size`),
 whether this process's device can run the preset (`unsupported_here`), and why a preset says not

@@ -1,11 +1,11 @@
-"""The compiled artifacts an exported preset names, in the process `compiler.apply.compile_tuned`
+"""The compiled artifacts an exported preset names, in the process `compiler.serving.compile_tuned`
 serves it in: its compile-cache bundle, installed into torch's local caches before the preset
 compiles (`PresetArtifacts.install_bundle`), and its AOTInductor package (`compiler.aoti`),
 loaded with the model's own weights and checked against eager (`PresetArtifacts.packaged`).
 
 Each file is read through `ExportFiles.verified`: exactly the bytes the manifest's sha256 names
 (bundles are unpickled on load: a file that does not match is refused, never loaded); a bundle's
-container is then checked by `compiler.bundle_check` before torch's loader reads it, and anything
+container is then checked by `compiler.serving.bundle_check` before torch's loader reads it, and anything
 that loader raises is a refusal too, never an exception out of `compile_tuned`. A refused
 file raises `ExportError` under `strict`, else warns and the preset compiles without it; what
 happened goes into `Applied` (`bundle`, `package` and their files).
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from compiler.applied import Applied
-from compiler.export_files import ExportError, ExportFiles
+from compiler.serving.applied import Applied
+from compiler.serving.files import ExportError, ExportFiles
 
 
 class PresetArtifacts:
@@ -60,12 +60,12 @@ class PresetArtifacts:
     def install_bundle(self) -> None:
         """Put the preset's bundle into torch's local caches, or refuse it (a warning, and the preset
         compiles without it; `ExportError` under `strict`): one whose bytes are not those the
-        manifest names, one whose container `compiler.bundle_check` refuses (torch's loader never
+        manifest names, one whose container `compiler.serving.bundle_check` refuses (torch's loader never
         sees it: it would loop on a container cut short, and write an artifact wherever its key
         points), and one on which torch's loader raises anything at all."""
         import torch
 
-        from compiler.bundle_check import check_bundle
+        from compiler.serving.bundle_check import check_bundle
 
         bundle = self.entry.get("bundle")
         if not bundle or self.applied.bundle != "none":
