@@ -48,7 +48,7 @@ def child(mode: str, export_dir: str, index: int, iterations: int) -> None:
     from torch._dynamo.utils import counters
 
     from compiler.config import CompileConfig
-    from workers.bench import JobRun, _call
+    from workers.bench.run import JobRun, _call
 
     presets = open_export(export_dir).presets
     entry = [e for e in presets["presets"] if e.get("bundle")][index]
@@ -118,7 +118,7 @@ def latencies(run, model, packaged, input_sets, export_dir, entry, iterations) -
     from compiler import measure
     from compiler.serving import compile_tuned
     from workers import zoo
-    from workers.bench import _call
+    from workers.bench.run import _call
 
     preset, _ = compile_tuned(
         model, input_sets[0], export_dir, model_name=entry["model"], dtype=entry["dtype"], use_package=False

@@ -58,7 +58,7 @@ def child(side: str, export_dir: str, index: int, iterations: int) -> None:
     from compiler.config import CompileConfig
     from compiler.precision import apply_precision
     from compiler.serving import compile_tuned
-    from workers.bench import JobRun
+    from workers.bench.run import JobRun
 
     presets = open_export(export_dir).presets
     entry = runtime_presets(presets)[index]

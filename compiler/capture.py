@@ -5,7 +5,7 @@ graph breaks with reasons, FX-graph cache lookups), Dynamo's compilation metrics
 compiled frame: phase times, guards, recompile reasons, why CUDA graphs were skipped) and
 Inductor's count of generated kernels. Fields a torch version lacks read as absent; a source this
 torch does not offer as checked leaves its fields null and its reason in `CaptureStats.unavailable`
-(the job's notes say it: `workers.bench_compile`).
+(the job's notes say it: `workers.bench.compile`).
 """
 
 from __future__ import annotations

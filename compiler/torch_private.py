@@ -22,7 +22,7 @@ What each use costs when it stops:
 - `TEMPLATE_SETTLEMENT`: the recorder records the choices without `emitted` (and
   `fusion_benchmarked`), both null; the row's `notes` say why.
 - `TRITON_AUTOTUNERS`: `compiler.kernels.triton_kernel_rows` raises, so a job records no
-  `triton_kernels` and its `notes` say why (`workers.bench_compile`).
+  `triton_kernels` and its `notes` say why (`workers.bench.compile`).
 - `COMPILE_METRICS`: `compiler.capture` gives null for the statistics it cannot read (graphs,
   graph breaks, recompiles, guards, kernels, compile-time breakdown, FX-graph cache counts) and
   the row's `notes` say why, once; the recorder's `from_cache` is null.

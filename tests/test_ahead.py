@@ -1,4 +1,4 @@
-"""A job's next process started ahead (workers.ahead, workers.bench_gate): it starts while the one
+"""A job's next process started ahead (workers.ahead, workers.bench.gate): it starts while the one
 before it still runs, on spare cores, and makes its first compute call only after that one ended.
 
 The core locks live in a directory of each test's own, so the tests do not depend on what other
@@ -24,7 +24,7 @@ from compiler.env import format_cpus, parse_cpus
 from tests.ahead_model import LOG_ENV
 from workers import affinity
 from workers.ahead import OFF_BY_RUN, Overlap, Step, gpu_job_cores, reserve_ahead, spare_cores
-from workers.bench_gate import GATE_FD_ENV
+from workers.bench.gate import GATE_FD_ENV
 from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import kill_tree, run_job
 
@@ -92,7 +92,7 @@ def _gated_script(record: Path, job_file: Path) -> str:
         import os, threading, time
         from pathlib import Path
         from workers.affinity import pin_from_environment
-        from workers.bench_record import JobRecord
+        from workers.bench.record import JobRecord
         pin_from_environment()
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
         run = JobRecord(Path({str(job_file)!r}), Path({str(record)!r}))

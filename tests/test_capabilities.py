@@ -269,7 +269,7 @@ def test_a_gpu_job_checks_its_device_before_compiling(tmp_path, monkeypatch):
     import json
 
     import compiler.capabilities as capabilities
-    from workers.bench import JobRun
+    from workers.bench.run import JobRun
     from workers.job import Job, MeasureSpec
 
     def job_run(dtype: str, config: CompileConfig) -> JobRun:

@@ -245,7 +245,7 @@ def test_a_waiting_job_starts_its_processes_ahead_within_its_gpus_share_of_the_s
     started: list[subprocess.Popen] = []
     code = (
         "import sys; from pathlib import Path; from workers.affinity import pin_from_environment; "
-        "from workers.bench_record import JobRecord; pin_from_environment(); "
+        "from workers.bench.record import JobRecord; pin_from_environment(); "
         "JobRecord(Path(sys.argv[1]), Path(sys.argv[2])).pass_gate()"
     )
 

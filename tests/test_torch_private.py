@@ -102,8 +102,8 @@ def test_the_recorder_on_an_unchecked_torch_records_nothing_and_says_why(monkeyp
     with warned, KernelChoiceRecorder() as recorder:
         assert _savers() == before  # nothing registered: the compile would go on unrecorded
     assert recorder.unavailable and recorder.rows == []
-    # and the row says so, in its notes (`workers.bench_compile`)
-    from workers.bench_compile import _record_kernels
+    # and the row says so, in its notes (`workers.bench.compile`)
+    from workers.bench.compile import _record_kernels
 
     run = SimpleNamespace(notes=[], result={})
     _record_kernels(run, recorder, set())
@@ -164,7 +164,7 @@ def test_an_unchecked_settlement_records_the_choices_without_emitted_and_says_wh
     (Dynamo's counters are not checked there either: `from_cache` is null.)"""
     from torch._inductor import ir
 
-    from workers.bench_compile import _record_kernels
+    from workers.bench.compile import _record_kernels
 
     with pytest.raises(TorchPrivateError) as caught:
         torch_private.watch_template_settlement(print, print, print)
@@ -200,7 +200,7 @@ def test_triton_kernels_are_looked_up_on_this_torch():
 
 def test_an_unchecked_torch_records_no_triton_kernels_and_says_why(unchecked):
     from compiler.kernels import autotuner_ids, triton_kernel_rows
-    from workers.bench_compile import _record_kernels
+    from workers.bench.compile import _record_kernels
 
     for call in (torch_private.loaded_triton_autotuners, triton_kernel_rows):
         with pytest.raises(TorchPrivateError) as caught:
@@ -231,7 +231,7 @@ def test_an_unchecked_torch_gives_null_capture_statistics_and_says_why_once(unch
     from torch._dynamo.utils import counters
 
     from compiler import capture
-    from workers.bench_compile import _record_capture
+    from workers.bench.compile import _record_capture
 
     for call in (
         torch_private.dynamo_counters,
@@ -265,9 +265,9 @@ def test_an_unchecked_torch_gives_null_capture_statistics_and_says_why_once(unch
 
 def test_an_unchecked_torch_cannot_judge_accuracy_and_the_job_says_why(unchecked):
     """The accuracy rule itself: no verdict (ok or accuracy_fail) without it, but the job's error
-    (`workers.bench.main` ends a job whose phase raised `runtime_error`, with `JobRecord.fail`)."""
+    (`workers.bench.run.main` ends a job whose phase raised `runtime_error`, with `JobRecord.fail`)."""
     from compiler.measure import check_against_fp64
-    from workers.bench_record import JobRecord
+    from workers.bench.record import JobRecord
 
     x = torch.randn(4, 8)
     labels = torch.tensor([3, 1, 2])

@@ -420,7 +420,8 @@ def test_a_python_model_job_and_a_plain_sweep_never_import_transformers(tmp_path
     )
     code = (
         "import sys, torch\n"
-        "from workers import bench, zoo\n"
+        "from workers import zoo\n"
+        "from workers.bench.run import JobRun\n"
         "from orchestrator.spec.sweep import load_spec\n"
         f"assert len(load_spec({str(sweep)!r}).models) == 1\n"
         "assert 'torch._inductor' not in sys.modules\n"
@@ -433,7 +434,7 @@ def test_a_python_model_job_and_a_plain_sweep_never_import_transformers(tmp_path
         "          config=CompileConfig(name='default'))\n"
         f"d = pathlib.Path({str(tmp_path)!r})\n"
         "(d / 'job.json').write_text(json.dumps(job.to_dict()))\n"
-        "bench.JobRun(d / 'job.json', d / 'result.json').imports()  # the job process's first phase\n"
+        "JobRun(d / 'job.json', d / 'result.json').imports()  # the job process's first phase\n"
         "model, inputs = zoo.load_python_factory('python:workers.toy:mlp')(2, None, None)\n"
         "assert len(zoo.output_tensors(model(**inputs))) == 1\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'"

@@ -6,7 +6,7 @@ measures anything. Once a job's process is past its gate, on the device (`AHEAD_
 runner starts each later process of the job (`Overlap`); and a job waiting for its GPU behind
 another job starts its first process the same way (`workers.lanes`). Such a process imports
 (Dynamo and Inductor too), builds the model and its inputs on the host, and waits at its gate
-(`workers.bench_gate`) before it touches the device or makes its first compute call; the runner
+(`workers.bench.gate`) before it touches the device or makes its first compute call; the runner
 opens the gate when the process before it has ended. Nothing of the method changes: each process
 is still a fresh interpreter with its own caches, and none runs a compute call while another of
 its job (or of another job on its GPU) does.
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from compiler.env import format_cpus
 from workers import affinity
-from workers.bench_gate import AT_GATE, GATE_FD_ENV, NVML_CHECK_ENV
+from workers.bench.gate import AT_GATE, GATE_FD_ENV, NVML_CHECK_ENV
 
 AHEAD_FROM = frozenset({"eager", "compile", "compiled_warmup", "timing", "flops", "accuracy", "done"})
 """Phases of a process (its RESULT.json's `phase`) once it is past its gate, on the device: the
@@ -186,7 +186,7 @@ class Started:
 
     def at_gate(self, result_file: Path) -> bool:
         """Whether the process waits at its gate now, its start-up done (its result file says
-        so: `workers.bench_gate.AT_GATE`); read only when the file changed."""
+        so: `workers.bench.gate.AT_GATE`); read only when the file changed."""
         self.seen, result = _read_changed(result_file, self.seen)
         if result is not None:
             self.gated = bool(result.get(AT_GATE))
@@ -194,7 +194,7 @@ class Started:
 
     def open_gate(self) -> None:
         """Tell the process the device is free: the time now (this clock, `at`), and `message`'s
-        fields (`workers.bench_gate.wait_at_gate`)."""
+        fields (`workers.bench.gate.wait_at_gate`)."""
         line = json.dumps({"at": time.time(), **self.message}) + "\n"
         with contextlib.suppress(OSError):  # it died meanwhile: the runner finds out as it waits
             os.write(self.gate, line.encode())

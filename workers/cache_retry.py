@@ -5,7 +5,7 @@ An entry that passes the cache's seal can still be wrong for the compile that re
 of the fleet's secret who sealed the wrong bytes, a torch bug across processes). Such an entry
 fails the compile (Inductor loads another graph's code: a size assertion, a crash) or its result
 (an accuracy failure). So where a process failed (`CACHE_MAY_FAIL`) and its RESULT.json says the
-cache had handed it something (`workers.bench_record.CACHE_SERVED`), the process runs again with
+cache had handed it something (`workers.bench.record.CACHE_SERVED`), the process runs again with
 the cache off for it, and with the job's local compile caches emptied (torch keeps what the
 remote cache served it there, and the retry would find it again):
 - it succeeds: its result is the job's, `ok`, with the entry counted in `cache_rejected` and a
@@ -25,7 +25,7 @@ from typing import Any
 from compiler.cache_access import URL_ENV
 from compiler.shared_cache import cache_environment
 from workers.ahead import Step
-from workers.bench_record import CACHE_SERVED
+from workers.bench.record import CACHE_SERVED
 
 CACHE_MAY_FAIL = ("compile_error", "runtime_error", "accuracy_fail", "crash")
 """The statuses an entry that passed the seal but was wrong can cause (not a timeout: a retry

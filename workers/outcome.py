@@ -24,7 +24,7 @@ from typing import Any
 
 from workers import scratch
 from workers.ahead import Step
-from workers.bench_gate import AT_GATE
+from workers.bench.gate import AT_GATE
 from workers.text import plain
 
 LOG_TAIL_CHARS = 3000

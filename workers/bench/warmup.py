@@ -8,8 +8,8 @@ the compiled output to.
 
 from __future__ import annotations
 
-from workers.bench_calls import call
-from workers.bench_record import JobRecord
+from workers.bench.calls import call
+from workers.bench.record import JobRecord
 
 
 def eager_phase(run: JobRecord, model, input_sets) -> list:

@@ -10,8 +10,8 @@ process of a job also records what the fp64 outputs show of the model's own cond
 
 from __future__ import annotations
 
-from workers.bench_calls import call, cast_inputs
-from workers.bench_record import JobRecord, error_text, is_oom
+from workers.bench.calls import call, cast_inputs
+from workers.bench.record import JobRecord, error_text, is_oom
 
 
 def check_accuracy(run: JobRecord, reference, compiled_out, fp32_copy, inputs) -> None:

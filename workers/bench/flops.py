@@ -4,8 +4,8 @@ throughput they give each side's median latency. Only the first process of a job
 
 from __future__ import annotations
 
-from workers.bench_calls import call
-from workers.bench_record import JobRecord
+from workers.bench.calls import call
+from workers.bench.record import JobRecord
 
 
 def count_flops(run: JobRecord, model, inputs) -> None:

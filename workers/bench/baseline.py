@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-from workers.bench_build import build
-from workers.bench_calls import call, prime
-from workers.bench_record import JobRecord
-from workers.bench_setup import compile_imports
+from workers.bench.build import build
+from workers.bench.calls import call, prime
+from workers.bench.imports import compile_imports
+from workers.bench.record import JobRecord
 
 
 def baseline_phase(run: JobRecord, input_sets):

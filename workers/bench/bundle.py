@@ -11,7 +11,7 @@ import copy
 from pathlib import Path
 
 from compiler import durable
-from workers.bench_record import JobRecord
+from workers.bench.record import JobRecord
 
 
 def write_bundle(run: JobRecord, bundle: Path) -> bool:

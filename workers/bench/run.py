@@ -1,42 +1,6 @@
-"""The job subprocess: `python -m workers.bench [--warm] JOB.json RESULT.json`.
-
-Runs one job in a fresh process (see docs/measurement.md, "How a job runs and is measured"):
-
-1. build the model (random weights) and `INPUT_SETS` task-correct input sets, rotated call by
-   call so that caches do not flatter either side; keep an fp32 copy for the fp64 reference;
-2. eager: a reference output, then warm-up until the latency is stable (peak memory measured);
-3. compile: the first compiled call's wall time is `compile_s`, with Dynamo's and Inductor's
-   breakdown; then warm-up until stable (peak memory measured);
-4. `iterations` timed calls of eager and of compiled, interleaved in rounds; CUDA events on GPU;
-   per-call samples kept; median, p10, p90 and a bootstrap CI of the speedup;
-5. FLOPs of one call; accuracy of the compiled output against an fp64 reference with the rule of
-   PyTorch's benchmark harness.
-
-`--repeat K` (K >= 2, for `measure.repeats`) is a later process of the same job: it builds,
-warms eager up, compiles against the cache the first process filled (its `compile_s` is a warm
-compile), warms up and times again, and checks its compiled output by the same fp64 rule as the first
-(against an fp64 reference of its own): a warm process may not be held to a stricter rule than
-the cold one. FLOPs are the first process's. `--warm` only builds and compiles against that cache
-and reports the compile time.
-
-A later process of a job may be started ahead, while the one before it still times
-(`workers.ahead`): it imports and builds on the host on cores of its own, then waits at its gate
-until the device is free (`workers.bench_gate`, `JobRecord.pass_gate`); from there on it runs
-as any other. The process pins itself to the cores the runner reserved (`CO_CPU_AFFINITY`) before
-it imports anything heavy, records the wall time of every phase (`phase_<name>_s`, from its spawn by the
-runner to its last phase), and on a GPU samples the clocks through NVML during the timed rounds.
-Exceptions become a status in RESULT.json; the file is rewritten at every phase, so a crash or a
-timeout still leaves what was measured before it. Only a crash of the process itself (a
-segfault, a kill) leaves RESULT.json without "final". Within the compile phase, each autotuned
-op's kernel choices are appended to `RESULT.kernel_choices.jsonl` beside it as they are timed
-(`choices_stream`), so a compile killed mid-autotune leaves them for the runner.
-
-The phases live in modules of their own, one unit each, and `JobRun` runs them in order:
-`bench_setup` (imports, the device check), `bench_build` (model and input sets),
-`bench_warmup` (the eager phase, the compiled warm-up), `bench_baseline` (a job's baseline side),
-`bench_compile` (the compile), `bench_timing` (the timed rounds), `bench_flops`,
-`bench_accuracy`, and `bench_bundle` (`--bundle`, `--package`); `bench_record` keeps
-RESULT.json and the phase times, `bench_calls` how a model is called.
+"""The entry points of a job process (`python -m workers.bench`, see `workers.bench`): `JobRun`
+runs the phases in order (`run`, `run_warm`, `run_bundle`), `main` reads the command line, pins
+the process to its cores and writes RESULT.json's final state.
 """
 
 from __future__ import annotations
@@ -50,42 +14,21 @@ from typing import Any
 
 from compiler.env import die_with_parent, guard_process_group
 from workers.affinity import pin_from_environment
-from workers.bench_accuracy import check_accuracy
-from workers.bench_baseline import baseline_phase
-from workers.bench_build import INPUT_SETS, build
-from workers.bench_bundle import build_package, write_bundle
-from workers.bench_calls import call, prime
-from workers.bench_calls import call as _call  # the name benchmarks/ import it by
-from workers.bench_compile import STALL_ENV, choices_stream, compile_phase
-from workers.bench_flops import count_flops
-from workers.bench_record import ERROR_CHARS, SPAWNED_AT_ENV, JobRecord
-from workers.bench_setup import imports, unsupported_here
-from workers.bench_timing import (
-    DEVICE_CALLS,
-    PIN_TIMING_THREAD_ENV,
-    SLOWDOWN_ENV,
-    slowdown_hook,
-    timed_rounds,
-)
-from workers.bench_warmup import compiled_warmup, eager_phase
+from workers.bench import PARENT_PID_ENV
+from workers.bench.accuracy import check_accuracy
+from workers.bench.baseline import baseline_phase
+from workers.bench.build import build
+from workers.bench.bundle import build_package, write_bundle
+from workers.bench.calls import call, prime
+from workers.bench.calls import call as _call  # the name benchmarks/ import it by
+from workers.bench.compile import compile_phase
+from workers.bench.flops import count_flops
+from workers.bench.imports import imports, unsupported_here
+from workers.bench.record import JobRecord
+from workers.bench.timing import timed_rounds
+from workers.bench.warmup import compiled_warmup, eager_phase
 
-__all__ = [  # what other modules, tests and benchmarks import from here
-    "DEVICE_CALLS",
-    "ERROR_CHARS",
-    "INPUT_SETS",
-    "PARENT_PID_ENV",
-    "PIN_TIMING_THREAD_ENV",
-    "SLOWDOWN_ENV",
-    "SPAWNED_AT_ENV",
-    "STALL_ENV",
-    "JobRun",
-    "_call",
-    "choices_stream",
-    "main",
-    "slowdown_hook",
-]
-
-PARENT_PID_ENV = "CO_PARENT_PID"
+__all__ = ["JobRun", "_call", "main"]  # what tests and benchmarks import from here
 
 
 def _die_with_parent() -> None:
@@ -131,15 +74,15 @@ class JobRun(JobRecord):
     # --- the phases other code runs on its own (tests, benchmarks/) -----------------------------
 
     def imports(self) -> None:
-        """Phase `imports` (`workers.bench_setup.imports`)."""
+        """Phase `imports` (`workers.bench.imports.imports`)."""
         imports(self)
 
     def unsupported_here(self) -> str | None:
-        """Why this device cannot run the job's cell, or None (`workers.bench_setup`)."""
+        """Why this device cannot run the job's cell, or None (`workers.bench.imports`)."""
         return unsupported_here(self)
 
     def build(self, keep_fp32_copy: bool = True, precision: str | None = None):
-        """Phase `build`: model, input sets, fp32 copy (`workers.bench_build.build`)."""
+        """Phase `build`: model, input sets, fp32 copy (`workers.bench.build.build`)."""
         return build(self, keep_fp32_copy, precision)
 
     _rotating = JobRecord.rotating  # the name benchmarks/ call it by

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import suppress
 
-from workers.bench_record import JobRecord
+from workers.bench.record import JobRecord
 
 
 def imports(run: JobRecord) -> None:

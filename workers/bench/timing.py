@@ -15,7 +15,7 @@ import statistics
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from workers.bench_record import JobRecord, error_text
+from workers.bench.record import JobRecord, error_text
 
 PIN_TIMING_THREAD_ENV = "CO_PIN_TIMING_THREAD"
 

@@ -6,7 +6,7 @@ Each phase starts with `enter(phase)`: that ends the previous phase (its wall ti
 `phase_<name>_s`) and rewrites RESULT.json, so a crash or a timeout still leaves what was
 measured before it and says where it happened. `fail` turns an exception (or a reason) into the
 result's status and error. A process started ahead waits at its gate in `pass_gate`
-(`workers.bench_gate`), between building on the host and its first use of the device.
+(`workers.bench.gate`), between building on the host and its first use of the device.
 """
 
 from __future__ import annotations
@@ -23,9 +23,17 @@ from typing import Any
 
 from compiler import durable
 from compiler.env import format_cpus, parse_cpus
-from workers import bench_gate
 from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV
-from workers.bench_calls import rotating
+from workers.bench.calls import rotating
+from workers.bench.gate import (
+    AT_GATE,
+    GATE_FD_ENV,
+    NVML_CHECK_ENV,
+    check_device,
+    gate_fd,
+    pin_every_thread,
+    wait_at_gate,
+)
 from workers.job import PHASES
 from workers.lanes import VISIBLE
 
@@ -78,7 +86,7 @@ class JobRecord:
             with suppress(ValueError):
                 self._spawned = float(spawned)
                 self.result["phase_start_s"] = max(0.0, time.time() - self._spawned)
-        self._gate = bench_gate.gate_fd()
+        self._gate = gate_fd()
         self.ahead = self._gate is not None
         """Started ahead: the process waits at its gate before it touches the device."""
 
@@ -122,25 +130,25 @@ class JobRecord:
             return
         ready = time.time()
         self.close_phase()
-        self.result[bench_gate.AT_GATE] = True  # the runner frees the spare core it started on
+        self.result[AT_GATE] = True  # the runner frees the spare core it started on
         self.save()
-        message = bench_gate.wait_at_gate(fd)
-        del self.result[bench_gate.AT_GATE]
+        message = wait_at_gate(fd)
+        del self.result[AT_GATE]
         if message is None:  # the runner dropped this process: nothing of it is wanted
             os._exit(0)
         opened = message["at"]
         before = format_cpus(os.sched_getaffinity(0))
         for name in (
-            bench_gate.GATE_FD_ENV,
+            GATE_FD_ENV,
             AHEAD_AFFINITY_ENV,
-            bench_gate.NVML_CHECK_ENV,
+            NVML_CHECK_ENV,
         ):  # not for its children
             os.environ.pop(name, None)
         os.environ.update({str(k): str(v) for k, v in (message.get("env") or {}).items()})
         wanted = message.get("cpus") or os.environ.get(AFFINITY_ENV)
         if wanted:
             os.environ[AFFINITY_ENV] = wanted
-            pinned = bench_gate.pin_every_thread(parse_cpus(wanted))
+            pinned = pin_every_thread(parse_cpus(wanted))
             if not pinned:
                 self.notes.append(f"could not move onto the job's cores {wanted} after the gate")
             self.result.update(cpu_affinity=format_cpus(os.sched_getaffinity(0)), cpu_pinned=pinned)
@@ -155,7 +163,7 @@ class JobRecord:
             from compiler.env import describe
 
             if VISIBLE in (message.get("env") or {}):
-                bench_gate.check_device(os.environ[VISIBLE])
+                check_device(os.environ[VISIBLE])
             self.result.update(describe(self.job.device))
         self._phase_t0 = time.perf_counter()
         self.save()
@@ -175,5 +183,5 @@ class JobRecord:
                 self.result[CACHE_SERVED] = True  # a compile worker was handed a Triton config
 
     def rotating(self, fn, input_sets, mark_step: bool = False):
-        """`workers.bench_calls.rotating` on this job's device."""
+        """`workers.bench.calls.rotating` on this job's device."""
         return rotating(fn, input_sets, self.job.device, mark_step)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import copy
 import json
 
-from workers.bench_calls import cast_inputs
-from workers.bench_record import JobRecord
-from workers.bench_setup import import_compile_stack
+from workers.bench.calls import cast_inputs
+from workers.bench.imports import import_compile_stack
+from workers.bench.record import JobRecord
 
 INPUT_SETS = 3
 

@@ -15,10 +15,10 @@ import os
 import time
 from pathlib import Path
 
-from workers.bench_baseline import sides
-from workers.bench_calls import call
-from workers.bench_record import JobRecord
-from workers.bench_setup import compile_imports
+from workers.bench.baseline import sides
+from workers.bench.calls import call
+from workers.bench.imports import compile_imports
+from workers.bench.record import JobRecord
 
 STALL_ENV = "ORCHESTRATE_TEST_STALL_AFTER_OPS"
 """A test hook of kernel-choice streaming: `N` makes the job process sleep for good, inside its
