@@ -571,3 +571,31 @@ def test_the_apply_api_imports_neither_ray_nor_the_orchestrator():
     code = "import sys; from compiler.serving import *; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'orchestrator', 'workers')))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_compiler_apply_is_a_deprecated_alias_of_the_serving_api():
+    """Serving code written before `compiler.serving` imports `compiler.apply`: it gets the same
+    objects, and one DeprecationWarning naming the new path, attributed to the importing line."""
+    code = (
+        "import json, warnings\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import compiler.apply as old\n"
+        "    from compiler.apply import compile_tuned\n"
+        "import compiler.serving as new\n"
+        "print(json.dumps({'warned': [[w.category.__name__, str(w.message), w.filename] for w in seen],\n"
+        "    'same': [n for n in new.__all__ if getattr(old, n) is getattr(new, n)], 'all': old.__all__,\n"
+        "    'exports': sorted(new._EXPORTS), 'tuned': compile_tuned is new.compile_tuned}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["warned"] == [
+        [
+            "DeprecationWarning",
+            "compiler.apply is deprecated: import compile_tuned and the serving API from compiler.serving",
+            "<string>",
+        ]
+    ]
+    assert said["same"] == said["all"] and sorted(said["all"]) == said["exports"] and said["tuned"]
+    names = {"compile_tuned", "Applied", "ExportError", "SignatureError", "PresetFallbackWarning"}
+    assert names <= set(said["all"])
