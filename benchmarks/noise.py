@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler.config import CompileConfig  # noqa: E402
+from compiler.job import Job, MeasureSpec, ModelSpec, software_stack  # noqa: E402
 from reports.measurement import spread_table, sweep_table  # noqa: E402
-from workers.job import Job, MeasureSpec, ModelSpec, software_stack  # noqa: E402
 from workers.runner import run_job  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.job import MEASURING, PHASES
+from compiler.job import MEASURING, PHASES
 
 STARTUP = ("start", "imports", "build")
 """The phases a process started ahead runs before its gate."""

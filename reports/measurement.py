@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from compiler.job import PHASES
 from compiler.statistics import spread
-from workers.job import PHASES
 
 SPREAD_TARGET = 0.05
 """Issue 8: a cell's speedup across separate sweeps within 5%, or every interval holding the median."""

@@ -438,7 +438,7 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     (
         "job_efficiency",
         pa.float64(),
-        "(phase_compile_s + phase_timing_s + phase_accuracy_s) / wall_s (workers.job.MEASURING; before schema 13 "
+        "(phase_compile_s + phase_timing_s + phase_accuracy_s) / wall_s (compiler.job.MEASURING; before schema 13 "
         "without accuracy, recomputed on read): the share of the job's wall time spent on its work",
     ),
     ("attempt", pa.int32(), "1 for the first try of the job"),

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from compiler import runtime
+from compiler.job import Job, job_efficiency
 from store.latest import latest_rows  # noqa: F401 (its callers import it from here too)
 from store.schema import (
     RESULT_COLUMNS,
@@ -18,7 +19,6 @@ from store.schema import (
     check_side_row,
     options_json,
 )
-from workers.job import Job, job_efficiency
 from workers.text import plain
 
 log = logging.getLogger(__name__)

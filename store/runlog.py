@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from importlib import metadata
 from typing import Any, Protocol, TextIO
 
+from compiler.job import software_stack
 from store.layout import RUN_FILE
 from store.storage import StorageError, Target, redact, resolve
-from workers.job import software_stack
 
 
 class SweepSpec(Protocol):

@@ -75,7 +75,7 @@ with a newer schema reads older files with the columns they lack as nulls (`read
 - 12: results gain which GPU of its host a job ran on (`gpu_index`, `gpu_uuid`, `gpu_pci_bus_id`)
   and where it and the timing thread sat (`gpu_numa_node`, `timing_numa_nodes`).
 - 13: `job_efficiency` counts the accuracy phase as work, as `reports.efficiency` always did
-  (`workers.job.MEASURING`); older files' rows are recomputed so on read (`upgrade_results`).
+  (`compiler.job.MEASURING`); older files' rows are recomputed so on read (`upgrade_results`).
 - 14: results gain `cache_rejected`, the shared-cache entries a job did not use: unsealed, sealed
   with another key, or handed back by a compile that then failed and succeeded without the cache.
 """
@@ -90,9 +90,9 @@ def upgrade_results(table: pa.Table, version: int) -> pa.Table:
     them: before 9 `fp32` turned TF32 off for convolutions, which is `fp32-strict` now. Renamed,
     so a comparison of an old run with a new one never matches the two silently (a cell of each
     side alone). Before 13 `job_efficiency` left the accuracy phase out: recomputed from the
-    row's phases (`workers.job.job_efficiency`)."""
+    row's phases (`compiler.job.job_efficiency`)."""
     if version < EFFICIENCY_WITHOUT_ACCURACY_BEFORE and "job_efficiency" in table.column_names:
-        from workers.job import MEASURING, job_efficiency
+        from compiler.job import MEASURING, job_efficiency
 
         needed = [c for c in ("wall_s", *(f"phase_{p}_s" for p in MEASURING)) if c in table.column_names]
         table = table.set_column(

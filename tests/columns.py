@@ -1,6 +1,6 @@
 """Columns that tests of a real ok job (with `warm_compile: true`) require to be non-null."""
 
-from workers.job import PHASES
+from compiler.job import PHASES
 
 # Every measurement field a job reports that its results row must carry.
 MEASUREMENT_COLUMNS = (

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from compiler.job import Job
 from orchestrator.spec.matrix import expand
 from orchestrator.spec.sweep import SweepSpec, parse_spec
-from workers.job import Job
 
 os.environ["CO_STRICT_ROWS"] = "1"  # a result key that is no column fails the test (store/rows.py)
 

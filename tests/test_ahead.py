@@ -21,11 +21,11 @@ import pytest
 
 from compiler.config import CompileConfig
 from compiler.env import format_cpus, parse_cpus
+from compiler.job import Job, MeasureSpec, ModelSpec
 from tests.ahead_model import LOG_ENV
 from workers import affinity
 from workers.ahead import OFF_BY_RUN, Overlap, Step, gpu_job_cores, reserve_ahead, spare_cores
 from workers.bench.gate import GATE_FD_ENV
-from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import kill_tree, run_job
 
 CORES = sorted(os.sched_getaffinity(0))

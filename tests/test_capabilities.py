@@ -20,6 +20,7 @@ from compiler.capabilities import (
     known,
 )
 from compiler.config import CompileConfig
+from compiler.job import ModelSpec
 from compiler.known_gpus import GPUS, TABLE_VERSION
 from orchestrator.cli import main
 from orchestrator.fleet.support import triage
@@ -27,7 +28,6 @@ from orchestrator.spec.matrix import expand
 from orchestrator.spec.sweep import load_spec
 from orchestrator.tune.space import candidates
 from store.rows import failure_row
-from workers.job import ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = CompileConfig("default")
@@ -269,8 +269,8 @@ def test_a_gpu_job_checks_its_device_before_compiling(tmp_path, monkeypatch):
     import json
 
     import compiler.capabilities as capabilities
+    from compiler.job import Job, MeasureSpec
     from workers.bench.run import JobRun
-    from workers.job import Job, MeasureSpec
 
     def job_run(dtype: str, config: CompileConfig) -> JobRun:
         job = Job(

@@ -289,7 +289,7 @@ def test_report_into_a_closed_pipe_still_writes_the_file_and_exits_quietly(tmp_p
     import subprocess
     import sys
 
-    from workers.job import ModelSpec
+    from compiler.job import ModelSpec
 
     base = table_jobs["cpu/mlp/bs1/fp32/default"]
     with closing(ResultSink(tmp_path)) as sink:  # a report far larger than a pipe's 64 KiB buffer

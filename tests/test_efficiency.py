@@ -8,11 +8,11 @@ from contextlib import closing
 
 import pytest
 
+from compiler.job import PHASES
 from orchestrator.cli import main
 from reports import efficiency
 from store.rows import make_row
 from store.sink import ResultSink
-from workers.job import PHASES
 
 JOB = "cpu/resnet/bs1/fp32/default"
 

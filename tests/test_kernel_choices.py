@@ -13,12 +13,12 @@ import pyarrow.compute as pc
 import pytest
 
 from compiler.config import CompileConfig
+from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.kernels import KernelChoiceRecorder, read_choice_stream
 from store.rows import make_row, side_rows
 from store.schema import read_results, read_table
 from store.sink import ResultSink
 from workers.bench import STALL_ENV, choices_stream
-from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import keep_streamed_choices, run_job
 
 TUNED = CompileConfig(name="tuned", options={"max_autotune": True}, freezing=True)

@@ -24,6 +24,7 @@ import pytest
 
 from compiler.config import CompileConfig
 from compiler.env import format_cpus, parse_cpus
+from compiler.job import Job, MeasureSpec, ModelSpec
 from orchestrator.fleet import scheduler as scheduler_module
 from orchestrator.fleet.driver import _remote_for, task_kwargs, uses_lanes
 from orchestrator.fleet.inventory import HardwareClass
@@ -31,7 +32,6 @@ from orchestrator.fleet.options import SweepOptions
 from orchestrator.fleet.scheduler import Scheduler
 from tests.ahead_model import LOG_ENV
 from workers.ahead import Overlap, Step
-from workers.job import Job, MeasureSpec, ModelSpec
 from workers.lanes import LANE_DEPTH, Lane, LaneStopped, node_gpus
 from workers.runner import JobCancelled, kill_tree, run_job, stopping_when
 

@@ -82,8 +82,8 @@ def test_a_job_loads_inductors_compiler_only_where_it_compiles_with_inductor():
     from pathlib import Path
 
     from compiler.config import CompileConfig
+    from compiler.job import Baseline, Job, MeasureSpec, ModelSpec
     from workers.bench.imports import uses_inductor
-    from workers.job import Baseline, Job, MeasureSpec, ModelSpec
 
     def job(backend: str, baseline: Baseline | None = None) -> Job:
         model = ModelSpec(id="python:workers.toy:mlp", name="mlp")
@@ -98,7 +98,7 @@ def test_a_job_loads_inductors_compiler_only_where_it_compiles_with_inductor():
         """
         import json, sys
         from workers.bench.imports import import_compile_stack
-        from workers.job import Job
+        from compiler.job import Job
         import_compile_stack(Job.from_dict(json.loads(sys.argv[1])))
         print(json.dumps(["torch._dynamo" in sys.modules, "torch._inductor.compile_fx" in sys.modules]))
         """

@@ -18,6 +18,7 @@ import torch
 
 from compiler import capture, env, measure
 from compiler.config import CompileConfig
+from compiler.job import PHASES, Job, MeasureSpec, ModelSpec
 from compiler.measure import (
     check_against_fp64,
     compare_outputs,
@@ -30,7 +31,6 @@ from compiler.statistics import ratio_interval, split_groups, summarize
 from store.rows import make_row
 from store.schema import rows_to_table
 from tests.columns import MEASUREMENT_COLUMNS, assert_pinned_or_says_why
-from workers.job import PHASES, Job, MeasureSpec, ModelSpec
 from workers.runner import run_job
 
 WINDOW = 5  # warmup_until_stable's default window

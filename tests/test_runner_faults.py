@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from compiler.config import CompileConfig
-from workers.job import Job, MeasureSpec, ModelSpec
+from compiler.job import Job, MeasureSpec, ModelSpec
 from workers.runner import run_job
 
 

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 
 from compiler.config import CompileConfig
+from compiler.job import Job, MeasureSpec, ModelSpec
 from orchestrator.fleet.scheduler import _short
 from orchestrator.fleet.summary import SweepSummary, unfinished
 from orchestrator.tune.summary import TuneSummary
 from store.rows import failure_row
 from tests.integration.conftest import bench_processes
 from workers import scratch
-from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import run_job
 from workers.text import plain
 

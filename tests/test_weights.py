@@ -15,10 +15,10 @@ import torch
 
 from compiler import measure
 from compiler.config import CompileConfig
+from compiler.job import Job, MeasureSpec, ModelSpec, _identity
 from orchestrator.spec.matrix import expand
 from orchestrator.spec.sweep import SpecError, parse_spec
 from workers import zoo
-from workers.job import Job, MeasureSpec, ModelSpec, _identity
 from workers.runner import run_job
 
 RESNET = "hf:microsoft/resnet-50"

@@ -428,7 +428,7 @@ def test_a_python_model_job_and_a_plain_sweep_never_import_transformers(tmp_path
         "assert zoo.is_known('python:workers.toy:mlp') and not zoo.is_known('timm:x')\n"
         "import json, pathlib\n"
         "from compiler.config import CompileConfig\n"
-        "from workers.job import Job, MeasureSpec, ModelSpec\n"
+        "from compiler.job import Job, MeasureSpec, ModelSpec\n"
         "job = Job(sweep='s', hardware='cpu', device='cpu', batch_size=1, dtype='fp32', timeout_s=60,\n"
         "          model=ModelSpec(id='python:workers.toy:mlp', name='mlp'), measure=MeasureSpec(),\n"
         "          config=CompileConfig(name='default'))\n"

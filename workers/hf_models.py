@@ -34,7 +34,7 @@ from transformers import (
     ViTConfig,
 )
 
-from workers.job import Task
+from compiler.job import Task
 
 try:  # transformers >= 5 gives MaskFormer's decoder a config class of its own
     from transformers.models.maskformer.configuration_maskformer import MaskFormerDetrConfig

@@ -19,7 +19,7 @@ from typing import Any
 from compiler import statistics as cstats
 from compiler.clocks import combine_summaries
 from compiler.env import format_cpus, parse_cpus
-from workers.job import PHASES
+from compiler.job import PHASES
 
 CLOCK_KEYS = (
     "clock_samples",

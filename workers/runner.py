@@ -36,12 +36,12 @@ import psutil
 from compiler import clocks
 from compiler.cache_access import CacheAccess
 from compiler.env import project_pythonpath
+from compiler.job import Job
 from compiler.kernels import read_choice_stream
 from compiler.shared_cache import cache_environment
 from workers import affinity, cache_retry, scratch
 from workers.ahead import Overlap, Started, Step
 from workers.bench import PARENT_PID_ENV, SPAWNED_AT_ENV, choices_stream
-from workers.job import Job
 from workers.lanes import VISIBLE, Held, Lane, LaneStopped
 from workers.outcome import classify
 from workers.repeats import merge

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.job import Job
+from compiler.job import Job
 from workers.text import format_size
 
 FULL_BELOW = 1 << 20

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from compiler.cache_access import CacheAccess
-from workers.job import Job
+from compiler.job import Job
 from workers.lanes import VISIBLE, Lane, node_gpus
 from workers.runner import JobCancelled, run_job, stopping_when
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
-from workers.job import Task
+from compiler.job import Task
 
 if TYPE_CHECKING:
     from workers.hf_models import HFModelSpec

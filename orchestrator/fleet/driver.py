@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from compiler.job import Job
 from orchestrator.fleet.address import connect_error
 from orchestrator.fleet.cache import CacheLive, shared_cache
 from orchestrator.fleet.existing import quarantine_damage, read_done
@@ -45,7 +46,6 @@ from store.storage import (
     WriteRefused,
     refusal_stops,
 )
-from workers.job import Job
 from workers.lanes import LANE_DEPTH
 from workers.runner import plural
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compiler.hardware import CPU_CLASS
+from compiler.job import DeviceKind
 from workers.ahead import gpu_job_cores
-from workers.job import DeviceKind
 
 ACCEL_LABEL = "ray.io/accelerator-type"
 ACCEL_RESOURCE_PREFIX = "accelerator_type:"

@@ -13,10 +13,10 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
+from compiler.job import Job
 from store.fields import HARNESS_ERROR
 from store.schema import read_results
 from store.storage import Target, resolve
-from workers.job import Job
 
 MODE_COST = {"max-autotune": 20.0, "max-autotune-no-cudagraphs": 15.0, "reduce-overhead": 1.1}
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiler.job import Job
 from orchestrator.fleet.inventory import HardwareClass
 from store.fields import HARNESS_ERROR
 from store.rows import failure_row, make_row, side_rows
-from workers.job import Job
 from workers.text import plain
 
 WAIT_S = 0.25

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from compiler.capabilities import Capabilities, cell_support, known
+from compiler.job import Job
 from compiler.known_gpus import TABLE_VERSION
-from workers.job import Job
 
 
 @dataclass

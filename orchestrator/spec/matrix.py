@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 
 from compiler.accuracy import PolicyChoice, policies_for
 from compiler.capabilities import known
+from compiler.job import DeviceKind, Job, software_stack
 from orchestrator.spec.sweep import SweepSpec
-from workers.job import DeviceKind, Job, software_stack
 
 
 def class_policies(spec: SweepSpec, hardware: str, restrict=None) -> dict[str, list[PolicyChoice]]:

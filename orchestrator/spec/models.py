@@ -8,6 +8,7 @@ import os
 import re
 from typing import get_args
 
+from compiler.job import ModelSpec
 from orchestrator.spec.checks import (
     MAX_INPUT_SIZE,
     NAME_RE,
@@ -21,7 +22,6 @@ from orchestrator.spec.checks import (
 )
 from orchestrator.spec.imports import missing_name, module_problems
 from orchestrator.spec.yamlsrc import LocatedYaml, PathKey
-from workers.job import ModelSpec
 
 _MODEL_KEYS = {"id", "name", "task", "input_size", "overrides", "timeout_s", "weights"}
 

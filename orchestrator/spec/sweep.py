@@ -17,6 +17,7 @@ from typing import Any, Literal
 from compiler import runtime as runtime_settings
 from compiler.accuracy import Budget, parse_budget
 from compiler.config import CompileConfig, config_problems
+from compiler.job import MeasureSpec, ModelSpec
 from compiler.precision import PRECISIONS, canonical_precision
 from orchestrator.spec.checks import (
     MAX_BATCH_SIZE,
@@ -34,7 +35,6 @@ from orchestrator.spec.checks import (
 from orchestrator.spec.datasrc import located_data
 from orchestrator.spec.models import models_of
 from orchestrator.spec.yamlsrc import LocatedYaml, PathKey, SourceError, load_yaml, parse_yaml
-from workers.job import MeasureSpec, ModelSpec
 
 
 @dataclass(frozen=True)

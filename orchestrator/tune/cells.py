@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler import statistics as cstats
+from compiler.job import Job, ModelSpec
 from orchestrator.tune import eager
 from orchestrator.tune.presets import Budgets, eligible, preset_entry
 from orchestrator.tune.space import KNOB_NAMES, Candidate, with_knobs
 from store.location_forms import StorageError
 from store.storage import Location
-from workers.job import Job, ModelSpec
 from workers.runner import plural
 
 

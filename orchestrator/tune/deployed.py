@@ -28,11 +28,11 @@ from typing import Any
 
 from compiler import statistics as cstats
 from compiler.accuracy import Budget
+from compiler.job import Job
 from orchestrator.tune.budgets import CellBudgets, Pick, Picks, stock_mode
 from orchestrator.tune.cells import Cell, decide, note_refused
 from orchestrator.tune.presets import Budgets
 from orchestrator.tune.space import Candidate
-from workers.job import Job
 
 MakeJob = Callable[[Candidate, Candidate | None], Job]
 

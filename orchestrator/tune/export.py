@@ -43,6 +43,7 @@ from compiler import durable
 from compiler.aoti import LOADER_CRASHED
 from compiler.config import CompileConfig, is_eager_preset, preset_runtime
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
+from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.serving import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
 from compiler.serving.signature import SIGNATURE, write_signature
 from orchestrator.spec.models import default_name as _default_name
@@ -52,7 +53,6 @@ from store.lock import holding
 from store.runlog import read_runs
 from store.schema import read_results
 from store.storage import Location, Target, resolve
-from workers.job import Job, MeasureSpec, ModelSpec
 
 BUNDLES = "bundles"
 PACKAGES = "packages"

@@ -14,6 +14,7 @@ from typing import Any
 
 from compiler.accuracy import STOCK_BUDGET, Budget, searched
 from compiler.capabilities import known
+from compiler.job import Baseline, Job, MeasureSpec, software_stack
 from orchestrator.fleet.inventory import HardwareClass
 from orchestrator.fleet.inventory import resolve as resolve_classes
 from orchestrator.spec.matrix import select_matching
@@ -24,7 +25,6 @@ from orchestrator.tune.presets import Budgets
 from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates, is_base
 from store.layout import TUNE_FILE
 from store.storage import Location, Target, checked
-from workers.job import Baseline, Job, MeasureSpec, software_stack
 
 DEFAULT_ETA = 3
 DEFAULT_CONFIRM_REPEATS = 3

@@ -63,6 +63,7 @@ from typing import Any, TextIO
 
 from compiler import statistics as cstats
 from compiler.accuracy import Budget
+from compiler.job import Job, software_stack
 from orchestrator.fleet import summary as fleet_summary
 from orchestrator.fleet.cache import SNAPSHOT_FILE, CacheLive, check_access, named_access, shared_cache
 from orchestrator.fleet.driver import SweepOptions, ray_session, run_sweep
@@ -94,7 +95,6 @@ from store.rows import latest_rows
 from store.runlog import check_same_sweep
 from store.schema import read_results
 from store.storage import Location, checked, refusal_stops
-from workers.job import Job, software_stack
 from workers.repeats import pool
 from workers.runner import plural
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from compiler.capabilities import Capabilities, cell_support
 from compiler.config import CompileConfig, inductor_modes
-from workers.job import ModelSpec
+from compiler.job import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from compiler.config import CompileConfig
+from compiler.job import Job, MeasureSpec, ModelSpec
 from orchestrator.fleet.ordering import History, heuristic_cost, longest_first
-from workers.job import Job, MeasureSpec, ModelSpec
 
 
 def job(

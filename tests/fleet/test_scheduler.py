@@ -8,10 +8,10 @@ import itertools
 import pytest
 
 from compiler.config import CompileConfig
+from compiler.job import Job, MeasureSpec, ModelSpec
 from orchestrator.fleet import scheduler as scheduler_module
 from orchestrator.fleet.inventory import HardwareClass
 from orchestrator.fleet.scheduler import Scheduler
-from workers.job import Job, MeasureSpec, ModelSpec
 
 
 class InstantRay:

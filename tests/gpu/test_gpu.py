@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from compiler.config import CompileConfig
+from compiler.job import Job, MeasureSpec, ModelSpec
 from tests.columns import assert_pinned_or_says_why
 from workers import external, toy, zoo
-from workers.job import Job, MeasureSpec, ModelSpec
 from workers.runner import run_job
 
 pytestmark = [
@@ -200,7 +200,7 @@ def test_triton_kernels_and_a_paired_job_with_a_baseline_in_the_same_process():
     """The triton_kernels rows of a compile with coordinate descent (settled configs, flagged),
     and orchestrate tune's confirmation job on a GPU: both sides compiled in one process, each
     its own graph, the candidate's kernels only in its rows."""
-    from workers.job import Baseline
+    from compiler.job import Baseline
 
     cd = CompileConfig(name="cd", options={"coordinate_descent_tuning": True})
     job = dataclasses.replace(

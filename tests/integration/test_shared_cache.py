@@ -11,11 +11,11 @@ import re
 import pytest
 
 from compiler.config import CompileConfig
+from compiler.job import Job, MeasureSpec, ModelSpec, software_stack
 from orchestrator.fleet import cache
 from store.schema import read_results
 from store.storage import resolve
 from tests.integration.conftest import orchestrate
-from workers.job import Job, MeasureSpec, ModelSpec, software_stack
 from workers.runner import run_job
 
 pytestmark = [

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from compiler.config import CompileConfig
+from compiler.job import Job, MeasureSpec, ModelSpec, software_stack
 from orchestrator.fleet import inventory
 from orchestrator.fleet.inventory import MissingHardwareError, classes_from_nodes, resolve
 from orchestrator.spec.matrix import expand, select
 from orchestrator.spec.sweep import parse_spec
-from workers.job import Job, MeasureSpec, ModelSpec, software_stack
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from compiler.config import DEFAULT_TIMEOUT_BY_MODE, CompileConfig
+from compiler.job import MeasureSpec, ModelSpec
 from orchestrator.spec.matrix import expand, policies_of
 from orchestrator.spec.sweep import SpecError, SweepSpec, load_spec, parse_spec
-from workers.job import MeasureSpec, ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))

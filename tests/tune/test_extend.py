@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from compiler.job import MeasureSpec
 from orchestrator.tune import search, stages
 from orchestrator.tune.plan import TuneOptions
 from orchestrator.tune.space import candidates
@@ -19,7 +20,6 @@ from store.rows import make_row
 from tests.conftest import _result
 from tests.tune.test_deployed import BUDGETS, CELL, KNOBS, LIMITS, NAMES, RUNG0, accuracy, cheap
 from tests.tune.test_tune import RESNET, STOCK, make_job_for
-from workers.job import MeasureSpec
 from workers.repeats import pool
 
 CALLS = 30

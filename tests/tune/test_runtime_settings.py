@@ -12,6 +12,7 @@ import torch
 
 from compiler import runtime
 from compiler.config import CompileConfig, config_problems
+from compiler.job import MeasureSpec
 from orchestrator.spec.sweep import SpecError, parse_spec
 from orchestrator.tune.cells import Cell, combine_helping_knobs, decide
 from orchestrator.tune.effects import (
@@ -30,7 +31,6 @@ from orchestrator.tune.presets import Budgets, derive_presets
 from orchestrator.tune.space import BASE_MODES, candidates
 from store.schema import rows_to_table
 from tests.tune.test_tune import MLP, RESNET, STOCK, row, samples
-from workers.job import MeasureSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """\

@@ -11,6 +11,7 @@ import pytest
 
 from compiler import statistics as cstats
 from compiler.config import CompileConfig
+from compiler.job import MeasureSpec, ModelSpec
 from orchestrator.tune.cells import Cell, decide, promote
 from orchestrator.tune.plan import make_job, rung_measure
 from orchestrator.tune.presets import (
@@ -23,7 +24,6 @@ from orchestrator.tune.presets import (
 from orchestrator.tune.space import KNOB_NAMES, candidates, expanded_options, is_base, knobs_on
 from store.rows import make_row
 from store.schema import PRESETS_SCHEMA, rows_to_table
-from workers.job import MeasureSpec, ModelSpec
 
 RESNET = ModelSpec(id="hf:microsoft/resnet-50", name="resnet")
 MLP = ModelSpec(id="python:workers.toy:mlp", name="mlp")

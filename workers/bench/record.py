@@ -23,6 +23,7 @@ from typing import Any
 
 from compiler import durable
 from compiler.env import format_cpus, parse_cpus
+from compiler.job import PHASES
 from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV
 from workers.bench.calls import rotating
 from workers.bench.gate import (
@@ -34,7 +35,6 @@ from workers.bench.gate import (
     pin_every_thread,
     wait_at_gate,
 )
-from workers.job import PHASES
 from workers.lanes import VISIBLE
 
 SPAWNED_AT_ENV = "CO_SPAWNED_AT"
@@ -68,7 +68,7 @@ class JobRecord:
     `shared_cache` (`compiler.shared_cache.SharedCache`, once the compile stack is loaded)."""
 
     def __init__(self, job_path: Path, result_path: Path):
-        from workers.job import Job
+        from compiler.job import Job
 
         self.job = Job.from_dict(json.loads(job_path.read_text()))
         self.result_path = result_path

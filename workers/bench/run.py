@@ -54,7 +54,7 @@ class JobRun(JobRecord):
         `config`, for benchmarks that build the preset's model and inputs as its job did."""
         import tempfile
 
-        from workers.job import Job, MeasureSpec, ModelSpec
+        from compiler.job import Job, MeasureSpec, ModelSpec
 
         job = Job(
             sweep=sweep,
