@@ -254,10 +254,13 @@ def test_the_cache_directory_follows_xdg_and_the_environment_variable(monkeypatc
 
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
-    """The export cache and the temporary directory of this process, both empty and watched."""
+    """The export cache and the temporary directory of this process, both empty and watched.
+    Inductor's own cache directory is named apart: by default it lies in the temporary directory
+    (and a fresh process inherits this one's), which the test watches for the export's leftovers."""
     cache, scratch = tmp_path / "cache", tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setenv(CACHE_ENV, str(cache))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     return cache, scratch
 
