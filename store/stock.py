@@ -41,12 +41,6 @@ def is_stock_row(row: dict[str, Any], own: str = STOCK) -> bool:
     )
 
 
-def groups(row: dict[str, Any], side: str) -> list[list[float]]:
-    """A side's samples per process ([] where the row holds none of them)."""
-    samples = row.get(f"{side}_samples_ms") or []
-    return cstats.split_groups(samples, row.get("samples_per_repeat")) if samples else []
-
-
 @dataclass(frozen=True)
 class StockUser:
     compile_row: dict[str, Any]
@@ -87,10 +81,10 @@ def versus(user: StockUser, row: dict[str, Any], side: str = "compiled") -> dict
         "stock_max_rel_err": user.error,
         "max_rel_err": row.get("eager_fp64_max_rel_err" if side == "eager" else "fp64_max_rel_err"),
     }
-    mine = groups(row, side)
+    mine = cstats.row_groups(row, side)
     same = row is user.compile_row
     for key, stock_side in (("vs_stock_eager", "eager"), ("vs_stock_compile", "compiled")):
-        theirs = groups(user.compile_row, stock_side)
+        theirs = cstats.row_groups(user.compile_row, stock_side)
         ms = user.compile_row.get(f"{stock_side}_ms")
         if same and stock_side == side:
             iv = (1.0, 1.0, 1.0)

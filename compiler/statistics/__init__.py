@@ -35,7 +35,14 @@ from compiler.statistics.intervals import (
     paired_speedup,
     ratio_interval,
 )
-from compiler.statistics.samples import LatencySummary, percentile, split_groups, spread, summarize
+from compiler.statistics.samples import (
+    LatencySummary,
+    percentile,
+    row_groups,
+    split_groups,
+    spread,
+    summarize,
+)
 from compiler.statistics.student_t import t_quantile
 from compiler.statistics.thresholds import THRESHOLDS_FILE, THRESHOLDS_VERSION, Thresholds, load_thresholds
 from compiler.statistics.verdicts import (
@@ -73,6 +80,7 @@ __all__ = [
     "percentile",
     "ratio_interval",
     "split_groups",
+    "row_groups",
     "spread",
     "summarize",
     "t_quantile",

@@ -1,6 +1,6 @@
 """Latency samples as a row stores them: a summary (median, p10, p90), the spread of one figure
 measured several times, and the flat sample list cut back into the groups of the processes that
-measured it (`split_groups`). Part of the one statistics module (`compiler.statistics`); the
+measured it (`split_groups`; a results row's, `row_groups`). Part of the one statistics module (`compiler.statistics`); the
 intervals over these groups are `compiler.statistics.intervals`.
 
 Standard library only."""
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,14 @@ def split_groups(samples: Sequence[float], sizes: Sequence[int] | None) -> list[
         groups.append(samples[start : start + n])
         start += n
     return [g for g in groups if g]
+
+
+def row_groups(row: Mapping[str, Any], side: str, device: bool = False) -> list[list[float]]:
+    """A results row's samples of `side` (`eager`, `compiled`, `baseline`), one group per process:
+    `<side>_samples_ms` cut by `samples_per_repeat`, or with `device` its device-time samples
+    `<side>_device_samples_ms` cut by `device_samples_per_repeat` ([] where the row holds none)."""
+    kind, per = (
+        ("device_samples_ms", "device_samples_per_repeat") if device else ("samples_ms", "samples_per_repeat")
+    )
+    samples = row.get(f"{side}_{kind}") or []
+    return split_groups(samples, row.get(per)) if samples else []

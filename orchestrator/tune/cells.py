@@ -268,8 +268,8 @@ def _interval(
         return iv, row["baseline_ms"], "processes", (row, "baseline"), scope
     # a runtime setting differs: never timed in one process (compiler.runtime)
     iv = cstats.ratio_interval(
-        cstats.split_groups(apart["compiled_samples_ms"], apart["samples_per_repeat"]),
-        cstats.split_groups(row["compiled_samples_ms"], row["samples_per_repeat"]),
+        cstats.row_groups(apart, "compiled"),
+        cstats.row_groups(row, "compiled"),
         paired=False,
     )
     how = "processes each, apart (they differ in a runtime setting)"

@@ -109,9 +109,7 @@ class StockUser:
     """`eager` or `compile`: what the stock user would run (eager where it beat stock compile)."""
 
     def groups(self, side: str) -> list[list[float]]:
-        return cstats.split_groups(
-            self.row.get(f"{side}_samples_ms") or [], self.row.get("samples_per_repeat")
-        )
+        return cstats.row_groups(self.row, side)
 
     @property
     def compile_ms(self) -> float:
@@ -295,7 +293,9 @@ def decide_other(
     mode = next(((c, r, s) for c, r, s in sides if c == jobs.pick.mode), None)
     if mode is not None:
         m_cand, m_row, m_side = mode
-        iv = cstats.ratio_interval(_groups(m_row, m_side), _groups(row, side), paired=m_row is row)
+        iv = cstats.ratio_interval(
+            cstats.row_groups(m_row, m_side), cstats.row_groups(row, side), paired=m_row is row
+        )
         entry.update(
             stock_config=m_cand.config.name,
             stock_ms=m_row[f"{m_side}_ms"],
@@ -338,10 +338,6 @@ def samples(entry: dict[str, Any], rows: Rows) -> tuple[dict[str, Any], str] | N
     return None
 
 
-def _groups(row: dict[str, Any], side: str) -> list[list[float]]:
-    return cstats.split_groups(row.get(f"{side}_samples_ms") or [], row.get("samples_per_repeat"))
-
-
 def beside(user: StockUser, found: tuple[dict[str, Any], str]) -> bool:
     """Whether the preset's samples come from a job that timed the stock user's torch.compile (and
     eager, under the same torch defaults) beside it in the same processes."""
@@ -359,12 +355,12 @@ def versus(user: StockUser, side: str, found: tuple[dict[str, Any], str]) -> cst
     where the two were timed in the same processes (the stock user's own job, or a job that timed
     the stock user's config beside the preset), else unpaired."""
     row, preset_side = found
-    mine = _groups(row, preset_side)
+    mine = cstats.row_groups(row, preset_side)
     if row is user.row and preset_side == side:  # the stock user itself
         return cstats.Interval(1.0, 1.0, 1.0, cstats.LEVEL, len(mine), math.inf, 0.0)
     if beside(user, found):
         return cstats.ratio_interval(
-            _groups(row, "eager" if side == "eager" else "baseline"), mine, paired=True
+            cstats.row_groups(row, "eager" if side == "eager" else "baseline"), mine, paired=True
         )
     return cstats.ratio_interval(user.groups(side), mine, paired=row is user.row)
 

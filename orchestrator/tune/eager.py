@@ -35,10 +35,6 @@ Stock = tuple[str, dict[str, Any], str]
 their side in that row: `compiled` or `baseline`)."""
 
 
-def _samples(row: dict[str, Any], side: str) -> list[list[float]]:
-    return cstats.split_groups(row.get(f"{side}_samples_ms") or [], row.get("samples_per_repeat"))
-
-
 def check(entry: dict[str, Any], row: dict[str, Any], side: str, cell_dtype: str) -> dict[str, Any]:
     """What P's row says of eager against P (the compiled preset `entry`, whose samples are the
     row's `side`: `compiled`, or `baseline` for the stock config of a confirmation job): a record
@@ -98,16 +94,16 @@ def vs_stock(row: dict[str, Any], stock: Stock) -> dict[str, Any]:
     paired where both were timed in the same processes (the same row), else unpaired (the stock
     config timed apart because it differs in a runtime setting), and which it is, in words."""
     name, stock_row, side = stock
-    eager = _samples(row, "eager")
+    eager = cstats.row_groups(row, "eager")
     if stock_row is row:
-        iv = cstats.ratio_interval(_samples(row, side), eager, paired=True)
+        iv = cstats.ratio_interval(cstats.row_groups(row, side), eager, paired=True)
         scope = (
             f"paired: eager and {name} interleaved in the same {iv.processes} processes (job {row['job_id']})"
         )
     else:
-        iv = cstats.ratio_interval(_samples(stock_row, side), eager, paired=False)
+        iv = cstats.ratio_interval(cstats.row_groups(stock_row, side), eager, paired=False)
         scope = (
-            f"unpaired: {name} in the {len(_samples(stock_row, side))} processes of job {stock_row['job_id']}, "
+            f"unpaired: {name} in the {len(cstats.row_groups(stock_row, side))} processes of job {stock_row['job_id']}, "
             f"eager in the {len(eager)} processes of job {row['job_id']} (they differ in a runtime setting)"
         )
     return {

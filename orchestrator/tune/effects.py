@@ -189,11 +189,6 @@ class SettingEffect:
         return text
 
 
-def _samples(row: dict[str, Any]) -> list[list[float]]:
-    samples = row.get("compiled_samples_ms") or []
-    return cstats.split_groups(samples, row.get("samples_per_repeat")) if samples else []
-
-
 VERDICTS = {"faster": "helps", "slower": "hurts", "no gain": "same", "unclear": "unclear"}
 
 
@@ -221,7 +216,7 @@ def setting_effects(rows: list[dict[str, Any]]) -> dict[str, dict[str, SettingEf
                 label = setting_label(base_flat, other_flat, other.get("mode"))
                 if label is None:
                     continue
-                b, o = _samples(base), _samples(other)
+                b, o = cstats.row_groups(base, "compiled"), cstats.row_groups(other, "compiled")
                 if b and o:
                     iv = cstats.ratio_interval(b, o, paired=False)
                     gain, low, high = iv.estimate, iv.low, iv.high

@@ -19,14 +19,12 @@ from store.rows import latest_rows
 
 def sample_groups(row: dict[str, Any]) -> list[list[float]]:
     """A row's compiled wall-time samples, one group per process."""
-    return cstats.split_groups(row.get("compiled_samples_ms") or [], row.get("samples_per_repeat"))
+    return cstats.row_groups(row, "compiled")
 
 
 def device_groups(row: dict[str, Any]) -> list[list[float]]:
     """A row's compiled device-time samples (GPU rows), one group per process."""
-    return cstats.split_groups(
-        row.get("compiled_device_samples_ms") or [], row.get("device_samples_per_repeat")
-    )
+    return cstats.row_groups(row, "compiled", device=True)
 
 
 def latest_by_cell(table: pa.Table) -> dict[tuple, dict[str, Any]]:
