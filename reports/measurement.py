@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "--noise", nargs="*", default=[], help="JSON files written by benchmarks/noise.py --save"
     )
     parser.add_argument(
-        "--phases", nargs="*", default=[], help="result .parquet files (benchmarks/device/pack.py)"
+        "--phases", nargs="*", default=[], help="result .parquet files (benchmarks/transfer/pack.py)"
     )
     parser.add_argument("--gpu", required=True, help="GPU name for the title, e.g. H100")
     parser.add_argument("--notes-file", help="Markdown placed under the title (commands, versions, findings)")

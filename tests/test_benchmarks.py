@@ -5,7 +5,7 @@ it runs at full size, not here: these assert that it runs to its table, not how 
 
 Each small mode goes through the script's own code path with the least work: the toy MLP (or a
 model that ends a tune at rung 0), one process where the full run takes several, a few timed
-calls. `benchmarks/device/` holds no benchmark: pack.py and unpack.py move a sweep's output
+calls. `benchmarks/transfer/` holds no benchmark: pack.py and unpack.py move a sweep's output
 between hosts. `two_class_cluster.py` is two_class.py's cluster, run by its test."""
 
 from __future__ import annotations
