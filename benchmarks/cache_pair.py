@@ -1,6 +1,6 @@
 """Tune wall time with and without the shared compile cache, side by side on one multi-GPU host.
 
-Issue 22 asks for the tune's wall time with and without the shared cache, with max-autotune
+What it measures: the tune's wall time with and without the shared cache, with max-autotune
 candidates included. Within one tune the cache can only save the recompiles of promoted
 candidates and the GEMM/conv timings that max-autotune siblings share
 (docs/results/h100-tune-runtime.md, section 6); the large saving is the *next* tune of the same

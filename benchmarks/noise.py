@@ -10,7 +10,7 @@ the later ones warm against it), samples pooled, intervals from the hierarchical
 For each cell it prints every sweep's medians with their 95% intervals, clocks and compile
 times, then the spread (max / min - 1) of the eager median, the compiled median and the speedup
 across the sweeps, and whether each sweep's interval contains the median of all sweeps. Target
-(issue 8): speedup spread <= 5%, or every sweep's speedup interval contains that median.
+(the reproducibility target): speedup spread <= 5%, or every sweep's speedup interval contains that median.
 
     python benchmarks/noise.py                        # both cells, 5 sweeps of 3 processes, GPU if any
     python benchmarks/noise.py --cells resnet-50 --sweeps 5 --repeats 3 --save noise.json
@@ -57,9 +57,9 @@ CELLS = {
     "resnet-50-fp32": Cell(
         "resnet-50/bs16/fp32/default", "GPU-bound", "hf:microsoft/resnet-50", 16, "fp32", None
     ),
-    # issue 8 saw bimodal compiled samples here (p10 2.76 ms, median 4.04, p90 4.53)
+    # an H100 sweep saw bimodal compiled samples here (p10 2.76 ms, median 4.04, p90 4.53)
     "resnet-50-bs16": Cell(
-        "resnet-50/bs16/tf32/default", "bimodal in issue 8", "hf:microsoft/resnet-50", 16, "tf32", None
+        "resnet-50/bs16/tf32/default", "bimodal on an H100", "hf:microsoft/resnet-50", 16, "tf32", None
     ),
     # the toy MLP: a cell that compiles in seconds on a CPU, for the benchmark's own test
     "mlp": Cell("mlp/bs1/fp32/default", "toy", "python:workers.toy:mlp", 1, "fp32", None),

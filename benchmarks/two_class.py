@@ -1,6 +1,6 @@
 """Two GPU classes on one multi-GPU host: a real multi-node Ray cluster, one sweep across both
 classes, presets and export per class, a lost node retried on its class, and a nightly whose test
-hook slows one class only (issue 24).
+hook slows one class only.
 
     python3 benchmarks/two_class.py --out runs/two-class            # on a host with 2 GPUs
     python3 benchmarks/two_class.py --out /tmp/tc --fake-gpus       # rehearsal on a CPU-only host

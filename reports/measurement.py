@@ -29,7 +29,7 @@ from compiler.job import PHASES
 from compiler.statistics import spread
 
 SPREAD_TARGET = 0.05
-"""Issue 8: a cell's speedup across separate sweeps within 5%, or every interval holding the median."""
+"""The reproducibility target: a cell's speedup across separate sweeps within 5%, or every interval holding the median."""
 
 Row = dict[str, Any]
 

@@ -181,7 +181,7 @@ def mixed(tmp_path) -> Path:
 
 
 def test_plan_over_a100_v100_t4_shows_unsupported_cells_with_reasons(mixed, capsys):
-    """The issue's done-when: plan of [A100, V100, T4] with bf16 and max-autotune, no GPU, no Ray."""
+    """Plan of [A100, V100, T4] with bf16 and max-autotune marks the cells a class cannot run, no GPU, no Ray."""
     assert main(["plan", str(mixed)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()

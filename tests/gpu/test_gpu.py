@@ -1,6 +1,6 @@
 """Checks that need a CUDA device and the GPU image (timm, torchvision): ``pytest -m gpu tests/gpu``.
 
-Run on the device machine; the default tier deselects them (``-m 'not gpu'``).
+Run on a machine with a CUDA GPU (``python -m pytest -m gpu``); the default tier deselects them (``-m 'not gpu'``).
 """
 
 from __future__ import annotations

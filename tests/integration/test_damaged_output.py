@@ -1,4 +1,4 @@
-"""A finished output damaged in every way that keeps its files valid Parquet (issue 28): a part
+"""A finished output damaged in every way that keeps its files valid Parquet: a part
 replaced by another's bytes, copied under a new name, renamed; a castable wrong type; a missing
 and an extra column; a flipped byte in a column name in the footer; an `ok` row with every other
 column null. Each one on an output with its commit ledger and (where a ledger is not what finds

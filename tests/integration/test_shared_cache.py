@@ -122,7 +122,7 @@ def test_sweep_runs_without_the_cache_when_redis_cannot_start(sweep_file, tmp_pa
 def test_autotune_work_is_shared_within_a_class_kept_across_servers_and_never_read_cold(sweep_file, tmp_path):
     """One max-autotune candidate benchmarks the model's GEMM and shares the timings; the
     driver's own Redis dies with the sweep, and OUT/shared-cache.parquet carries them to the
-    server of the `--resume` (as a tune cut at a device deadline and resumed on a fresh machine),
+    server of the `--resume` (as a tune cut at a batch job's deadline and resumed on a fresh machine),
     so the cell's other candidate benchmarks none of them. Another hardware class finds nothing
     in its own namespace; a sweep measuring cold compiles reads nothing; and `orchestrate tune
     --cache-from OUT` seeds a re-tune's own Redis with what OUT kept."""
