@@ -2,7 +2,7 @@
 job's next process started ahead (`workers.ahead`), then compared.
 
 Per model it prints the job efficiency of each run (compiling, timing and checking accuracy over
-the jobs' wall time: `reports.efficiency`), and for the sweep the wall time of each run (its first
+the jobs' wall time: `analysis.efficiency`), and for the sweep the wall time of each run (its first
 job's dispatch to its last job's end) and their ratio. The two runs are then compared cell by
 cell with the project's own regression rules (`reports.regression.compare`, `thresholds.json`)
 as an A/A check: the overlap must not move any timing, so no cell may be flagged either way.
@@ -46,10 +46,10 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.efficiency import efficiency  # noqa: E402
 from compiler import statistics as cstats  # noqa: E402
 from compiler.env import format_cpus  # noqa: E402
 from orchestrator.fleet.inventory import local_gpus  # noqa: E402
-from reports.efficiency import efficiency  # noqa: E402
 from reports.regression import compare  # noqa: E402
 from store.runlog import read_runs  # noqa: E402
 from store.schema import read_results  # noqa: E402

@@ -32,7 +32,7 @@ PHASES = (
 """Phases of a job process, in order; each has a `phase_<name>_s` column (summed over processes)."""
 MEASURING = ("compile", "timing", "accuracy")
 """The phases whose time is the work a sweep is run for: a job's efficiency is their share of its
-wall time (the row's `job_efficiency`, `reports.efficiency`)."""
+wall time (the row's `job_efficiency`, `analysis.efficiency`)."""
 
 
 def job_efficiency(row: Mapping[str, Any]) -> float | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from reports import efficiency
+from analysis import efficiency
 from store.layout import REPORT_FILE
 from store.storage import Target, resolve
 
@@ -44,11 +44,11 @@ def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]
 
 def stock_user_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]]]]:
     """{hardware: (header, rows)}: per (model, batch size), a stock PyTorch user's eager and
-    torch.compile latencies (`store.stock`: the model's fp32 under torch's defaults,
+    torch.compile latencies (`analysis.stock`: the model's fp32 under torch's defaults,
     the faster stock mode) and, per precision swept, the fastest config's speedup over that
     torch.compile with its error against fp64. Empty where no cell timed a stock user."""
+    from analysis.stock import stock_user, versus
     from compiler.precision import POLICIES
-    from store.stock import stock_user, versus
 
     cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for row in table.to_pylist():
@@ -133,7 +133,7 @@ def render(table: pa.Table, markdown: bool = True) -> str:
         for hw, (header, rows) in stock.items():
             parts.append(f"## {hw}\n" if markdown else f"[{hw}]")
             parts.append((_markdown_table if markdown else _text_table)(header, rows) + "\n")
-    time_went = efficiency.render(table.to_pylist(), markdown)  # reports/efficiency.py
+    time_went = efficiency.render(table.to_pylist(), markdown)  # analysis/efficiency.py
     if time_went:
         parts.append(time_went)
     return "\n".join(parts)

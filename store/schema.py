@@ -74,7 +74,7 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   first process started ahead (`workers.lanes`); `wall_s` leaves that wait out.
 - 12: results gain which GPU of its host a job ran on (`gpu_index`, `gpu_uuid`, `gpu_pci_bus_id`)
   and where it and the timing thread sat (`gpu_numa_node`, `timing_numa_nodes`).
-- 13: `job_efficiency` counts the accuracy phase as work, as `reports.efficiency` always did
+- 13: `job_efficiency` counts the accuracy phase as work, as `analysis.efficiency` always did
   (`compiler.job.MEASURING`); older files' rows are recomputed so on read (`upgrade_results`).
 - 14: results gain `cache_rejected`, the shared-cache entries a job did not use: unsealed, sealed
   with another key, or handed back by a compile that then failed and succeeded without the cache.

@@ -1,4 +1,4 @@
-"""Where a sweep's time went (reports/efficiency.py): the job efficiency and the largest phases,
+"""Where a sweep's time went (analysis/efficiency.py): the job efficiency and the largest phases,
 printed at the end of a sweep and by `orchestrate report` (a real sweep's end is
 tests/integration/test_sweep_cpu.py's)."""
 
@@ -8,9 +8,9 @@ from contextlib import closing
 
 import pytest
 
+from analysis import efficiency
 from compiler.job import PHASES
 from orchestrator.cli import main
-from reports import efficiency
 from store.rows import make_row
 from store.sink import ResultSink
 

@@ -81,10 +81,10 @@ def add_parsers(sub) -> None:
 
 
 def cmd_sweep(args) -> int:
+    from analysis import efficiency
     from orchestrator.fleet.driver import run_sweep
     from orchestrator.fleet.preflight import history_problem, preflight
     from orchestrator.fleet.progress import format_duration
-    from reports import efficiency
     from store.schema import results_path
     from store.storage import StorageError
 

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analysis.stock import stock_user, versus
 from compiler import accuracy as acc
 from compiler import durable, runtime
 from compiler import statistics as cstats
@@ -24,7 +25,6 @@ from orchestrator.tune import eager
 from orchestrator.tune.effects import setting_effects, what_won
 from store.layout import PRESETS_FILE, PRESETS_TABLE_FILE
 from store.schema import PRESETS_SCHEMA, read_results, results_path
-from store.stock import stock_user, versus
 from store.storage import Location, Target, resolve
 
 PRESET_FORMAT = 5

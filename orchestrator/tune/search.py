@@ -61,6 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from analysis import efficiency
 from compiler import statistics as cstats
 from compiler.accuracy import Budget
 from compiler.job import Job, software_stack
@@ -87,7 +88,6 @@ from orchestrator.tune.plan import (
 from orchestrator.tune.presets import durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import Candidate
 from orchestrator.tune.summary import TuneSummary
-from reports import efficiency
 from store.fields import HARNESS_ERROR
 from store.layout import DEPLOYED_FILE, ROUNDS, TUNE_FILE
 from store.lock import holding

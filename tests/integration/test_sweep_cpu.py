@@ -49,7 +49,7 @@ def test_sweep_records_every_job_and_faults_become_rows(sweep_file, tmp_path, ca
 
     proc = orchestrate("sweep", str(sweep), "--out", str(out), "--cpus-per-job", "1", "--lock-clocks")
     assert "done in" in proc.stdout
-    # where the run's time went (reports/efficiency.py), after the counts
+    # where the run's time went (analysis/efficiency.py), after the counts
     assert "of wall time over 5 jobs; " in proc.stdout.split("done in")[1], proc.stdout
     assert "--lock-clocks: this sweep runs on no GPU class; nothing to lock" in proc.stderr
 

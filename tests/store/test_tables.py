@@ -386,7 +386,7 @@ def test_run_log_appends_and_finishes_entries(tmp_path, table_spec):
 
 def test_a_job_efficiency_written_before_schema_13_reads_with_its_accuracy_phase_as_work(tmp_path, rows):
     """Older files' `job_efficiency` left the accuracy phase out, where the sweep's summary
-    (`reports.efficiency`) counted it: read back, it is recomputed as rows are written now, and a
+    (`analysis.efficiency`) counted it: read back, it is recomputed as rows are written now, and a
     current file's value is left as written."""
     from store.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY
 
