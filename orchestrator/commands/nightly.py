@@ -1,5 +1,5 @@
 """`nightly`: a sweep run into a new dated folder under --history and compared with the last run
-there (orchestrator.fleet.nightly), made for cron and CI (docs/regression.md)."""
+there (orchestrator.workflows.nightly), made for cron and CI (docs/regression.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def add_parsers(sub) -> None:
 def cmd_nightly(args) -> int:
     from compiler.statistics import load_thresholds
     from orchestrator.fleet.address import check_ray_address
-    from orchestrator.fleet.nightly import run_nightly
+    from orchestrator.workflows.nightly import run_nightly
     from reports.regression import to_markdown
     from store.storage import StorageError, check_writable, checked
 

@@ -223,7 +223,7 @@ def _compare_runs(args, out, table) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.history:
-        from orchestrator.fleet.nightly import RUN_NAME, compare_with_history, earlier_runs
+        from orchestrator.workflows.nightly import RUN_NAME, compare_with_history, earlier_runs
 
         name = out.path.rstrip("/").rsplit("/", 1)[-1]
         before = name if RUN_NAME.match(name) else "~"  # a dated run: only the runs older than it

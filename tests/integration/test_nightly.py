@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from orchestrator.fleet.driver import SweepOptions, ray_session
-from orchestrator.fleet.nightly import (
+from orchestrator.spec.sweep import parse_spec
+from orchestrator.workflows.nightly import (
     REPORT_HTML,
     REPORT_JSON,
     REPORT_MD,
@@ -24,7 +25,6 @@ from orchestrator.fleet.nightly import (
     run_name,
     run_nightly,
 )
-from orchestrator.spec.sweep import parse_spec
 from store.schema import read_results
 from store.storage import checked
 
