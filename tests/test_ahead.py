@@ -169,8 +169,8 @@ def test_a_run_without_the_overlap_starts_each_process_after_the_one_before(lock
     job's processes run one after another, its row saying why."""
     import inspect
 
-    from orchestrator.fleet.driver import task_kwargs
     from orchestrator.fleet.options import SweepOptions
+    from orchestrator.fleet.ray_tasks import task_kwargs
     from workers.task import execute_job
 
     assert task_kwargs(SweepOptions(out_dir="o", overlap=False)) == {"overlap": False}

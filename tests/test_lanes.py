@@ -26,9 +26,9 @@ from compiler.config import CompileConfig
 from compiler.env import format_cpus, parse_cpus
 from compiler.job import Job, MeasureSpec, ModelSpec
 from orchestrator.fleet import scheduler as scheduler_module
-from orchestrator.fleet.driver import _remote_for, task_kwargs, uses_lanes
 from orchestrator.fleet.inventory import HardwareClass
 from orchestrator.fleet.options import SweepOptions
+from orchestrator.fleet.ray_tasks import remote_for, task_kwargs, uses_lanes
 from orchestrator.fleet.scheduler import Scheduler
 from tests.ahead_model import LOG_ENV
 from workers.ahead import Overlap, Step
@@ -312,8 +312,8 @@ def test_gpu_tasks_are_admitted_two_to_a_gpu_where_lanes_are_on(monkeypatch):
     """The driver's side: with the overlap on, a GPU class's tasks ask Ray for half a GPU and half
     a job's cores, twice as many run at once, and each task is told to go through its lane."""
     hw = HardwareClass("H100", "cuda", ["n1"], slots=4, cpus_per_job=13)
-    laned = _remote_for(hw, ["H100"], lanes=True)._default_options
-    plain = _remote_for(hw, ["H100"])._default_options
+    laned = remote_for(hw, ["H100"], lanes=True)._default_options
+    plain = remote_for(hw, ["H100"])._default_options
     assert laned["num_gpus"] == 1 / LANE_DEPTH and laned["num_cpus"] == 13 / LANE_DEPTH
     assert plain["num_gpus"] == 1 and plain["num_cpus"] == 13
     assert uses_lanes(SweepOptions(out_dir="o")) and not uses_lanes(SweepOptions(out_dir="o", overlap=False))

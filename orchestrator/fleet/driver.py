@@ -4,33 +4,32 @@
 the output's lock, reads what the output holds (`orchestrator.fleet.existing`), then runs: plan ->
 start the run log -> dispatch -> finish, or stop (Ctrl-C, SIGTERM, --deadline, a refused write).
 The dispatch loop itself (windows per class, retries, lost classes) is `orchestrator.fleet.scheduler`;
-every job ends as one row, whatever happened to its task.
+every job ends as one row, whatever happened to its task. How a job becomes a Ray task (the
+connection, each class's remote function and its placement) is `orchestrator.fleet.ray_tasks`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import shlex
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from compiler.job import Job
-from orchestrator.fleet.address import connect_error
 from orchestrator.fleet.cache import CacheLive, shared_cache
 from orchestrator.fleet.existing import quarantine_damage, read_done
-from orchestrator.fleet.inventory import ACCEL_LABEL, HardwareClass, cluster_classes, local_cpus, resolve
+from orchestrator.fleet.inventory import HardwareClass, cluster_classes, resolve
 from orchestrator.fleet.options import SweepOptions
 from orchestrator.fleet.ordering import History, longest_first
 from orchestrator.fleet.preflight import Checked, check_inputs
 from orchestrator.fleet.progress import Progress
+from orchestrator.fleet.ray_tasks import ray_session, remote_for, task_kwargs, uses_lanes
 from orchestrator.fleet.scheduler import Scheduler
 from orchestrator.fleet.stopping import DeadlineReached, check_deadline, sigterm_as_interrupt
 from orchestrator.fleet.summary import SweepSummary
@@ -52,72 +51,6 @@ from workers.runner import plural
 
 class SweepInterrupted(RuntimeError):
     pass
-
-
-@contextmanager
-def ray_session(address: str | None) -> Iterator[None]:
-    """Connect to `address`, or start a private local Ray for the duration of the block.
-
-    A bare `ray.init()` would silently attach to any cluster already running on this machine;
-    `address="local"` always starts a new one, with the cores this process may run on
-    (`inventory.local_cpus`: a sweep under `taskset` plans only those).
-    """
-    import ray
-
-    if ray.is_initialized():  # embedded use (tests, notebooks): keep the caller's cluster
-        yield
-        return
-    local = {"num_cpus": local_cpus()} if address in (None, "local") else {}
-    try:
-        ray.init(
-            address=address or "local",
-            **local,
-            include_dashboard=False,
-            logging_level=logging.ERROR,
-            log_to_driver=False,
-            configure_logging=True,
-        )
-    except ConnectionError as exc:  # a refused token, a GCS that went away after the address check
-        raise connect_error(address, exc) from None
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def _remote_for(
-    hw: HardwareClass,
-    gpu_classes: list[str],
-    body: Callable[..., dict[str, Any]] | None = None,
-    lanes: bool = False,
-):
-    """The per-job remote function of a class: its slot's resources and its placement.
-
-    GPU classes: one GPU (with `lanes`, `1 / LANE_DEPTH` of one and of a job's cores: the node's
-    GPU locks let one job at a time run on a GPU while the next waits, its first process started
-    ahead, `workers.lanes`), the `accelerator_type:<class>` resource (on every node of that type,
-    autoscaled ones too) and, where all its nodes carry it, the class's label: a node labelled as
-    another class still has the resource of the GPU Ray detects. CPU class: a label selector that
-    keeps CPU jobs off GPU nodes, whose cores belong to their GPU jobs."""
-    import ray
-
-    from workers.task import execute_job
-
-    opts: dict[str, Any] = {"num_cpus": hw.cpus_per_job, "max_retries": 0}
-    if hw.device == "cuda":
-        opts["num_gpus"] = 1
-        if lanes:
-            opts["num_gpus"] = 1 / LANE_DEPTH
-            opts["num_cpus"] = hw.cpus_per_job / LANE_DEPTH
-        opts["max_calls"] = 0  # the Ray worker never touches CUDA itself: reuse it across jobs
-        if hw.name != "GPU":
-            opts["resources"] = {f"accelerator_type:{hw.name}": 0.001}
-            if hw.labelled:
-                opts["label_selector"] = {ACCEL_LABEL: hw.name}
-    elif gpu_classes:
-        # no space after the commas: Ray reads " T4" as a value of its own, and T4 nodes would match
-        opts["label_selector"] = {ACCEL_LABEL: f"!in({','.join(gpu_classes)})"}
-    return ray.remote(**opts)(body or execute_job)
 
 
 def plan_jobs(
@@ -354,25 +287,6 @@ def _announce(
         print("".join(f"note: {n}\n" for n in notes), end="", file=stream)
 
 
-def uses_lanes(opts: SweepOptions, task_body: Callable[..., dict[str, Any]] | None = None) -> bool:
-    """Whether GPU jobs go through lanes (`workers.lanes`): with the overlap on, for the project's
-    own task (a replaced task body, the dispatch benchmark's, knows nothing of them)."""
-    return opts.overlap and task_body is None
-
-
-def task_kwargs(opts: SweepOptions, lanes: bool = False) -> dict[str, Any]:
-    """The run options every job's task takes as keywords (`workers.task.execute_job`), given
-    only where they differ from its defaults; `lanes` where GPU tasks are admitted `LANE_DEPTH`
-    to a GPU (`uses_lanes`). The shared cache is given per task, as it is when the task is sent
-    (`_scheduler`: it may have stopped answering since the run began)."""
-    found: dict[str, Any] = {}
-    if not opts.overlap:
-        found["overlap"] = False
-    elif lanes:
-        found["lanes"] = True
-    return found
-
-
 def _scheduler(
     run: _Plan,
     opts: SweepOptions,
@@ -386,7 +300,7 @@ def _scheduler(
     lanes = uses_lanes(opts, task_body)
     return Scheduler(
         classes=run.classes,
-        remotes={name: _remote_for(run.classes[name], gpu_classes, task_body, lanes) for name in run.used},
+        remotes={name: remote_for(run.classes[name], gpu_classes, task_body, lanes) for name in run.used},
         depth={name: LANE_DEPTH for name in gpu_classes} if lanes else {},
         task_args=(opts.scratch_root, (os.getcwd(),), opts.lock_clocks),
         run_id=run.run_id,

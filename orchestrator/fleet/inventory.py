@@ -31,7 +31,7 @@ class HardwareClass:
     """Cores each job of this class reserves (and the thread count it gets)."""
     labelled: bool = True
     """Every node of this GPU class carries its name as the accelerator label, so jobs can be
-    placed by label as well as by resource (see `orchestrator.fleet.driver._remote_for`)."""
+    placed by label as well as by resource (see `orchestrator.fleet.ray_tasks.remote_for`)."""
 
 
 def node_class(node: dict[str, Any]) -> tuple[str, DeviceKind]:

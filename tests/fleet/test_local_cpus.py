@@ -18,7 +18,7 @@ CORES = sorted(os.sched_getaffinity(0))
 CHILD = textwrap.dedent(
     """
     import json, ray
-    from orchestrator.fleet.driver import ray_session
+    from orchestrator.fleet.ray_tasks import ray_session
     from orchestrator.fleet.inventory import local_classes, local_cpus
     cpu = local_classes()["cpu"]
     with ray_session(None):

@@ -14,7 +14,8 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator.fleet.driver import SweepOptions, ray_session
+from orchestrator.fleet.driver import SweepOptions
+from orchestrator.fleet.ray_tasks import ray_session
 from orchestrator.spec.sweep import parse_spec
 from orchestrator.workflows.nightly import (
     REPORT_HTML,
