@@ -226,7 +226,7 @@ def results_path(out_dir: Target) -> Location:
 def table_spec(table: str):
     """What the strict reader (`store.reader`) checks the parts of `table` against."""
     from store import invariants
-    from store.reader import TableSpec
+    from store.part_rules import TableSpec
 
     common = (table, TABLES[table], PARTITION_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY)
     if table == RESULTS_DIR:
