@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.modeling_outputs import ImageClassifierOutput
 
-from workers import hf_models, toy, zoo
+from workers import hf_checkpoints, hf_models, toy, zoo
 
 BENCHMARK_IDS = {
     "hf:google/vit-base-patch16-224",
@@ -104,7 +104,7 @@ def test_entries_carry_checkpoint_metadata(model_id):
 
 def test_checkpoint_configs_match_the_hub():
     # Config objects only (cheap): the full-size models are checked by a one-off script, not here.
-    specs = {spec.model_id: spec for spec in hf_models.SPECS}
+    specs = {spec.model_id: spec for spec in hf_checkpoints.SPECS}
     resnet = specs[RESNET].config()
     assert resnet.depths == [3, 4, 6, 3] and resnet.num_labels == 1000
     assert specs["hf:microsoft/beit-base-patch16-224-pt22k-ft22k"].config().num_labels == 21841
@@ -438,7 +438,7 @@ def test_a_python_model_job_and_a_plain_sweep_never_import_transformers(tmp_path
         "model, inputs = zoo.load_python_factory('python:workers.toy:mlp')(2, None, None)\n"
         "assert len(zoo.output_tensors(model(**inputs))) == 1\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'"
-        " or m == 'workers.hf_models'))\n"
+        " or m in ('workers.hf_models', 'workers.hf_checkpoints')))\n"
         "assert zoo.is_known('hf:microsoft/resnet-50') and 'transformers' in sys.modules\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -4,7 +4,8 @@ Three kinds of model id:
 
 - ``"hf:<hub repo id>"``: a registered Hugging Face checkpoint (the eleven models of the Hugging Face
   torch.compile vision benchmark). The architecture is rebuilt from a hard-coded, checkpoint-matching
-  config with seeded random weights, so nothing is downloaded; see ``workers/hf_models.py``.
+  config with seeded random weights, so nothing is downloaded; see ``workers/hf_models.py`` (the
+  checkpoints' configs: ``workers/hf_checkpoints.py``).
   ``load_pretrained`` loads the real weights instead when they exist locally.
 - ``"timm:<name>"`` / ``"torchvision:<name>"``: see ``workers/external.py``.
 - ``"python:<dotted.module>:<function>"``: a user factory, ``fn(batch_size, input_size, overrides) ->
@@ -31,8 +32,9 @@ from compiler.job import Task
 if TYPE_CHECKING:
     from workers.hf_models import HFModelSpec
 
-# transformers and workers.hf_models (about 2 s of imports on a 2-core machine) load on first use
-# of an hf: id, so a process that only runs python:, timm: or torchvision: models never pays them.
+# transformers, workers.hf_models and workers.hf_checkpoints (about 2 s of imports on a 2-core
+# machine) load on first use of an hf: id, so a process that only runs python:, timm: or
+# torchvision: models never pays them.
 
 __all__ = [
     "SMALL_IMAGE_SIZE",
@@ -120,8 +122,8 @@ class Registry(Generic[T]):
 
 
 def build_default_registry() -> Registry[HFModelSpec]:
-    """A fresh registry holding every checkpoint of ``workers.hf_models.SPECS``."""
-    from workers.hf_models import SPECS
+    """A fresh registry holding every checkpoint of ``workers.hf_checkpoints.SPECS``."""
+    from workers.hf_checkpoints import SPECS
 
     registry: Registry[HFModelSpec] = Registry("model id", UnknownModelError)
     for spec in SPECS:
