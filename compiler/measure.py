@@ -1,6 +1,6 @@
 """Measurement primitives: warm-up, interleaved latency samples, output comparison (against eager
 and against an fp64 reference), peak memory, FLOPs. Summaries and confidence intervals of the
-samples are `compiler.statistics`."""
+samples are `compiler.statistics`; the host's state while they are taken, `compiler.host_state`."""
 
 from __future__ import annotations
 
@@ -134,74 +134,6 @@ def _union_us(spans: list[tuple[float, float]]) -> float:
             total += b - end
             end = b
     return total
-
-
-def host_probe_us(ops: int = 200, repeats: int = 5) -> float:
-    """Host dispatch speed: median over `repeats` of the mean time of one tiny CPU tensor op, us.
-
-    A launch-bound cell (a small batch whose kernels finish before the host issues the next)
-    runs at the pace of PyTorch's dispatcher on the host, the code path this probe runs; a
-    neighbour on a shared host that slows it (CPU time, caches, memory bandwidth) slows the cell."""
-    x = torch.zeros(8)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(ops):
-            x.add_(1.0)
-        times.append((time.perf_counter() - t0) * 1e6 / ops)
-    return statistics.median(times)
-
-
-def cpu_steal_ticks() -> tuple[int, int] | None:
-    """(steal, total) clock ticks of all CPUs so far, from /proc/stat (Linux); None elsewhere.
-    Steal is time a hypervisor gave this VM's CPUs to someone else."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
-
-
-def cpu_mhz(cores: Sequence[int]) -> float | None:
-    """Mean current frequency of `cores`, MHz: cpufreq's `scaling_cur_freq` where the host has it,
-    else the `cpu MHz` lines of /proc/cpuinfo; None where neither says (Linux only)."""
-    found = []
-    for n in cores:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{n}/cpufreq/scaling_cur_freq") as f:
-                found.append(int(f.read().strip()) / 1e3)
-        except (OSError, ValueError):
-            break
-    if len(found) == len(cores) and found:
-        return statistics.fmean(found)
-    try:
-        with open("/proc/cpuinfo") as f:
-            per_core, core = {}, None
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "processor":
-                    core = int(value)
-                elif key.strip() == "cpu MHz" and core is not None:
-                    per_core[core] = float(value)
-    except (OSError, ValueError):
-        return None
-    values = [per_core[n] for n in cores if n in per_core]
-    return statistics.fmean(values) if values else None
-
-
-def gc_collections() -> int:
-    """Python garbage collections so far, all generations."""
-    import gc
-
-    return sum(s["collections"] for s in gc.get_stats())
-
-
-def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    """Share of the CPU time between two `cpu_steal_ticks` readings that the hypervisor stole."""
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def synchronize(device: str) -> None:

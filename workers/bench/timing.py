@@ -50,7 +50,7 @@ def timed_rounds(run: JobRecord, model, compiled, input_sets, baseline=None) -> 
     columns, `*_b2b_ms`, the host's columns and, on a GPU, the clocks' summary."""
     import torch
 
-    from compiler import measure
+    from compiler import host_state, measure
     from compiler.clocks import ClockSampler
     from workers.repeats import device_fields, latency_fields
 
@@ -66,7 +66,7 @@ def timed_rounds(run: JobRecord, model, compiled, input_sets, baseline=None) -> 
             dev,
             job.measure.iterations,
             job.measure.rounds,
-            after_round=lambda: probes.append(measure.host_probe_us()),
+            after_round=lambda: probes.append(host_state.host_probe_us()),
         )
         eager_ms, compiled_ms = samples[0], samples[-1]
         factor = slowdown_hook(job.hardware)
@@ -109,16 +109,16 @@ def _timed_sides(run: JobRecord, model, compiled, input_sets, baseline) -> list:
 def _host_before() -> dict[str, Any]:
     """The host's state before the rounds: CPU steal ticks, the cores the job runs on, the load,
     their clock and the garbage collections so far."""
-    from compiler import measure
+    from compiler import host_state
 
-    steal = measure.cpu_steal_ticks()
+    steal = host_state.cpu_steal_ticks()
     cores = sorted(os.sched_getaffinity(0))
     return {
         "steal": steal,
         "cores": cores,
         "load": os.getloadavg()[0],
-        "mhz": [measure.cpu_mhz(cores)],
-        "gc": measure.gc_collections(),
+        "mhz": [host_state.cpu_mhz(cores)],
+        "gc": host_state.gc_collections(),
     }
 
 
@@ -126,17 +126,17 @@ def _host_fields(before: dict[str, Any]) -> dict[str, Any]:
     """The host columns of the rounds since `before`: the share of CPU time stolen (where the
     kernel counts it), the mean core clock before and after, the load, and the garbage
     collections during timing."""
-    from compiler import measure
+    from compiler import host_state
 
     fields: dict[str, Any] = {}
-    steal = measure.steal_share(before["steal"], measure.cpu_steal_ticks())
+    steal = host_state.steal_share(before["steal"], host_state.cpu_steal_ticks())
     if steal is not None:
         fields["host_steal_share"] = steal
-    mhz = [m for m in (*before["mhz"], measure.cpu_mhz(before["cores"])) if m is not None]
+    mhz = [m for m in (*before["mhz"], host_state.cpu_mhz(before["cores"])) if m is not None]
     fields.update(
         host_cpu_mhz=[statistics.fmean(mhz) if mhz else None],
         host_load_1m=[before["load"]],
-        timing_gc_collections=[measure.gc_collections() - before["gc"]],
+        timing_gc_collections=[host_state.gc_collections() - before["gc"]],
     )
     return fields
 
