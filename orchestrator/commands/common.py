@@ -297,32 +297,57 @@ def sweep_options(args, out, **extra):
 
 
 def check_plan_locally(spec, args, plan=None) -> bool:
-    """For a run on this machine (no --address, or `local`): --only, the sweep's hardware and
-    --cpus-per-job checked against the classes its private Ray will have, before Ray starts (a
-    typo cost Ray's start, 10-40 s on a loaded 2-core machine). `plan` makes the jobs from those
-    classes (default: the sweep's matrix; `tune` gives its candidates), and --scratch tried. False,
+    """For a run on this machine (no --address, or `local`): --scratch tried, and --only, the
+    sweep's hardware and --cpus-per-job checked against the classes its private Ray will have,
+    before Ray starts (a typo cost Ray's start, 10-40 s on a loaded 2-core machine): the Python
+    API's check (`orchestrator.fleet.preflight.plan_here`) under the flags' names. `plan` makes the
+    jobs from those classes (default: the sweep's matrix; `tune` gives its candidates). False,
     after printing why, when nothing would run or the jobs could not make their scratch."""
-    from orchestrator.fleet.driver import plan_jobs
-    from orchestrator.fleet.inventory import MissingHardwareError, local_classes
-    from orchestrator.spec.matrix import NoJobMatches
-    from orchestrator.tune.plan import NothingToTune
-
-    if args.address not in (None, "local"):
-        return True
-    if problem := scratch_problem(args.scratch):
-        print(f"error: {problem}", file=sys.stderr)
-        return False
-    if plan is None:
-
-        def plan(classes):
-            return plan_jobs(spec, classes, args.only, args.timeout_cap, args.allow_missing)
+    from orchestrator.fleet.preflight import plan_here
 
     try:
-        plan(local_classes(args.cpus_per_job))
-    except (MissingHardwareError, NoJobMatches, NothingToTune) as exc:
+        plan_here(args.address, args.scratch, args.cpus_per_job, plan or _sweep_plan(spec, args), "--scratch")
+    except _plan_refusals() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return False
     return True
+
+
+def check_before_ray(spec, args, opts):
+    """`sweep`'s checks before Ray starts, the Python API's own
+    (`orchestrator.fleet.preflight.check_before_ray`: the output, the --address and --cache-redis
+    servers, every --history an output, then `check_plan_locally`'s) under the flags' names: what
+    they found, for `run_sweep` to trust, or None after printing why. A dead --address or
+    --cache-redis raises, for `main` to print."""
+    from orchestrator.fleet.preflight import check_before_ray as check
+    from store.storage import StorageError
+
+    try:
+        return check(opts, _sweep_plan(spec, args), "--history", "--scratch")
+    except (StorageError, *_plan_refusals()) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _sweep_plan(spec, args):
+    """The sweep's jobs on given hardware classes, as its flags select them."""
+    from orchestrator.fleet.driver import plan_jobs
+
+    def plan(classes):
+        return plan_jobs(spec, classes, args.only, args.timeout_cap, args.allow_missing)
+
+    return plan
+
+
+def _plan_refusals() -> tuple[type[Exception], ...]:
+    """What a plan on this machine refuses with: a --scratch where no directory can be made, a
+    class or an --only that leaves nothing to run."""
+    from orchestrator.fleet.inventory import MissingHardwareError
+    from orchestrator.fleet.options import OptionsError
+    from orchestrator.spec.matrix import NoJobMatches
+    from orchestrator.tune.plan import NothingToTune
+
+    return OptionsError, MissingHardwareError, NoJobMatches, NothingToTune
 
 
 def drive(run):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 from orchestrator.commands.common import (
@@ -13,7 +12,7 @@ from orchestrator.commands.common import (
     add_deadline,
     add_only,
     cache_redis_address,
-    check_plan_locally,
+    check_before_ray,
     deadline_at,
     drive,
     load_sweep,
@@ -83,10 +82,8 @@ def add_parsers(sub) -> None:
 def cmd_sweep(args) -> int:
     from analysis import efficiency
     from orchestrator.fleet.driver import run_sweep
-    from orchestrator.fleet.preflight import history_problem, preflight
     from orchestrator.fleet.progress import format_duration
     from store.schema import results_path
-    from store.storage import StorageError
 
     deadline = deadline_at(args)  # counted from the command's start
     spec = load_sweep(args.sweep)
@@ -105,17 +102,10 @@ def cmd_sweep(args) -> int:
         cache_redis=cache_redis,
         resume_command=resume_command(args, args.out or str(Path("runs") / spec.name)),
     )
-    try:
-        ready = preflight(opts)  # once, here: run_sweep trusts what it found
-    except StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    ready = check_before_ray(spec, args, opts)  # once, here: run_sweep trusts what it found
+    if ready is None:
         return EXIT_BAD_INPUT
     out = ready.out
-    if problem := history_problem(ready, "--history"):
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if not check_plan_locally(spec, args):
-        return EXIT_BAD_INPUT
     summary, code = drive(lambda: run_sweep(spec, opts, ready=ready))
     if summary is None:
         return code

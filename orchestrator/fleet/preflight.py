@@ -1,8 +1,10 @@
-"""What a sweep checks before Ray starts, once: the cluster and cache addresses answer, and the
-output and history locations can be used. The CLI runs `preflight` where its errors belong and
-hands `run_sweep` what it found; a caller that does not (a notebook, a benchmark) gets the same
-checks inside `run_sweep`, with those of the CLI's flags and its plan on this machine before
-them (`check_inputs`)."""
+"""What a sweep checks before Ray starts, once, for the CLI and the Python API alike
+(`check_before_ray`): the cluster and cache addresses answer and the output and history locations
+can be used (`preflight`), every history location is an output, and for a private local Ray the
+scratch directory can be made and the plan on this machine's classes plans (`plan_here`). The CLI
+runs it where its errors belong and hands `run_sweep` what it found; a caller that does not (a
+notebook, a benchmark) gets it inside `run_sweep`, after the checks the CLI's flag types make
+(`check_inputs`)."""
 
 from __future__ import annotations
 
@@ -50,27 +52,53 @@ def preflight(opts: SweepOptions) -> Checked:
 
 
 def check_inputs(spec: Any, opts: Any, plan: Callable[[dict[str, HardwareClass]], Any]) -> Checked:
-    """For a caller of `run_sweep` without the CLI (a notebook), what the CLI checks before Ray
-    starts, in its order: `spec` a `SweepSpec` and `opts` `SweepOptions` (`TypeError`), each
-    option's value (`OptionsError`), `preflight`, every history location an output. Then, for a
-    private local Ray (no `opts.address`, and no Ray this process started already): the scratch
-    directory can be made (`OptionsError`), and `plan` on this machine's classes plans (its
-    `MissingHardwareError`, `NoJobMatches`), so a typo costs no Ray start."""
+    """For a caller of `run_sweep` without the CLI (a notebook), what the CLI's flag types check,
+    then what it checks itself: `spec` a `SweepSpec` and `opts` `SweepOptions` (`TypeError`), each
+    option's value (`OptionsError`), then `check_before_ray`."""
     if not isinstance(spec, SweepSpec):
         raise TypeError(
             f"expected a SweepSpec, got {type(spec).__name__}: make one with load_spec(PATH or dict)"
         )
     check_options(opts)
+    return check_before_ray(opts, plan)
+
+
+def check_before_ray(
+    opts: SweepOptions,
+    plan: Callable[[dict[str, HardwareClass]], Any],
+    history: str = "history_dirs:",
+    scratch: str = "scratch_root",
+) -> Checked:
+    """What a sweep checks before Ray starts, in this order, for the CLI and `check_inputs` alike
+    (`history` and `scratch` name those locations in the errors as the caller gave them: the CLI's
+    flags, or the fields of `SweepOptions`): `preflight`, every history location an output
+    (`OptionsError`), then, unless this process started a Ray already, `plan_here`."""
     ready = preflight(opts)
-    if problem := history_problem(ready, "history_dirs:"):
+    if problem := history_problem(ready, history):
         raise OptionsError(problem)
     ray_started = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # run_sweep keeps it
-    if opts.address not in (None, "local") or ray_started:
-        return ready  # the cluster's classes are known once it is reached
-    if problem := scratch_problem(opts.scratch_root, "scratch_root"):
-        raise OptionsError(problem)
-    plan(local_classes(opts.cpus_per_job))
+    if ray_started:
+        return ready  # run_sweep plans on the classes of that Ray, not this machine's
+    plan_here(opts.address, opts.scratch_root, opts.cpus_per_job, plan, scratch)
     return ready
+
+
+def plan_here(
+    address: str | None,
+    scratch_root: Any,
+    cpus_per_job: int | None,
+    plan: Callable[[dict[str, HardwareClass]], Any],
+    scratch: str = "scratch_root",
+) -> None:
+    """For a private local Ray (no `address`, or `local`): the scratch directory can be made
+    (`OptionsError`, naming it as `scratch`), and `plan` on this machine's classes plans (its
+    `MissingHardwareError`, `NoJobMatches`), so a typo costs no Ray start. Nothing for a cluster:
+    its classes are known once it is reached."""
+    if address not in (None, "local"):
+        return
+    if problem := scratch_problem(scratch_root, scratch):
+        raise OptionsError(problem)
+    plan(local_classes(cpus_per_job))
 
 
 def history_problem(ready: Checked, name: str) -> str | None:
