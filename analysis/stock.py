@@ -43,25 +43,47 @@ def is_stock_row(row: dict[str, Any], own: str = STOCK) -> bool:
 
 @dataclass(frozen=True)
 class StockUser:
-    compile_row: dict[str, Any]
-    """The faster stock mode's row (median); its eager side is stock eager."""
+    """A stock user of a cell, from one row: a sweep's fastest stock mode (`stock_user`), or a
+    tune's confirmation job that timed the stock modes and eager in the same processes
+    (`orchestrator.tune.deployed.stock_user`)."""
+
+    row: dict[str, Any]
+    """The row of its torch.compile (median); its eager side is stock eager."""
+    compile_side: str = "compiled"
+    """The side of `row` its torch.compile is: `compiled`, or `baseline` (a tune's other stock mode,
+    timed beside the stock config, where it was the faster)."""
+    choice: str = "compile"
+    """`eager` or `compile`: what the stock user would run (eager where it beat stock compile)."""
 
     @property
     def compile_config(self) -> str:
-        return self.compile_row["config"]
+        return self.row["config" if self.compile_side == "compiled" else "baseline_config"]
 
     @property
     def compile_ms(self) -> float:
-        return self.compile_row["compiled_ms"]
+        return self.row[f"{self.compile_side}_ms"]
 
     @property
     def eager_ms(self) -> float | None:
-        return self.compile_row.get("eager_ms")
+        return self.row.get("eager_ms")
 
     @property
     def error(self) -> float | None:
         """The stock policy's eager error against fp64 on the cell."""
-        return self.compile_row.get("eager_fp64_max_rel_err")
+        return self.row.get("eager_fp64_max_rel_err")
+
+    @property
+    def side(self) -> str:
+        """The side of `row` what it runs is: `eager`, or its torch.compile's."""
+        return "eager" if self.choice == "eager" else self.compile_side
+
+    @property
+    def label(self) -> str:
+        return "stock eager" if self.choice == "eager" else f"stock {self.compile_config}"
+
+    def groups(self, side: str) -> list[list[float]]:
+        """The samples of `row`'s `side`, per process."""
+        return cstats.row_groups(self.row, side)
 
 
 def stock_user(rows: list[dict[str, Any]], own: str = STOCK) -> StockUser | None:
@@ -82,10 +104,10 @@ def versus(user: StockUser, row: dict[str, Any], side: str = "compiled") -> dict
         "max_rel_err": row.get("eager_fp64_max_rel_err" if side == "eager" else "fp64_max_rel_err"),
     }
     mine = cstats.row_groups(row, side)
-    same = row is user.compile_row
+    same = row is user.row
     for key, stock_side in (("vs_stock_eager", "eager"), ("vs_stock_compile", "compiled")):
-        theirs = cstats.row_groups(user.compile_row, stock_side)
-        ms = user.compile_row.get(f"{stock_side}_ms")
+        theirs = cstats.row_groups(user.row, stock_side)
+        ms = user.row.get(f"{stock_side}_ms")
         if same and stock_side == side:
             iv = (1.0, 1.0, 1.0)
         elif mine and theirs:
@@ -104,6 +126,6 @@ def versus(user: StockUser, row: dict[str, Any], side: str = "compiled") -> dict
     out["vs_stock_from"] = (
         "the same row"
         if same
-        else f"unpaired: the stock user's job {user.compile_row['job_id']}, this one's job {row['job_id']}"
+        else f"unpaired: the stock user's job {user.row['job_id']}, this one's job {row['job_id']}"
     )
     return out

@@ -44,7 +44,7 @@ UNDETERMINED = "undetermined"
 
 
 @dataclass(frozen=True)
-class Budget:
+class AccuracyBudget:
     """One accuracy budget."""
 
     name: str
@@ -92,7 +92,7 @@ class Budget:
         )
 
 
-def parse_budget(value: Any) -> Budget:
+def parse_budget(value: Any) -> AccuracyBudget:
     """A budget from a sweep file's or the command line's value; ValueError saying what is valid."""
     valid = f"{STOCK_BUDGET}, {', '.join(LEVELS)}, or a number such as 0.01 (max relative error against fp64)"
     if isinstance(value, bool):
@@ -101,9 +101,9 @@ def parse_budget(value: Any) -> Budget:
         text = value.strip()
         canon = canonical_precision(text)
         if text == STOCK_BUDGET:
-            return Budget(STOCK_BUDGET)
+            return AccuracyBudget(STOCK_BUDGET)
         if canon in LEVELS:
-            return Budget(canon)
+            return AccuracyBudget(canon)
         try:
             value = float(text)
         except ValueError:
@@ -111,13 +111,13 @@ def parse_budget(value: Any) -> Budget:
     if isinstance(value, (int, float)):
         if not (math.isfinite(value) and 0 < value < 1):
             raise ValueError(f"a numeric accuracy budget is a relative error in (0, 1), got {value!r}")
-        return Budget(f"{float(value):g}", float(value))
+        return AccuracyBudget(f"{float(value):g}", float(value))
     raise ValueError(f"an accuracy budget is {valid}, not {type(value).__name__}")
 
 
-def parse_budgets(values: Iterable[Any]) -> tuple[Budget, ...]:
+def parse_budgets(values: Iterable[Any]) -> tuple[AccuracyBudget, ...]:
     """Several budgets, each once (ValueError on a repeat or a bad one)."""
-    found: list[Budget] = []
+    found: list[AccuracyBudget] = []
     for v in values:
         b = parse_budget(v)
         if any(f.name == b.name for f in found):
@@ -150,7 +150,7 @@ def _unsupported(policy: str, caps: Any) -> str | None:
 
 
 def policies_for(
-    budget: Budget, caps: Any, own: str = STOCK, restrict: Iterable[str] | None = None
+    budget: AccuracyBudget, caps: Any, own: str = STOCK, restrict: Iterable[str] | None = None
 ) -> list[PolicyChoice]:
     """Every policy, searched or not on a class with capabilities `caps` under `budget`, with why;
     `own` is the cell's own policy (always searched), `restrict` the policies the user allows
@@ -178,13 +178,13 @@ def policies_for(
     return found
 
 
-def searched(budgets: Iterable[Budget], caps: Any, own: str = STOCK, restrict=None) -> list[str]:
+def searched(budgets: Iterable[AccuracyBudget], caps: Any, own: str = STOCK, restrict=None) -> list[str]:
     """The policies any of `budgets` searches on the class, in the nominal order."""
     names = {c.policy for b in budgets for c in policies_for(b, caps, own, restrict) if c.searched}
     return [p for p in PRECISIONS if p in names]
 
 
-def _step(budget: Budget) -> int:
+def _step(budget: AccuracyBudget) -> int:
     """The index in `SENSITIVITY_STEPS` of the coarsest rounding `budget` searches: 2^-11 where
     TF32 or fp16 is the most it allows, 2^-8 where bf16 may be searched."""
     return 2 if budget.max_rank() >= POLICIES["bf16"].rank else 1
@@ -226,7 +226,7 @@ class Judgement:
     rule: str
 
 
-def judge(budget: Budget, figures: CellFigures, thresholds: Any) -> Judgement:
+def judge(budget: AccuracyBudget, figures: CellFigures, thresholds: Any) -> Judgement:
     """Whether the cell's outputs can judge precision under `budget`, and its tolerance."""
     tol = budget.tolerance(figures.stock_err, thresholds)
     rule = budget.rule(thresholds)

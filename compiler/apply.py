@@ -12,6 +12,12 @@ from compiler.serving import *  # noqa: F403  (every name of its __all__, each i
 
 __all__ = list(serving.__all__)
 
+
+def __getattr__(name: str):
+    """A deprecated name of `compiler.serving` (it warns there), as that package gives it."""
+    return getattr(serving, name)
+
+
 warnings.warn(
     "compiler.apply is deprecated: import compile_tuned and the serving API from compiler.serving",
     DeprecationWarning,

@@ -17,8 +17,8 @@ TH = cstats.load_thresholds()
 
 def test_budgets_parse_names_levels_and_numbers_and_refuse_the_rest():
     assert accuracy.parse_budget("stock").kind == "stock"
-    assert accuracy.parse_budget("bfloat16") == accuracy.Budget("bf16")  # the precision aliases too
-    assert accuracy.parse_budget(0.02) == accuracy.Budget("0.02", 0.02)
+    assert accuracy.parse_budget("bfloat16") == accuracy.AccuracyBudget("bf16")  # the precision aliases too
+    assert accuracy.parse_budget(0.02) == accuracy.AccuracyBudget("0.02", 0.02)
     assert accuracy.parse_budget("1e-3").value == 1e-3
     for bad, match in (
         ("fp64", "unknown accuracy budget"),
@@ -48,11 +48,13 @@ def test_each_class_searches_what_it_runs_natively_up_to_the_budgets_level():
     assert set(searched("stock", "T4")) == {"fp32"}  # no TF32 there: stock is float32 throughout
     assert set(searched("0.2", "T4")) == {"fp32", "fp16"}  # a number: every policy the class runs
     out = {
-        c.policy: c.why for c in accuracy.policies_for(accuracy.Budget("bf16"), known("T4")) if not c.searched
+        c.policy: c.why
+        for c in accuracy.policies_for(accuracy.AccuracyBudget("bf16"), known("T4"))
+        if not c.searched
     }
     assert "no native bf16" in out["bf16"] and "TF32 is a tensor-core format of sm80+" in out["tf32"]
     assert "stricter than the cell's own fp32" in out["fp32-strict"]
-    restricted = accuracy.policies_for(accuracy.Budget("bf16"), known("A100"), restrict=["bf16"])
+    restricted = accuracy.policies_for(accuracy.AccuracyBudget("bf16"), known("A100"), restrict=["bf16"])
     assert {c.policy for c in restricted if c.searched} == {"fp32", "bf16"}
     assert next(c for c in restricted if c.policy == "tf32").why == "not among --precisions"
 
@@ -77,25 +79,27 @@ def test_random_weights_that_cannot_judge_precision_are_undetermined(budget, cel
 
 
 def test_judged_cells_get_the_budgets_tolerance_and_real_weights_are_judged_as_they_are():
-    j = accuracy.judge(accuracy.Budget("bf16"), figures(), TH)
+    j = accuracy.judge(accuracy.AccuracyBudget("bf16"), figures(), TH)
     assert j.decision == "determined" and j.tolerance == TH.accuracy_bf16
     # the stock budget is relative to the stock policy's own error, with a floor
-    assert accuracy.judge(accuracy.Budget("stock"), figures(stock_err=1e-3), TH).tolerance == 2e-3
+    assert accuracy.judge(accuracy.AccuracyBudget("stock"), figures(stock_err=1e-3), TH).tolerance == 2e-3
     assert (
-        accuracy.judge(accuracy.Budget("stock"), figures(stock_err=1e-9), TH).tolerance == TH.accuracy_floor
+        accuracy.judge(accuracy.AccuracyBudget("stock"), figures(stock_err=1e-9), TH).tolerance
+        == TH.accuracy_floor
     )
     # the ill-conditioning that bf16's rounding shows is no reason under the stock budget (TF32 at most)
     assert (
-        accuracy.judge(accuracy.Budget("stock"), figures(sens=(0.1, 1.3, 256.0)), TH).decision == "determined"
+        accuracy.judge(accuracy.AccuracyBudget("stock"), figures(sens=(0.1, 1.3, 256.0)), TH).decision
+        == "determined"
     )
     # a checkpoint's outputs judge precision whatever they look like
-    real = accuracy.judge(accuracy.Budget("bf16"), figures(spread=0.0, weights="/ckpt/vit"), TH)
+    real = accuracy.judge(accuracy.AccuracyBudget("bf16"), figures(spread=0.0, weights="/ckpt/vit"), TH)
     assert real.decision == "determined" and "/ckpt/vit" in real.why
 
 
 def test_a_candidate_of_another_precision_needs_a_determined_cell_and_its_error_within():
-    ok = accuracy.judge(accuracy.Budget("bf16"), figures(), TH)
-    bad = accuracy.judge(accuracy.Budget("bf16"), figures(spread=0.0), TH)
+    ok = accuracy.judge(accuracy.AccuracyBudget("bf16"), figures(), TH)
+    bad = accuracy.judge(accuracy.AccuracyBudget("bf16"), figures(spread=0.0), TH)
     row = {"dtype": "bf16", "fp64_max_rel_err": 0.01, "eager_fp64_max_rel_err": 0.2}
     assert accuracy.within(row, "compiled", ok) == (True, None)
     assert accuracy.within(row, "eager", ok)[1] == "error against fp64 0.2 over the budget's 0.05"

@@ -47,7 +47,7 @@ def _interrupted_build(staging, out) -> None:
 def test_an_export_to_s3_is_uploaded_manifest_last_and_reads_back(
     s3_bucket, cpu_output, tmp_path, capsys, monkeypatch
 ):
-    from compiler.serving import MANIFEST, PRESETS
+    from compiler.serving import MANIFEST, SERVING_FILE
     from compiler.serving.files import CACHE_ENV, open_export
     from orchestrator.commands.export import staging_dir
     from store.storage import resolve
@@ -63,7 +63,7 @@ def test_an_export_to_s3_is_uploaded_manifest_last_and_reads_back(
 
     remote = resolve(dest)
     manifest = json.loads(remote.join(MANIFEST).read_text())
-    assert set(manifest["files"]) == {PRESETS, "bundles/mlp.bin", "bundles/resnet.bin"}
+    assert set(manifest["files"]) == {SERVING_FILE, "bundles/mlp.bin", "bundles/resnet.bin"}
     for rel, digest in manifest["files"].items():  # every listed file is there, byte for byte
         assert hashlib.sha256(remote.join(rel).read_bytes()).hexdigest() == digest
     # and compile_tuned's reader takes it: manifest and presets checked, each bundle verified

@@ -24,6 +24,7 @@ deprecated alias of it.
 
 from __future__ import annotations
 
+import warnings
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ _EXPORTS = {
     "CACHE_ENV": "compiler.serving.files",
     "EXPORT_FORMAT": "compiler.serving.files",
     "MANIFEST": "compiler.serving.files",
-    "PRESETS": "compiler.serving.files",
+    "SERVING_FILE": "compiler.serving.files",
     "ExportCacheWarning": "compiler.serving.files",
     "ExportError": "compiler.serving.files",
     "cache_root": "compiler.serving.files",
@@ -49,12 +50,16 @@ _EXPORTS = {
 }
 """Public name -> the module that defines it."""
 
+_DEPRECATED = {"PRESETS": "SERVING_FILE"}
+"""Deprecated name -> the public name it stands for: still importable, with a `DeprecationWarning`
+(`PRESETS` was `serving.json`'s name before the tune's own `presets.json` made it ambiguous)."""
+
 __all__ = [  # the names of `_EXPORTS` (a test checks), written out for linters and editors
     "CACHE_ENV",
     "EXPORT_FORMAT",
     "KEY_ENV",
     "MANIFEST",
-    "PRESETS",
+    "SERVING_FILE",
     "SIGNATURE",
     "Applied",
     "CastInputs",
@@ -78,7 +83,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time `__getattr__` im
         CACHE_ENV,
         EXPORT_FORMAT,
         MANIFEST,
-        PRESETS,
+        SERVING_FILE,
         ExportCacheWarning,
         ExportError,
         cache_root,
@@ -89,7 +94,14 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time `__getattr__` im
 
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562)."""
+    """A public name, imported from its module on first use (PEP 562); a deprecated one warns."""
+    if name in _DEPRECATED:
+        warnings.warn(
+            f"compiler.serving.{name} is deprecated: use {_DEPRECATED[name]}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return __getattr__(_DEPRECATED[name])
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

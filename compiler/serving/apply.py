@@ -215,7 +215,7 @@ class _Tuning:
         if entry is None:
             return f"no preset for model {model_name!r} at batch size {batch_size} and no class default in {source}"
         try:
-            self.config = preset_config(entry, export.where(export.presets_file))
+            self.config = preset_config(entry, export.where(export.serving_file))
         except ExportError as exc:
             return str(exc)
         unsupported = unsupported_here(entry, self.device)

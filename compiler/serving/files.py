@@ -40,10 +40,10 @@ from compiler.config import EAGER, CompileConfig, is_eager_preset
 from compiler.runtime import setting_problems
 
 MANIFEST = "manifest.json"
-PRESETS = "serving.json"
+SERVING_FILE = "serving.json"
 """The export's presets: what a serving process reads (a tune's output holds another document,
 presets.json, the tune's decisions, from which `orchestrate export` writes this one)."""
-PRESETS_BEFORE = "presets.json"
+SERVING_FILE_BEFORE = "presets.json"
 """The same document's name in exports written before it had a name of its own: read where the
 manifest lists it."""
 EXPORT_FORMAT = 2
@@ -224,7 +224,7 @@ class ExportFiles:
         self.shown = shown
         self.manifest: dict[str, Any] = {}
         self.presets: dict[str, Any] = {}
-        self.presets_file = PRESETS
+        self.serving_file = SERVING_FILE
         self.before_use: Callable[[ExportFiles, bytes], Any] | None = None
         """Called with the manifest's bytes before anything is read from them (a signature check,
         `compiler.serving.signature.verify`): what it raises, `open_export` raises."""
@@ -262,10 +262,10 @@ class ExportFiles:
             self.before_use(self, manifest)
         self.manifest = check_manifest(_json(manifest, self.where(MANIFEST)), self.where(MANIFEST))
         files = self.manifest.get("files", {})
-        if PRESETS not in files and PRESETS_BEFORE in files:
-            self.presets_file = PRESETS_BEFORE
-        where = self.where(self.presets_file)
-        self.presets = check_presets(_json(self.verified(self.presets_file), where), where)
+        if SERVING_FILE not in files and SERVING_FILE_BEFORE in files:
+            self.serving_file = SERVING_FILE_BEFORE
+        where = self.where(self.serving_file)
+        self.presets = check_presets(_json(self.verified(self.serving_file), where), where)
         if self.manifest["format"] == 1:
             upgrade_format_1(self.presets)
         return self

@@ -199,7 +199,7 @@ def add_only(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_budgets(p: argparse.ArgumentParser) -> None:
+def add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-compile-s",
         type=positive,
@@ -262,10 +262,10 @@ def cache_redis_address(args, enabled: bool, flag: str):
     return named_access(args.cache_redis, args.cache_password_file, args.cache_secret_file)
 
 
-def budgets_from_args(args):
-    from orchestrator.tune.presets import Budgets
+def limits_from_args(args):
+    from orchestrator.tune.presets import Limits
 
-    return Budgets(max_compile_s=args.max_compile_s, max_memory_mb=args.max_memory_mb)
+    return Limits(max_compile_s=args.max_compile_s, max_memory_mb=args.max_memory_mb)
 
 
 def load_sweep(path: Path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from orchestrator.commands.common import EXIT_BAD_INPUT, add_budgets, budgets_from_args, print_what_won
+from orchestrator.commands.common import EXIT_BAD_INPUT, add_limits, limits_from_args, print_what_won
 from orchestrator.commands.targets import check_page_path, write_pages
 from store.location_forms import arg as location_arg
 from workers.runner import plural
@@ -27,7 +27,7 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "out", type=location_arg, help="sweep output directory: a path or a URI such as s3://BUCKET/PREFIX"
     )
-    add_budgets(p)
+    add_limits(p)
     p.add_argument(
         "--accuracy",
         metavar="LIST",
@@ -89,7 +89,7 @@ def cmd_presets(args) -> int:
             holding(out, again="Run `orchestrate presets` once it has finished.") if out.exists() else None
         )
         with locked or contextlib.nullcontext():
-            path, data = write_presets(out, budgets_from_args(args), accuracy)
+            path, data = write_presets(out, limits_from_args(args), accuracy)
     except (FileNotFoundError, StorageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

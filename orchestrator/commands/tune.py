@@ -8,16 +8,16 @@ from pathlib import Path
 
 from orchestrator.commands.common import (
     EXIT_BAD_INPUT,
-    add_budgets,
     add_cache_redis,
     add_cluster_flags,
     add_deadline,
+    add_limits,
     add_only,
-    budgets_from_args,
     cache_redis_address,
     check_plan_locally,
     deadline_at,
     drive,
+    limits_from_args,
     load_sweep,
     not_empty,
     print_what_won,
@@ -74,7 +74,7 @@ def add_parsers(sub) -> None:
     _add_run_flags(p)
     _add_search_space_flags(p)
     _add_round_flags(p)
-    add_budgets(p)
+    add_limits(p)
     _add_cache_flags(p)
     add_deadline(p, "tune")
     add_only(p)
@@ -304,7 +304,7 @@ def _tune_options(args, spec, deadline: float | None):
         problems.append(conflict)
     knobs = _knobs(args, problems)
     bases = _bases(args, problems)
-    budgets = budgets_from_args(args)
+    budgets = limits_from_args(args)
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from compiler import runtime as runtime_settings
-from compiler.accuracy import Budget, parse_budget
+from compiler.accuracy import AccuracyBudget, parse_budget
 from compiler.config import CompileConfig, config_problems
 from compiler.job import MeasureSpec, ModelSpec
 from compiler.precision import PRECISIONS, canonical_precision
@@ -53,7 +53,7 @@ class SweepSpec:
     hardware: Literal["auto"] | tuple[str, ...] = "auto"
     """`auto`: every hardware class the cluster has; else the classes to run on."""
     measure: MeasureSpec = field(default_factory=MeasureSpec)
-    accuracy: tuple[Budget, ...] = ()
+    accuracy: tuple[AccuracyBudget, ...] = ()
     """Accuracy budgets (`compiler.accuracy`): each class also measures every precision policy a
     budget lets it search (`orchestrator.spec.matrix.class_policies`), and presets are chosen
     within each budget. Empty: the `dtypes` only (a tune then uses `stock`)."""
@@ -228,7 +228,7 @@ def _measure(src: LocatedYaml, data: Any) -> MeasureSpec:
     return MeasureSpec(**values)
 
 
-def _accuracy(src: LocatedYaml, data: Any, dtypes: list[str]) -> tuple[Budget, ...]:
+def _accuracy(src: LocatedYaml, data: Any, dtypes: list[str]) -> tuple[AccuracyBudget, ...]:
     """`accuracy:` as budgets: one, or a list (each is decided apart, from the same rows)."""
     if data is None:
         return ()
@@ -236,7 +236,7 @@ def _accuracy(src: LocatedYaml, data: Any, dtypes: list[str]) -> tuple[Budget, .
     if not items:
         src.error(("accuracy",), "accuracy must be a budget or a non-empty list of them, e.g. [stock, bf16]")
         return ()
-    found: list[Budget] = []
+    found: list[AccuracyBudget] = []
     for i, item in enumerate(items):
         where = ("accuracy", i) if isinstance(data, list) else ("accuracy",)
         try:

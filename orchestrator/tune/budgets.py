@@ -19,15 +19,16 @@ from compiler import accuracy
 from compiler import statistics as cstats
 from orchestrator.tune import cells
 from orchestrator.tune.cells import Cell, combine_helping_knobs
-from orchestrator.tune.presets import Budgets, eligible
+from orchestrator.tune.presets import Limits, eligible
 from orchestrator.tune.space import Candidate, is_base
 
 Results = list[tuple[Candidate, dict[str, Any] | None]]
 
 
 @dataclass
-class CellBudgets:
-    """One cell under every budget of the tune."""
+class CellAccuracy:
+    """The accuracy judgement of one cell under every budget of the tune: whether its outputs can
+    judge precision under each, and which rows fit each."""
 
     cell: Cell
     figures: accuracy.CellFigures
@@ -38,7 +39,7 @@ class CellBudgets:
     def own(self) -> str:
         return self.cell.dtype
 
-    def fits(self, budget: str, row: dict[str, Any] | None, limits: Budgets, side: str = "compiled") -> bool:
+    def fits(self, budget: str, row: dict[str, Any] | None, limits: Limits, side: str = "compiled") -> bool:
         return (
             row is not None
             and eligible(row, limits)
@@ -49,7 +50,7 @@ class CellBudgets:
         """Why a row's `side` is outside `budget` (None: within)."""
         return accuracy.within(row, side, self.judgements[budget], self.own)[1]
 
-    def fitting(self, budget: str, results: Results, limits: Budgets) -> Results:
+    def fitting(self, budget: str, results: Results, limits: Limits) -> Results:
         return [(c, r) for c, r in results if self.fits(budget, r, limits)]
 
     def log(self) -> dict[str, Any]:
@@ -60,11 +61,11 @@ class CellBudgets:
         }
 
 
-def judge_cell(cell: Cell, results: Results, budgets: tuple[accuracy.Budget, ...]) -> CellBudgets:
+def judge_cell(cell: Cell, results: Results, budgets: tuple[accuracy.AccuracyBudget, ...]) -> CellAccuracy:
     """The cell's judgement under each budget, from its measured rows."""
     thresholds = cstats.load_thresholds()
     figures = accuracy.figures_of_rows([r for _, r in results if r is not None], cell.dtype)
-    state = CellBudgets(cell, figures)
+    state = CellAccuracy(cell, figures)
     for b in budgets:
         state.judgements[b.name] = accuracy.judge(b, figures, thresholds)
     return state
@@ -75,7 +76,7 @@ def fastest(results: Results) -> tuple[Candidate, dict[str, Any]] | None:
     return min(ok, key=lambda cr: cr[1]["compiled_ms"]) if ok else None
 
 
-def knob_bases(state: CellBudgets, results: Results, limits: Budgets) -> list[Candidate]:
+def knob_bases(state: CellAccuracy, results: Results, limits: Limits) -> list[Candidate]:
     """The bases the knobs are turned on: the fastest base of the cell's own precision, and the
     fastest base that fits each budget (each once)."""
     bases = [(c, r) for c, r in results if is_base(c)]
@@ -93,7 +94,7 @@ def knob_bases(state: CellBudgets, results: Results, limits: Budgets) -> list[Ca
 
 
 def combinations(
-    state: CellBudgets, results: Results, limits: Budgets, bases: list[Candidate]
+    state: CellAccuracy, results: Results, limits: Limits, bases: list[Candidate]
 ) -> list[Candidate]:
     """Per knob base, the knobs that each helped it turned together (`cells.combine_helping_knobs`)."""
     found = []
@@ -110,7 +111,7 @@ def stock_mode(c: Candidate, stock_names: set[str]) -> bool:
 
 
 def promote(
-    state: CellBudgets, results: Results, limits: Budgets, eta: int, stock_names: set[str]
+    state: CellAccuracy, results: Results, limits: Limits, eta: int, stock_names: set[str]
 ) -> list[Candidate]:
     """The candidates that go on to rung 1: per budget, `cells.promote` over the candidates that fit
     it (the others count as failed), and the fastest stock mode in the precision of its best other
@@ -135,7 +136,7 @@ def promote(
     return keep
 
 
-def second_chance(state: CellBudgets, ok: Results, results: Results, limits: Budgets) -> Candidate | None:
+def second_chance(state: CellAccuracy, ok: Results, results: Results, limits: Limits) -> Candidate | None:
     """A budget's fastest fitting candidate outside the cell's own precision where the budget's
     fastest is in the own precision and this one measured faster than the stock config (`ok`: the
     budget's fitting rows, fastest first): it goes on and is confirmed too, so that a fastest
@@ -182,7 +183,7 @@ class Picks:
         return self.own.mode if self.own else None
 
 
-def picks(state: CellBudgets, results: Results, limits: Budgets, stock_names: set[str]) -> Picks:
+def picks(state: CellAccuracy, results: Results, limits: Limits, stock_names: set[str]) -> Picks:
     """What the confirmation of the cell measures (`results`: rung 1's, or rung 0's for a cell that
     skipped it): its own precision's fastest stock config and fastest other candidate, and for each
     budget, the precision P of its fastest fitting candidate outside the cell's own precision where

@@ -13,7 +13,7 @@ from typing import Any
 from compiler import statistics as cstats
 from compiler.job import Job, ModelSpec
 from orchestrator.tune import eager
-from orchestrator.tune.presets import Budgets, eligible, preset_entry
+from orchestrator.tune.presets import Limits, eligible, preset_entry
 from orchestrator.tune.space import KNOB_NAMES, Candidate, with_knobs
 from store.location_forms import StorageError
 from store.storage import Location
@@ -59,14 +59,14 @@ def check_rows_kept(
     )
 
 
-def figures_of(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
+def figures_of(row: dict[str, Any] | None, limits: Limits) -> dict[str, Any]:
     """What tune.json keeps of a candidate's row: its figures, its error, or what budget it broke
     (a job without a row reads `missing`)."""
     if row is None:
         return {"status": "missing"}
     keep = ("status", "compiled_ms", "eager_ms", "compile_s", "peak_mem_bytes", "speedup_vs_baseline")
     figures = {k: row.get(k) for k in keep if row.get(k) is not None}
-    excess = budgets.excess(row) if row["status"] == "ok" else None
+    excess = limits.excess(row) if row["status"] == "ok" else None
     if row["status"] != "ok":
         figures["error"] = (row.get("error") or "")[:300]
     elif excess:
@@ -75,14 +75,14 @@ def figures_of(row: dict[str, Any] | None, budgets: Budgets) -> dict[str, Any]:
 
 
 def promote(
-    results: list[tuple[Candidate, dict[str, Any] | None]], eta: int, budgets: Budgets
+    results: list[tuple[Candidate, dict[str, Any] | None]], eta: int, limits: Limits
 ) -> list[Candidate]:
     """The candidates of one cell that go on to rung 1: the fastest ceil(n / eta) eligible ones
     (n: every candidate, failed ones included), and the fastest eligible stock config and the
     fastest eligible other one, so the confirmation always has both sides (rung 0's one short
     process ranks; it cannot tell a 2% difference from noise)."""
     ok = sorted(
-        ((c, r) for c, r in results if r is not None and eligible(r, budgets)),
+        ((c, r) for c, r in results if r is not None and eligible(r, limits)),
         key=lambda cr: cr[1]["compiled_ms"],
     )
     keep = [c for c, _ in ok[: max(1, math.ceil(len(results) / eta))]]
@@ -94,11 +94,11 @@ def promote(
 
 
 def best_pair(
-    results: list[tuple[Candidate, dict[str, Any] | None]], budgets: Budgets
+    results: list[tuple[Candidate, dict[str, Any] | None]], limits: Limits
 ) -> tuple[tuple[Candidate, dict[str, Any]] | None, tuple[Candidate, dict[str, Any]] | None, int]:
     """(fastest eligible stock config, fastest eligible other candidate, how many were eligible),
     each as (candidate, row); None where there is none."""
-    ok = [(c, r) for c, r in results if r is not None and eligible(r, budgets)]
+    ok = [(c, r) for c, r in results if r is not None and eligible(r, limits)]
 
     def fastest(stock: bool):
         return min(
@@ -112,7 +112,7 @@ def decide(
     cell: Cell,
     rung1: list[tuple[Candidate, dict[str, Any] | None]],
     confirmation: tuple[Candidate, Candidate, dict[str, Any] | None] | None,
-    budgets: Budgets,
+    limits: Limits,
     log: dict[str, Any] | None = None,
     eager_presets: bool = True,
     eager_veto: Any = None,
@@ -137,7 +137,7 @@ def decide(
             veto = eager_veto(row)
         return eager.reconsider(entry, why, row, side, cell.dtype, stock, log, veto)
 
-    stock, tuned, n = best_pair(rung1, budgets)
+    stock, tuned, n = best_pair(rung1, limits)
     if stock is None and tuned is None:
         return None, "no candidate passed its accuracy check within the budgets"
     if stock is None or tuned is None:
@@ -278,14 +278,14 @@ def _interval(
 
 
 def combine_helping_knobs(
-    base: Candidate, results: list[tuple[Candidate, dict[str, Any] | None]], budgets: Budgets
+    base: Candidate, results: list[tuple[Candidate, dict[str, Any] | None]], limits: Limits
 ) -> Candidate | None:
     """`base` with every knob that was faster than it (each turned on it alone, in its policy),
     turned together, when at least two were: knobs are measured one at a time, and their gains may
     add up (cudnn_benchmark on top of freezing, ...). None otherwise."""
     rows = {c.key: r for c, r in results}
     base_row = rows.get(base.key)
-    if base_row is None or not eligible(base_row, budgets):
+    if base_row is None or not eligible(base_row, limits):
         return None
     faster = {
         c.turned[0]
@@ -294,7 +294,7 @@ def combine_helping_knobs(
         and c.base_name == base.config.name
         and len(c.turned) == 1
         and r is not None
-        and eligible(r, budgets)
+        and eligible(r, limits)
         and r["compiled_ms"] < base_row["compiled_ms"]
     }
     helping = [k for k in KNOB_NAMES if k in faster]

@@ -26,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from analysis.stock import StockUser
 from compiler import statistics as cstats
-from compiler.accuracy import Budget
+from compiler.accuracy import AccuracyBudget
 from compiler.job import Job
-from orchestrator.tune.budgets import CellBudgets, Pick, Picks, stock_mode
+from orchestrator.tune.budgets import CellAccuracy, Pick, Picks, stock_mode
 from orchestrator.tune.cells import Cell, decide, note_refused
-from orchestrator.tune.presets import Budgets
+from orchestrator.tune.presets import Limits
 from orchestrator.tune.space import Candidate
 
 MakeJob = Callable[[Candidate, Candidate | None], Job]
@@ -97,33 +98,6 @@ Rows = dict[str, dict[str, Any]]
 """Rows by job id."""
 
 
-@dataclass
-class StockUser:
-    """A stock user's latency on a cell, from the stock config's confirmation job."""
-
-    row: dict[str, Any]
-    compile_config: str
-    compile_side: str
-    """`compiled` (the stock config) or `baseline` (the other stock mode, where it was faster)."""
-    choice: str
-    """`eager` or `compile`: what the stock user would run (eager where it beat stock compile)."""
-
-    def groups(self, side: str) -> list[list[float]]:
-        return cstats.row_groups(self.row, side)
-
-    @property
-    def compile_ms(self) -> float:
-        return self.row[f"{self.compile_side}_ms"]
-
-    @property
-    def side(self) -> str:
-        return "eager" if self.choice == "eager" else self.compile_side
-
-    @property
-    def label(self) -> str:
-        return "stock eager" if self.choice == "eager" else f"stock {self.compile_config}"
-
-
 def stock_user(
     row: dict[str, Any] | None,
     rung1: dict[tuple[str, str], dict[str, Any] | None],
@@ -170,7 +144,7 @@ def stock_user(
     veto = None if eager_presets else "eager presets are off (--no-eager)"
     entry, why = eager.reconsider(entry, why, row, side, own, log=log, veto=veto)
     choice = "eager" if entry["source"] == "eager" else "compile"
-    return StockUser(row, config, side, choice), {**entry, "decision": why}
+    return StockUser(row, side, choice), {**entry, "decision": why}
 
 
 def same_choice(entry: dict[str, Any], stock: dict[str, Any]) -> bool:
@@ -190,7 +164,7 @@ def decide_own(
     jobs: PrecisionJobs,
     rung1: dict[tuple[str, str], dict[str, Any] | None],
     rows2: Rows,
-    limits: Budgets,
+    limits: Limits,
     log: dict[str, Any],
     eager_presets: bool,
     stock_names: set[str],
@@ -383,7 +357,7 @@ def stock_figures(entry: dict[str, Any], user: StockUser | None, rows: Rows) -> 
         "stock_eager_ms": user.row.get("eager_ms"),
         "stock_compile_config": user.compile_config,
         "stock_compile_ms": user.compile_ms,
-        "stock_max_rel_err": user.row.get("eager_fp64_max_rel_err"),
+        "stock_max_rel_err": user.error,
     }
     found = samples(entry, rows)
     if found is None:
@@ -408,7 +382,7 @@ def stock_figures(entry: dict[str, Any], user: StockUser | None, rows: Rows) -> 
     return out
 
 
-def accuracy_fields(budget: Budget, state: CellBudgets) -> dict[str, Any]:
+def accuracy_fields(budget: AccuracyBudget, state: CellAccuracy) -> dict[str, Any]:
     j = state.judgements[budget.name]
     return {
         "budget": budget.name,
@@ -421,8 +395,8 @@ def accuracy_fields(budget: Budget, state: CellBudgets) -> dict[str, Any]:
 
 def finish(
     entry: dict[str, Any],
-    budget: Budget,
-    state: CellBudgets,
+    budget: AccuracyBudget,
+    state: CellAccuracy,
     user: StockUser | None,
     rows: Rows,
     candidates: int,

@@ -44,7 +44,7 @@ from compiler.aoti import LOADER_CRASHED
 from compiler.config import CompileConfig, is_eager_preset, preset_runtime
 from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_mismatch
 from compiler.job import Job, MeasureSpec, ModelSpec
-from compiler.serving import EXPORT_FORMAT, MANIFEST, PRESETS, ExportError, sha256_file
+from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, ExportError, sha256_file
 from compiler.serving.signature import SIGNATURE, write_signature
 from orchestrator.spec.models import default_name as _default_name
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
@@ -456,7 +456,7 @@ def _write_presets(
         "presets": entries,
         "defaults": defaults,
     }
-    durable.write_text(dest / PRESETS, json.dumps(presets, indent=1, sort_keys=True, default=str) + "\n")
+    durable.write_text(dest / SERVING_FILE, json.dumps(presets, indent=1, sort_keys=True, default=str) + "\n")
 
 
 def _write_manifest(

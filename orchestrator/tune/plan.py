@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.accuracy import STOCK_BUDGET, Budget, searched
+from compiler.accuracy import STOCK_BUDGET, AccuracyBudget, searched
 from compiler.capabilities import known
 from compiler.job import Baseline, Job, MeasureSpec, software_stack
 from orchestrator.fleet.inventory import HardwareClass
@@ -21,7 +21,7 @@ from orchestrator.spec.matrix import select_matching
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.tune.cells import Cell
 from orchestrator.tune.effects import dropped_knobs
-from orchestrator.tune.presets import Budgets
+from orchestrator.tune.presets import Limits
 from orchestrator.tune.space import BASE_MODES, KNOB_NAMES, Candidate, candidates, is_base
 from store.layout import TUNE_FILE
 from store.storage import Location, Target, checked
@@ -41,7 +41,7 @@ class TuneOptions:
     address: str | None = None
     resume: bool = False
     only: str | None = None
-    accuracy: tuple[Budget, ...] = ()
+    accuracy: tuple[AccuracyBudget, ...] = ()
     """Accuracy budgets (`compiler.accuracy`; --accuracy): each cell gets a preset per budget, the
     fastest config within it. Empty: the sweep's `accuracy:`, else `stock`."""
     precisions: tuple[str, ...] | None = None
@@ -54,7 +54,7 @@ class TuneOptions:
     prune_from: Target | None = None
     """An earlier tune's output: knobs it measured to gain nothing (or to hurt) on every cell of a class are left out of that
     class's search (`orchestrator.tune.effects.dropped_knobs`)."""
-    budgets: Budgets = field(default_factory=Budgets)
+    budgets: Limits = field(default_factory=Limits)
     eta: int = DEFAULT_ETA
     """Rung 0 keeps the best 1/eta of each cell's candidates (at least one) for rung 1."""
     confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
@@ -230,9 +230,9 @@ def rung0_jobs(
     return jobs0, kept
 
 
-def tune_budgets(spec: SweepSpec, opts: TuneOptions) -> tuple[Budget, ...]:
+def tune_budgets(spec: SweepSpec, opts: TuneOptions) -> tuple[AccuracyBudget, ...]:
     """The accuracy budgets a tune decides under: --accuracy, else the sweep's, else `stock`."""
-    return opts.accuracy or spec.accuracy or (Budget(STOCK_BUDGET),)
+    return opts.accuracy or spec.accuracy or (AccuracyBudget(STOCK_BUDGET),)
 
 
 def plan_locally(spec: SweepSpec, opts: TuneOptions) -> Callable[[dict[str, HardwareClass]], list[Job]]:

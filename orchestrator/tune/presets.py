@@ -1,5 +1,5 @@
 """Presets: for each (hardware class, model, batch size, precision) the fastest config that
-passed its accuracy check within the optional compile-time and memory budgets, a per-class
+passed its accuracy check within the optional compile-time and memory limits, a per-class
 default for models never swept, and where they are written (`presets.parquet`, the `presets`
 table of `store.schema`, and `presets.json`, keyed by hardware class and software
 stack). `orchestrate presets` derives them from a sweep; `orchestrate tune` from its search."""
@@ -20,7 +20,7 @@ from analysis.stock import stock_user, versus
 from compiler import accuracy as acc
 from compiler import durable, runtime
 from compiler import statistics as cstats
-from compiler.accuracy import Budget
+from compiler.accuracy import AccuracyBudget
 from orchestrator.tune import eager
 from orchestrator.tune.effects import setting_effects, what_won
 from store.layout import PRESETS_FILE, PRESETS_TABLE_FILE
@@ -42,7 +42,7 @@ one entry per budget."""
 
 
 @dataclass(frozen=True)
-class Budgets:
+class Limits:
     """Per-candidate limits: a config over either is never a preset, however fast."""
 
     max_compile_s: float | None = None
@@ -71,8 +71,8 @@ def _fmt(value: float | None, unit: str) -> str:
     return "not measured" if value is None else f"{value:.1f} {unit}"
 
 
-def eligible(row: dict[str, Any], budgets: Budgets) -> bool:
-    """Ok (its accuracy check against the fp64 reference passed), timed, named, and within budgets
+def eligible(row: dict[str, Any], limits: Limits) -> bool:
+    """Ok (its accuracy check against the fp64 reference passed), timed, named, and within the limits
     (a row with a null figure or name is never a preset: no TypeError further on)."""
     named = all(row.get(c) is not None for c in ("hardware", "model", "batch_size", "dtype", "config"))
     compiled = row.get("compiled_ms")
@@ -81,7 +81,7 @@ def eligible(row: dict[str, Any], budgets: Budgets) -> bool:
         and named
         and compiled is not None
         and compiled > 0
-        and budgets.excess(row) is None
+        and limits.excess(row) is None
     )
 
 
@@ -110,13 +110,13 @@ def row_stack(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def class_defaults(rows: list[dict[str, Any]], budgets: Budgets | None = None) -> dict[str, dict[str, Any]]:
-    """Per dtype: the config that is eligible (ok, within the budgets) on the most cells, ties
+def class_defaults(rows: list[dict[str, Any]], limits: Limits | None = None) -> dict[str, dict[str, Any]]:
+    """Per dtype: the config that is eligible (ok, within the limits) on the most cells, ties
     broken by the best geometric mean of its speedup over eager on those cells."""
-    budgets = budgets or Budgets()
+    limits = limits or Limits()
     by_dtype: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if eligible(r, budgets) and (r["eager_ms"] or 0) > 0:
+        if eligible(r, limits) and (r["eager_ms"] or 0) > 0:
             by_dtype[r["dtype"]][r["config"]].append(r)
     defaults = {}
     for dtype, configs in sorted(by_dtype.items()):
@@ -193,7 +193,7 @@ def preset_entry(best: dict[str, Any], cell_dtype: str, **fields: Any) -> dict[s
 
 
 def derive_presets(
-    table: pa.Table, budgets: Budgets = Budgets(), accuracy: tuple[Budget, ...] = ()
+    table: pa.Table, limits: Limits = Limits(), accuracy: tuple[AccuracyBudget, ...] = ()
 ) -> dict[str, Any]:
     """Best eligible config per cell (see `eligible`), with its speedup over eager, over the default
     config and over a stock PyTorch user (`store.stock`); eager instead where that
@@ -222,7 +222,7 @@ def derive_presets(
             fits = [
                 r
                 for r in rows
-                if eligible(r, budgets) and (not judgement or acc.within(r, "compiled", judgement, dtype)[0])
+                if eligible(r, limits) and (not judgement or acc.within(r, "compiled", judgement, dtype)[0])
             ]
             if not fits:
                 missing.append(
@@ -234,14 +234,14 @@ def derive_presets(
                         **({"budget": budget.name} if budget else {}),
                         "statuses": {
                             (f"{r['config']}@{r['dtype']}" if budget else str(r["config"])): _status(
-                                r, budgets
+                                r, limits
                             )
                             for r in rows
                         },
                     }
                 )
                 continue
-            entry, check = _swept(fits, rows, dtype, budgets, judgement)
+            entry, check = _swept(fits, rows, dtype, limits, judgement)
             if budget is not None:
                 entry.update(
                     budget=budget.name,
@@ -252,7 +252,7 @@ def derive_presets(
                 )
             checks.append(check)
             presets.append(entry)
-    data = preset_document(presets, missing, all_rows, budgets)
+    data = preset_document(presets, missing, all_rows, limits)
     data["what_won"] = what_won(presets, eager.add_effects(setting_effects(all_rows), checks))
     return data
 
@@ -267,13 +267,13 @@ def _own_policy(rows: list[dict[str, Any]]) -> str:
 
 
 def _swept(
-    fits: list[dict[str, Any]], rows: list[dict[str, Any]], dtype: str, budgets: Budgets, judgement: Any
+    fits: list[dict[str, Any]], rows: list[dict[str, Any]], dtype: str, limits: Limits, judgement: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A sweep's preset of one cell (and budget) from the rows that fit: the fastest, eager where its
     row shows eager faster (and eager's error fits too), with its figures against the stock user."""
     best = min(fits, key=lambda r: r["compiled_ms"])
     default = next((r for r in fits if _is_default(r)), None)
-    over = sum(1 for r in rows if r["status"] == "ok" and budgets.excess(r))
+    over = sum(1 for r in rows if r["status"] == "ok" and limits.excess(r))
     why = f"fastest of {len(fits)} eligible configs swept"
     entry = preset_entry(
         best,
@@ -297,8 +297,8 @@ def _swept(
     return entry, check["eager_check"]
 
 
-def _status(row: dict[str, Any], budgets: Budgets) -> str:
-    excess = budgets.excess(row) if row["status"] == "ok" else None
+def _status(row: dict[str, Any], limits: Limits) -> str:
+    excess = limits.excess(row) if row["status"] == "ok" else None
     return f"ok, {excess}" if excess else row["status"]
 
 
@@ -312,7 +312,7 @@ def preset_document(
     presets: list[dict[str, Any]],
     missing: list[dict[str, Any]],
     rows: list[dict[str, Any]],
-    budgets: Budgets,
+    limits: Limits,
 ) -> dict[str, Any]:
     """presets.json: the flat lists, and `classes`: per hardware class and software stack, its
     presets and its class defaults (from `rows`, the results they were chosen from)."""
@@ -333,23 +333,23 @@ def preset_document(
             key: {
                 "stack": row_stack(stack_rows[0]),
                 "presets": [p for p in presets if p["hardware"] == hw and stack_key(row_stack(p)) == key],
-                "defaults": class_defaults(stack_rows, budgets),
+                "defaults": class_defaults(stack_rows, limits),
             }
             for key, stack_rows in sorted(per_stack.items())
         }
     return {
         "format": PRESET_FORMAT,
-        "budgets": budgets.to_dict(),
+        "budgets": limits.to_dict(),
         "presets": presets,
         "no_preset": missing,
-        "defaults": {hw: class_defaults(hw_rows, budgets) for hw, hw_rows in sorted(by_class.items())},
+        "defaults": {hw: class_defaults(hw_rows, limits) for hw, hw_rows in sorted(by_class.items())},
         "stacks": {hw: [json.loads(s) for s in found] for hw, found in sorted(stacks.items())},
         "classes": classes,
     }
 
 
 def write_presets(
-    out_dir: Target, budgets: Budgets = Budgets(), accuracy: tuple[Budget, ...] | None = None
+    out_dir: Target, limits: Limits = Limits(), accuracy: tuple[AccuracyBudget, ...] | None = None
 ) -> tuple[Path | str, dict[str, Any]]:
     """Derive the presets of the results under `out_dir` (a path or a URI) and write them there
     (`write_preset_files`); return where presets.json went and what it holds. `accuracy`: the
@@ -360,11 +360,11 @@ def write_presets(
         raise FileNotFoundError(f"no result rows under {results_path(out)}; run `orchestrate sweep` first")
     if accuracy is None:
         accuracy = sweep_accuracy(out)
-    data = derive_presets(table, budgets, accuracy)
+    data = derive_presets(table, limits, accuracy)
     return write_preset_files(out, data), data
 
 
-def sweep_accuracy(out: Location) -> tuple[Budget, ...]:
+def sweep_accuracy(out: Location) -> tuple[AccuracyBudget, ...]:
     """The accuracy budgets of the sweep an output's latest run ran (none where it declared none)."""
     from store.runlog import read_runs
 

@@ -63,7 +63,7 @@ from typing import Any, TextIO
 
 from analysis import efficiency
 from compiler import statistics as cstats
-from compiler.accuracy import Budget
+from compiler.accuracy import AccuracyBudget
 from compiler.job import Job, software_stack
 from orchestrator.fleet import summary as fleet_summary
 from orchestrator.fleet.cache import SNAPSHOT_FILE, CacheLive, check_access, named_access, shared_cache
@@ -185,7 +185,7 @@ class TuneContext:
     """Every round's sweep options; a round's are these with its folder (`round_options`)."""
     stack: dict[str, str]
     """This driver's software stack, every job's."""
-    budgets: tuple[Budget, ...]
+    budgets: tuple[AccuracyBudget, ...]
     """The accuracy budgets the tune decides under (`tune_budgets`)."""
     stock_names: set[str]
     """The sweep's configs: the stock modes to beat."""

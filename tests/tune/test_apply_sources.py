@@ -22,7 +22,7 @@ import pytest
 from compiler.serving import (
     CACHE_ENV,
     MANIFEST,
-    PRESETS,
+    SERVING_FILE,
     ExportCacheWarning,
     ExportError,
     PresetFallbackWarning,
@@ -35,7 +35,7 @@ from tests.tune.test_export_apply import valid_bundle, write_export
 from workers import toy
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVED = [MANIFEST, PRESETS, "bundles/mlp.bin", "packages/mlp.pt2"]
+SERVED = [MANIFEST, SERVING_FILE, "bundles/mlp.bin", "packages/mlp.pt2"]
 """The files of the export that serving the toy mlp bs4 may read: never the other model's."""
 
 
@@ -54,7 +54,7 @@ def two_model_export(dest: Path) -> Path:
     """The toy mlp's export (`write_export`, with a bundle and a package) plus a second model's
     preset whose files are ten times larger."""
     write_export(dest, bundle=valid_bundle(), package=b"mlp package " * 1000)
-    presets = json.loads((dest / PRESETS).read_text())
+    presets = json.loads((dest / SERVING_FILE).read_text())
     presets["presets"].append(
         {
             **presets["presets"][0],
@@ -63,7 +63,7 @@ def two_model_export(dest: Path) -> Path:
             "package": "packages/other.pt2",
         }
     )
-    (dest / PRESETS).write_text(json.dumps(presets))
+    (dest / SERVING_FILE).write_text(json.dumps(presets))
     (dest / "bundles" / "other.bin").write_bytes(os.urandom(100_000))
     (dest / "packages" / "other.pt2").write_bytes(os.urandom(100_000))
     rehash(dest)
@@ -98,7 +98,7 @@ MANIFESTS = {
     "a list": (lambda m: [], "this is a JSON list"),
     "files as a list": (lambda m: {**m, "files": list(m["files"])}, "`files` must map each file"),
     "no files": (lambda m: {k: v for k, v in m.items() if k != "files"}, "`files` must map"),
-    "a digest that is no sha256": (lambda m: {**m, "files": {PRESETS: "abc"}}, "`files` must map"),
+    "a digest that is no sha256": (lambda m: {**m, "files": {SERVING_FILE: "abc"}}, "`files` must map"),
     "no hardware": (lambda m: {k: v for k, v in m.items() if k != "hardware"}, "`hardware`"),
     "the stack as a string": (lambda m: {**m, "stack": "torch"}, "`stack`"),
     "another format": (lambda m: {**m, "format": 3}, "format 3, this code reads 1 and 2"),
@@ -170,18 +170,18 @@ PRESET_FILES = {
 def test_presets_it_cannot_use_fall_back_or_raise_export_error(tmp_path, case):
     change, match = PRESET_FILES[case]
     dest = write_export(tmp_path / "exp")
-    (dest / PRESETS).write_text(json.dumps(change(json.loads((dest / PRESETS).read_text()))))
+    (dest / SERVING_FILE).write_text(json.dumps(change(json.loads((dest / SERVING_FILE).read_text()))))
     rehash(dest)  # hashed as an export would: the shape, not the digest, is what is wrong
     _fallback(dest, match)
 
 
 def test_a_class_default_as_the_export_writes_it_serves_a_model_never_swept(tmp_path):
     dest = write_export(tmp_path / "exp")
-    presets = json.loads((dest / PRESETS).read_text())
+    presets = json.loads((dest / SERVING_FILE).read_text())
     compile_args = presets["defaults"]["fp32"]["compile"]
     # as orchestrator.tune.presets.class_defaults writes it: no model, batch size or files
     presets["defaults"]["fp32"] = {"dtype": "fp32", "config": "cdt", "compile": compile_args, "cells": 2}
-    (dest / PRESETS).write_text(json.dumps(presets))
+    (dest / SERVING_FILE).write_text(json.dumps(presets))
     rehash(dest)
     applied, warned = serve(dest, model_name="never-swept")
     assert applied.match == "class_default" and applied.config["name"] == "cdt" and warned == []
@@ -191,9 +191,9 @@ def test_a_preset_file_outside_the_export_is_never_read(tmp_path):
     dest = write_export(tmp_path / "exp", bundle=b"inside")
     secret = tmp_path / "secret.bin"
     secret.write_bytes(b"outside the export")
-    presets = json.loads((dest / PRESETS).read_text())
+    presets = json.loads((dest / SERVING_FILE).read_text())
     presets["presets"][0]["bundle"] = "../secret.bin"  # not listed in the manifest
-    (dest / PRESETS).write_text(json.dumps(presets))
+    (dest / SERVING_FILE).write_text(json.dumps(presets))
     rehash(dest)
     applied, warned = serve(dest)
     assert applied.bundle == "refused" and any(
@@ -211,8 +211,8 @@ def test_a_preset_file_outside_the_export_is_never_read(tmp_path):
     del manifest["files"]["../secret.bin"]
     (dest / MANIFEST).write_text(json.dumps(manifest))
     presets["presets"][0]["bundle"] = "bundles/mlp.bin"
-    (dest / PRESETS).write_text(json.dumps(presets))
-    manifest["files"][PRESETS] = sha256_file(dest / PRESETS)
+    (dest / SERVING_FILE).write_text(json.dumps(presets))
+    manifest["files"][SERVING_FILE] = sha256_file(dest / SERVING_FILE)
     (dest / MANIFEST).write_text(json.dumps(manifest))
     applied, warned = serve(dest)
     assert applied.bundle == "refused" and any("a link out of the export" in w for w in warned)

@@ -7,20 +7,20 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.accuracy import Budget
+from compiler.accuracy import AccuracyBudget
 from compiler.capabilities import known
 from orchestrator.tune import stages
 from orchestrator.tune.cells import Cell
-from orchestrator.tune.presets import Budgets
+from orchestrator.tune.presets import Limits
 from orchestrator.tune.space import candidates
 from store.rows import make_row
 from tests.conftest import _result
 from tests.tune.test_tune import RESNET, STOCK, make_job_for, samples
 
 CELL = Cell("H100", "cuda", RESNET, 16, "fp32")
-BUDGETS = (Budget("stock"), Budget("bf16"))
+BUDGETS = (AccuracyBudget("stock"), AccuracyBudget("bf16"))
 NAMES = {c.name for c in STOCK}
-LIMITS = Budgets()
+LIMITS = Limits()
 PROCS = 2
 
 

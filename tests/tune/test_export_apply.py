@@ -20,14 +20,14 @@ from compiler.hardware import accelerator_type, hardware_class, software_stack
 from compiler.serving import (
     EXPORT_FORMAT,
     MANIFEST,
-    PRESETS,
+    SERVING_FILE,
     ExportError,
     PresetFallbackWarning,
     compile_tuned,
     find_preset,
     sha256_file,
 )
-from compiler.serving.files import PRESETS_BEFORE
+from compiler.serving.files import SERVING_FILE_BEFORE
 from orchestrator.tune.export import bundle_caveat, export, plan_export
 from orchestrator.tune.presets import class_defaults
 from store.rows import make_row
@@ -165,14 +165,14 @@ def test_an_interrupted_export_resumes_without_compiling_what_it_finished(
         "[1/3] mlp/bs1/fp32/eager: eager (do not compile: compiled ro was slower), no bundle or package; "
         "runtime torch defaults",
     ]
-    assert set(manifest["files"]) == {PRESETS, "bundles/mlp.bin", "bundles/resnet.bin"}
+    assert set(manifest["files"]) == {SERVING_FILE, "bundles/mlp.bin", "bundles/resnet.bin"}
     assert manifest["runtime"] == {
         "mlp/bs1/fp32/eager": {},
         "mlp/bs4/fp32/ro": {},
         "resnet/bs1/fp32/tuned": {},
     }
     assert not (dest / PROGRESS).exists() and not (dest / "bundles" / ".resnet.bin.tmp").exists()
-    eager, *rest = json.loads((dest / PRESETS).read_text())["presets"]
+    eager, *rest = json.loads((dest / SERVING_FILE).read_text())["presets"]
     assert [e["bundle"] for e in rest] == [f"bundles/{e['model']}.bin" for e in compiled]
     assert eager["compile"] is None and eager["runtime"] == {} and eager["bundle"] is eager["package"] is None
     with pytest.raises(ExportError, match="a finished export"):
@@ -270,7 +270,9 @@ def write_export(
         "compile": {**entry["compile"], "options": {"coordinate_descent_tuning": True}},
     }
     dest.mkdir(parents=True)
-    (dest / PRESETS).write_text(json.dumps({"format": 1, "presets": [entry], "defaults": {"fp32": default}}))
+    (dest / SERVING_FILE).write_text(
+        json.dumps({"format": 1, "presets": [entry], "defaults": {"fp32": default}})
+    )
     if bundle is not None:
         (dest / "bundles").mkdir()
         (dest / "bundles" / "mlp.bin").write_bytes(bundle)
@@ -299,11 +301,11 @@ def valid_bundle() -> bytes:
 def edit_presets(dest: Path, edit) -> Path:
     """Change the export's serving.json with `edit(presets)` and give the manifest its new sha256,
     as an export that wrote it so would have."""
-    presets = json.loads((dest / PRESETS).read_text())
+    presets = json.loads((dest / SERVING_FILE).read_text())
     edit(presets)
-    (dest / PRESETS).write_text(json.dumps(presets))
+    (dest / SERVING_FILE).write_text(json.dumps(presets))
     manifest = json.loads((dest / MANIFEST).read_text())
-    manifest["files"][PRESETS] = sha256_file(dest / PRESETS)
+    manifest["files"][SERVING_FILE] = sha256_file(dest / SERVING_FILE)
     (dest / MANIFEST).write_text(json.dumps(manifest))
     return dest
 
@@ -517,7 +519,7 @@ def test_package_options_expand_the_mode_and_take_cuda_graphs_out():
 
 def test_a_tampered_preset_file_falls_back_to_plain_compile(tmp_path):
     dest = write_export(tmp_path / "exp")
-    (dest / PRESETS).write_text((dest / PRESETS).read_text().replace('"default"', '"evil"'))
+    (dest / SERVING_FILE).write_text((dest / SERVING_FILE).read_text().replace('"default"', '"evil"'))
     model, inputs = toy.mlp(4)
     with pytest.warns(PresetFallbackWarning, match="serving.json: sha256"):
         compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
@@ -528,14 +530,16 @@ def test_an_export_whose_presets_file_has_its_earlier_name_is_served(tmp_path):
     """Exports written before the export's presets document was named serving.json (apart from a
     tune output's presets.json) list it as presets.json in their manifest: read so, and named so."""
     dest = write_export(tmp_path / "exp")
-    (dest / PRESETS).rename(dest / PRESETS_BEFORE)
+    (dest / SERVING_FILE).rename(dest / SERVING_FILE_BEFORE)
     manifest = json.loads((dest / MANIFEST).read_text())
-    manifest["files"][PRESETS_BEFORE] = manifest["files"].pop(PRESETS)
+    manifest["files"][SERVING_FILE_BEFORE] = manifest["files"].pop(SERVING_FILE)
     (dest / MANIFEST).write_text(json.dumps(manifest))
     model, inputs = toy.mlp(4)
     compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
     assert applied.match == "exact" and applied.config is not None and compiled is not model
-    (dest / PRESETS_BEFORE).write_text((dest / PRESETS_BEFORE).read_text().replace('"default"', '"evil"'))
+    (dest / SERVING_FILE_BEFORE).write_text(
+        (dest / SERVING_FILE_BEFORE).read_text().replace('"default"', '"evil"')
+    )
     with pytest.warns(PresetFallbackWarning, match="/presets.json: sha256"):
         compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", run_example=False)
     assert applied.match == "fallback"
@@ -599,3 +603,18 @@ def test_compiler_apply_is_a_deprecated_alias_of_the_serving_api():
     assert said["same"] == said["all"] and sorted(said["all"]) == said["exports"] and said["tuned"]
     names = {"compile_tuned", "Applied", "ExportError", "SignatureError", "PresetFallbackWarning"}
     assert names <= set(said["all"])
+
+
+def test_the_serving_files_earlier_name_is_a_deprecated_alias():
+    """`PRESETS`, `SERVING_FILE`'s name before, still imports from `compiler.serving` (and from
+    `compiler.apply`), with a DeprecationWarning naming the new one; it is not in `__all__`."""
+    import warnings
+
+    import compiler.serving as serving
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        from compiler.serving import PRESETS
+    assert PRESETS == SERVING_FILE == "serving.json" and "PRESETS" not in serving.__all__
+    assert {str(w.message) for w in seen} == {"compiler.serving.PRESETS is deprecated: use SERVING_FILE"}
+    assert all(w.category is DeprecationWarning for w in seen)

@@ -27,7 +27,7 @@ from orchestrator.tune.effects import (
     what_won_markdown,
 )
 from orchestrator.tune.plan import make_job
-from orchestrator.tune.presets import Budgets, derive_presets
+from orchestrator.tune.presets import Limits, derive_presets
 from orchestrator.tune.space import BASE_MODES, candidates
 from store.schema import rows_to_table
 from tests.tune.test_tune import MLP, RESNET, STOCK, row, samples
@@ -135,7 +135,7 @@ def test_knobs_that_each_helped_are_also_tried_together():
         (cands["ro+freezing"], row(jobs["ro+freezing"], ms=7.0)),
         (cands["ro+channels_last"], row(jobs["ro+channels_last"], ms=9.5)),  # slower: left out
     ]
-    combined = combine_helping_knobs(cands["ro"], results, Budgets())
+    combined = combine_helping_knobs(cands["ro"], results, Limits())
     assert (
         combined.config.name == "ro+freezing+cudnn_benchmark"
         or combined.config.name == "ro+cudnn_benchmark+freezing"
@@ -144,9 +144,9 @@ def test_knobs_that_each_helped_are_also_tried_together():
     assert combined.config.options == {"triton.cudagraphs": True} and not combined.stock
     assert combined.turned == ("freezing", "cudnn_benchmark") and combined.base_name == "ro"
     assert (
-        combine_helping_knobs(cands["ro"], results[:3], Budgets()) is None
+        combine_helping_knobs(cands["ro"], results[:3], Limits()) is None
     )  # one knob helped: nothing to combine
-    assert combine_helping_knobs(cands["default"], results, Budgets()) is None  # no knob measured on it
+    assert combine_helping_knobs(cands["default"], results, Limits()) is None  # no knob measured on it
 
 
 def test_a_runtime_setting_is_confirmed_in_processes_of_its_own():
@@ -161,7 +161,7 @@ def test_a_runtime_setting_is_confirmed_in_processes_of_its_own():
         cell,
         rung1,
         (cand, stock, own(jobs["ro+cudnn_benchmark"], 6.0, 2), own(jobs["ro"], 8.0, 1)),
-        Budgets(),
+        Limits(),
     )
     assert entry["source"] == "tuned" and "apart" in why and entry["speedup_vs_stock_ci_low"] > 1
     assert entry["compile"]["runtime"] == {"cudnn_benchmark": True}
@@ -170,14 +170,14 @@ def test_a_runtime_setting_is_confirmed_in_processes_of_its_own():
         cell,
         rung1,
         (cand, stock, own(jobs["ro+cudnn_benchmark"], 8.0, 2), own(jobs["ro"], 8.0, 1)),
-        Budgets(),
+        Limits(),
     )
     assert entry["source"] == "stock" and entry["compile"]["runtime"] == {}
     entry, why = decide(
         cell,
         rung1,
         (cand, stock, own(jobs["ro+cudnn_benchmark"], 6.0, 2), row(jobs["ro"], "crash", ms=None)),
-        Budgets(),
+        Limits(),
     )
     assert entry["source"] == "stock" and "failed" in why
 
@@ -210,7 +210,7 @@ def test_what_won_says_which_setting_helped_which_model_and_pruning_follows():
     assert "no gain on any cell" in doc["A100"]["freezing"]["why"]
     assert "slower on vit" in doc["A100"]["cudnn_benchmark"]["why"]
 
-    data = derive_presets(rows_to_table(rows), Budgets())
+    data = derive_presets(rows_to_table(rows), Limits())
     won = {r["setting"]: r for r in data["what_won"]}
     assert won["cudnn_benchmark"]["presets"] == 1 and won["cudnn_benchmark"]["helps_models"] == ["resnet"]
     assert won["mode reduce-overhead"]["presets"] == 2
@@ -290,7 +290,7 @@ def resnet_rows(figures: dict[str, float]) -> list[dict]:
 
 def test_a_mode_is_named_alike_where_it_is_measured_and_where_a_preset_uses_it():
     rows = resnet_rows({"default": 9.0, "ro": 6.0})
-    data = derive_presets(rows_to_table(rows), Budgets())
+    data = derive_presets(rows_to_table(rows), Limits())
     (won,) = data["what_won"]  # reduce-overhead's option is also the cudagraphs knob's: one line
     assert (
         won["setting"] == "mode reduce-overhead" and won["presets"] == 1 and won["helps_models"] == ["resnet"]
