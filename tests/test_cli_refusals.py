@@ -578,7 +578,7 @@ def test_tune_list_flags_are_checked_before_ray_starts(
     out = tmp_path / "out"
 
     def started(spec, opts):  # the checks passed: where Ray would start
-        raise SystemExit(f"run_tune {opts.only}")
+        raise SystemExit(f"run_tune {opts.sweep.only}")
 
     monkeypatch.setattr(search, "run_tune", started)
     if expected is None:

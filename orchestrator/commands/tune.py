@@ -22,6 +22,7 @@ from orchestrator.commands.common import (
     not_empty,
     print_what_won,
     resume_command,
+    sweep_options,
     unfinished_exit,
     whole,
 )
@@ -285,7 +286,7 @@ def cmd_tune(args) -> int:
     summary, code = drive(lambda: run_tune(spec, opts))
     if summary is None:
         return code
-    _print_summary(summary, opts.out_dir)
+    _print_summary(summary, opts.sweep.out_dir)
     return unfinished_exit(summary.unfinished())
 
 
@@ -304,7 +305,7 @@ def _tune_options(args, spec, deadline: float | None):
         problems.append(conflict)
     knobs = _knobs(args, problems)
     bases = _bases(args, problems)
-    budgets = limits_from_args(args)
+    limits = limits_from_args(args)
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
@@ -318,32 +319,28 @@ def _tune_options(args, spec, deadline: float | None):
     except StorageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
-    return TuneOptions(
-        out_dir=out,
-        address=args.address,
+    sweep = sweep_options(
+        args,
+        out,
         resume=args.resume,
-        only=args.only,
+        shared_cache=not args.no_shared_cache,
+        cache_redis=cache_redis,
+        deadline=deadline,
+        resume_command=resume_command(args, out),
+    )
+    return TuneOptions(
+        sweep,
         accuracy=accuracy,
         precisions=precisions,
         knobs=knobs,
         bases=bases,
         prune_from=prune_from,
-        budgets=budgets,
+        limits=limits,
         eta=args.eta,
         confirm_repeats=args.confirm_repeats,
         extend_repeats=args.extend_repeats,
         eager_presets=not args.no_eager,
-        cpus_per_job=args.cpus_per_job,
-        timeout_cap_s=args.timeout_cap,
-        allow_missing=args.allow_missing,
-        overlap=not args.no_overlap,
-        scratch_root=args.scratch,
-        shared_cache=not args.no_shared_cache,
-        cache_redis=cache_redis,
         cache_from=cache_from,
-        argv=sys.argv,
-        deadline=deadline,
-        resume_command=resume_command(args, out),
     )
 
 

@@ -17,6 +17,7 @@ from compiler.capabilities import known
 from compiler.job import Baseline, Job, MeasureSpec, software_stack
 from orchestrator.fleet.inventory import HardwareClass
 from orchestrator.fleet.inventory import resolve as resolve_classes
+from orchestrator.fleet.options import SweepOptions
 from orchestrator.spec.matrix import select_matching
 from orchestrator.spec.sweep import SweepSpec
 from orchestrator.tune.cells import Cell
@@ -37,10 +38,18 @@ class NothingToTune(ValueError):
 
 @dataclass
 class TuneOptions:
-    out_dir: Target
-    address: str | None = None
-    resume: bool = False
-    only: str | None = None
+    """A tune's options: the sweep options of the tune as a whole (`sweep`), and what only a tune
+    has: the accuracy budgets, the search space, the limits and how the rounds keep and confirm
+    candidates. Each round is a sweep with options derived from `sweep` (`round_sweep_options`)."""
+
+    sweep: SweepOptions
+    """OUT (`out_dir`), the cluster (`address`), `resume` (finish the tune in OUT), `only` (the
+    candidates' job names), `cpus_per_job`, `timeout_cap_s`, `allow_missing`, `scratch_root`,
+    `overlap` (every round's), `max_attempts` and `lock_clocks` (every round's), the shared compile
+    cache (`shared_cache`: `orchestrate tune` turns it on unless --no-shared-cache; `cache_redis`, an
+    existing server, else a private one for the tune), `argv`, `deadline` (the tune stops as on
+    Ctrl-C) and `resume_command` (default: this sweep file with --resume). `history_dirs` is not
+    used: a tune's rounds are ordered by their own plan."""
     accuracy: tuple[AccuracyBudget, ...] = ()
     """Accuracy budgets (`compiler.accuracy`; --accuracy): each cell gets a preset per budget, the
     fastest config within it. Empty: the sweep's `accuracy:`, else `stock`."""
@@ -54,7 +63,8 @@ class TuneOptions:
     prune_from: Target | None = None
     """An earlier tune's output: knobs it measured to gain nothing (or to hurt) on every cell of a class are left out of that
     class's search (`orchestrator.tune.effects.dropped_knobs`)."""
-    budgets: Limits = field(default_factory=Limits)
+    limits: Limits = field(default_factory=Limits)
+    """A candidate's compile-time and memory limits (--max-compile-s, --max-memory-mb)."""
     eta: int = DEFAULT_ETA
     """Rung 0 keeps the best 1/eta of each cell's candidates (at least one) for rung 1."""
     confirm_repeats: int = DEFAULT_CONFIRM_REPEATS
@@ -63,26 +73,27 @@ class TuneOptions:
     eager_presets: bool = True
     """A cell's preset may be eager where its row timed eager faster (`orchestrator.tune.eager`);
     False (`--no-eager`) keeps the compiled config and only records the check."""
-    cpus_per_job: int | None = None
-    timeout_cap_s: float | None = None
-    allow_missing: bool = False
-    overlap: bool = True
-    """`SweepOptions.overlap` of every round (`--no-overlap`: False)."""
-    scratch_root: str | None = None
-    shared_cache: bool = True
-    """Share compile and autotune work between the tune's jobs through Redis (see `orchestrator.tune.search`)."""
-    cache_redis: str | Any = None
-    """An existing Redis server: its URL or HOST:PORT (credentials from the environment, as for
-    `SweepOptions.cache_redis`) or a `compiler.cache_access.CacheAccess`; None starts a private
-    one for the tune."""
     cache_from: Location | None = None
     """An earlier run's output whose shared-cache snapshot (`orchestrator.fleet.cache.SNAPSHOT_FILE`)
     the private server starts with: its GEMM/conv timings and Triton configs (`--cache-from`)."""
-    argv: list[str] = field(default_factory=list)
-    deadline: float | None = None
-    """`time.monotonic()` at which the tune stops as on Ctrl-C (`SweepOptions.deadline`)."""
-    resume_command: str | None = None
-    """The command an interrupted tune prints to resume (default: this sweep file with --resume)."""
+
+
+def round_sweep_options(opts: TuneOptions, out: Location, resume: str, cache: Any) -> SweepOptions:
+    """The sweep options every round of a tune into `out` runs with (a round's own folder is set
+    per round): the tune's, resuming (the jobs a round's folder holds are skipped), on the tune's
+    running shared cache (`cache`; None: none), with `resume` as the command that resumes the tune.
+    The tune applies --only and --timeout-cap itself, to its candidates and their jobs."""
+    return dataclasses.replace(
+        opts.sweep,
+        out_dir=out,
+        resume=True,
+        only=None,
+        timeout_cap_s=None,
+        history_dirs=[],
+        shared_cache=cache is not None,
+        cache_redis=cache,
+        resume_command=resume,
+    )
 
 
 def rung_measure(
@@ -173,7 +184,7 @@ def plan_space(
     precisions the accuracy budgets let each class search (`compiler.accuracy.searched`), the
     knobs asked for that an earlier tune did not prune. A class the sweep names that is missing
     raises `MissingHardwareError`."""
-    hardware = resolve_classes(spec.hardware, classes, opts.allow_missing)
+    hardware = resolve_classes(spec.hardware, classes, opts.sweep.allow_missing)
     budgets = tune_budgets(spec, opts)
     return {
         cell: candidates(
@@ -197,18 +208,19 @@ def rung0_jobs(
     stack: dict[str, str] | None = None,
 ) -> tuple[dict[tuple[Cell, Candidate], Job], dict[Cell, list[Candidate]]]:
     """The bases of every cell (`space.is_base`: no knob turned), as rung 0 measures them, and the
-    space left to search: the candidates `opts.only` selects by job name, with the bases their
+    space left to search: the candidates `opts.sweep.only` selects by job name, with the bases their
     knobs are turned on. The tune's plan, made from the cluster's classes, or before Ray starts
     from this machine's (`commands.common.check_plan_locally`). An --only that selects nothing
     raises `NoJobMatches`."""
     measure0 = rung_measure(spec.measure, "rung0")
     every = {
-        (cell, cand): make_job(spec, cell, cand, measure0, opts.timeout_cap_s, stack=stack)
+        (cell, cand): make_job(spec, cell, cand, measure0, opts.sweep.timeout_cap_s, stack=stack)
         for cell, cands in space.items()
         for cand in cands
     }
     chosen = {
-        j.job_id for j in select_matching(every.values(), opts.only, "the tune's {n} candidate jobs", "")
+        j.job_id
+        for j in select_matching(every.values(), opts.sweep.only, "the tune's {n} candidate jobs", "")
     }
     kept: dict[Cell, list[Candidate]] = {}
     for (cell, cand), j in every.items():

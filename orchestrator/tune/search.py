@@ -32,7 +32,7 @@ Successive halving, in rounds of jobs dispatched across the cluster like any swe
 
 Candidates recompile across rungs, and the candidates of one cell share GEMM/conv shapes, so
 their jobs share compile and autotune work through a Redis server by default
-(`TuneOptions.shared_cache`, `orchestrator.fleet.cache`): one server for the whole tune, its
+(`TuneOptions.sweep`'s `shared_cache`, `orchestrator.fleet.cache`): one server for the whole tune, its
 address handed to every rung. Rows say what their compile got from it (`compile_cache`,
 `compile_from_cache` and the hit/miss columns).
 
@@ -81,6 +81,7 @@ from orchestrator.tune.plan import (
     make_job,
     plan_space,
     pruned_knobs,
+    round_sweep_options,
     rung0_jobs,
     rung_measure,
     tune_budgets,
@@ -100,20 +101,20 @@ from workers.runner import plural
 
 
 def run_tune(spec: SweepSpec, opts: TuneOptions, stream: TextIO | None = None) -> TuneSummary:
-    """Run the search (see the module docstring) into `opts.out_dir`; return what it decided.
+    """Run the search (see the module docstring) into `opts.sweep.out_dir`; return what it decided.
 
     OUT's lock is held from before anything is read to the end (`lock.OutputLocked` while another
     live driver holds it); the per-rung sweeps lock OUT/<rung> inside it. A named cache server that
     does not answer is refused before that (`check_cache`): nothing is written."""
     stream = stream or sys.stderr
-    out = checked(opts.out_dir)
-    resume = opts.resume_command or shlex.join(
+    out = checked(opts.sweep.out_dir)
+    resume = opts.sweep.resume_command or shlex.join(
         ["orchestrate", "tune", spec.source or "SWEEP.yaml", "--out", str(out), "--resume"]
     )
     named = check_cache(opts, stream)
     with (
         refusal_stops(out, "nothing of this tune was written", resume),
-        holding(out, opts.argv, stream=stream),
+        holding(out, opts.sweep.argv, stream=stream),
     ):
         return _run_tune(spec, opts, out, resume, stream, named)
 
@@ -128,8 +129,10 @@ def _run_tune(
     started = time.monotonic()
     seed = opts.cache_from.join(SNAPSHOT_FILE) if opts.cache_from else None
     with (
-        shared_cache(opts.shared_cache, named, opts.scratch_root, stream, keep=out, seed=seed) as cache,
-        ray_session(opts.address),
+        shared_cache(
+            opts.sweep.shared_cache, named, opts.sweep.scratch_root, stream, keep=out, seed=seed
+        ) as cache,
+        ray_session(opts.sweep.address),
     ):
         ctx = TuneContext.open(spec, opts, out, resume, stream, cache, pruned, started)
         runs, rung0 = run_rung0(ctx)
@@ -144,7 +147,7 @@ def _run_tune(
 def check_output(spec: SweepSpec, opts: TuneOptions, out: Location) -> None:
     """Before anything runs: refuse an OUT that holds a tune unless --resume (`OutputExistsError`),
     and one whose rounds hold another sweep's rows (`check_same_sweep`)."""
-    if not opts.resume:
+    if not opts.sweep.resume:
         found = [r for r in ROUNDS if read_results(out.join(r), columns=["job_id"]).num_rows]
         if found or out.join(TUNE_FILE).exists():
             raise OutputExistsError(
@@ -158,10 +161,10 @@ def check_output(spec: SweepSpec, opts: TuneOptions, out: Location) -> None:
 def check_cache(opts: TuneOptions, stream: TextIO):
     """The --cache-redis server with its credentials, checked (None: none named), and a note of
     what --max-compile-s judges with a shared cache."""
-    named = opts.cache_redis if opts.shared_cache else None
+    named = opts.sweep.cache_redis if opts.sweep.shared_cache else None
     if named is not None:
         named = check_access(named_access(named) if isinstance(named, str) else named)
-    if opts.shared_cache and opts.budgets.max_compile_s is not None:
+    if opts.sweep.shared_cache and opts.limits.max_compile_s is not None:
         print(
             "note: --max-compile-s with the shared compile cache: a candidate's compile_s may be served "
             "from the cache (compile_from_cache), shorter than its cold compile; use --no-shared-cache "
@@ -215,20 +218,7 @@ class TuneContext:
         """The context of a tune whose shared compile cache is `cache` (None: none), which every
         round uses as it is (a server that stopped answering in one round is not used in the
         next); the rounds' sweep options are made here, once."""
-        sweep = SweepOptions(
-            out_dir=out,
-            address=opts.address,
-            resume=True,
-            cpus_per_job=opts.cpus_per_job,
-            allow_missing=opts.allow_missing,
-            overlap=opts.overlap,
-            scratch_root=opts.scratch_root,
-            shared_cache=cache is not None,
-            cache_redis=cache,
-            argv=opts.argv,
-            resume_command=resume,
-            deadline=opts.deadline,
-        )
+        sweep = round_sweep_options(opts, out, resume, cache)
         return cls(
             spec=spec,
             opts=opts,
@@ -250,7 +240,7 @@ class TuneContext:
     def job(self, cell: Cell, cand: Candidate, rung: str, baseline: Candidate | None = None) -> Job:
         """`cand`'s job on `cell` as round `rung` measures it (`rung_measure`), beside `baseline`."""
         measure = rung_measure(self.spec.measure, rung, self.opts.confirm_repeats)
-        return make_job(self.spec, cell, cand, measure, self.opts.timeout_cap_s, baseline, self.stack)
+        return make_job(self.spec, cell, cand, measure, self.opts.sweep.timeout_cap_s, baseline, self.stack)
 
 
 @dataclass
@@ -291,7 +281,7 @@ def run_rung0(ctx: TuneContext) -> tuple[dict[Cell, stages.CellRun], Round]:
     """Stage 1, rung0. Takes the context; plans the search on the cluster's classes (`plan_space`,
     `rung0_jobs`: --only, the knobs --prune-from left) and measures every cell's bases cheaply.
     Produces a `stages.CellRun` per cell with a base to measure, and the round."""
-    space = plan_space(ctx.spec, cluster_classes(ctx.opts.cpus_per_job), ctx.opts, ctx.pruned)
+    space = plan_space(ctx.spec, cluster_classes(ctx.opts.sweep.cpus_per_job), ctx.opts, ctx.pruned)
     jobs, space = rung0_jobs(ctx.spec, space, ctx.opts, ctx.stack)
     runs = {cell: stages.CellRun(cell, space[cell]) for cell, _ in jobs}
     what = (
@@ -307,7 +297,7 @@ def run_knobs(ctx: TuneContext, runs: dict[Cell, stages.CellRun], rung0: Round) 
     jobs = {
         (cell, cand): ctx.job(cell, cand, "rung0")
         for cell, run in runs.items()
-        for cand in stages.judge(run, rung0.results(cell), ctx.budgets, ctx.opts.budgets)
+        for cand in stages.judge(run, rung0.results(cell), ctx.budgets, ctx.opts.limits)
     }
     what = (
         f"{plural(len(jobs), 'knob')} turned on each cell's fastest bases (its own precision's, and each "
@@ -320,11 +310,11 @@ def run_rung1(ctx: TuneContext, runs: dict[Cell, stages.CellRun], knobs: Round) 
     """Stage 3, rung1. Takes the knobs round; promotes each cell's survivors (`stages.promote`) and
     measures those `stages.rung1` picks with the sweep's settings. Produces the round."""
     for cell, run in runs.items():
-        stages.promote(run, knobs.results(cell), ctx.opts.budgets, ctx.opts.eta, ctx.stock_names)
+        stages.promote(run, knobs.results(cell), ctx.opts.limits, ctx.opts.eta, ctx.stock_names)
     jobs = {
         (cell, c): ctx.job(cell, c, "rung1")
         for cell, run in runs.items()
-        for c in stages.rung1(run, ctx.opts.budgets, ctx.stock_names)
+        for c in stages.rung1(run, ctx.opts.limits, ctx.stock_names)
     }
     what = (
         f"{plural(len(jobs), 'candidate')} of {plural(len({cell for cell, _ in jobs}), 'cell')} measured "
@@ -346,7 +336,7 @@ def run_confirm(
         made = stages.confirm(
             run,
             results1,
-            ctx.opts.budgets,
+            ctx.opts.limits,
             ctx.stock_names,
             lambda c, b, cell=cell: ctx.job(cell, c, "confirm", b),
         )
@@ -371,7 +361,7 @@ def run_extend(
     for run in runs.values():
         if run.picks is None or run.state is None:
             continue
-        stages.decide(run, ctx.budgets, confirmed, ctx.opts.budgets, ctx.opts.eager_presets, ctx.stock_names)
+        stages.decide(run, ctx.budgets, confirmed, ctx.opts.limits, ctx.opts.eager_presets, ctx.stock_names)
         refused = stages.refused_gain(run)
         if refused is None or refused < gain:
             continue
@@ -417,7 +407,7 @@ def decide(
     found = Decided()
     for run in runs.values():
         decided = stages.decide(
-            run, ctx.budgets, confirmed, ctx.opts.budgets, ctx.opts.eager_presets, ctx.stock_names
+            run, ctx.budgets, confirmed, ctx.opts.limits, ctx.opts.eager_presets, ctx.stock_names
         )
         found.decisions.update(decided.decisions)
         if decided.missing is not None:
@@ -447,7 +437,7 @@ def write(
     ]
     effects = eager.add_effects(setting_effects([*rung0.rows.values(), *knobs.rows.values()]), checks)
     won = what_won(decided.entries, effects)
-    data = preset_document(decided.entries, decided.missing, list(rung0.rows.values()), ctx.opts.budgets)
+    data = preset_document(decided.entries, decided.missing, list(rung0.rows.values()), ctx.opts.limits)
     data["what_won"] = won
     out = ctx.out
     with refusal_stops(out, f"every job's row is saved, but not the presets nor {TUNE_FILE}", ctx.resume):

@@ -341,8 +341,8 @@ def tune_document(spec, opts, budgets, pruned, effects, won, jobs_run, log) -> d
     return {
         "format": 2,
         "sweep": spec.source,
-        "argv": opts.argv,
-        "budgets": opts.budgets.to_dict(),
+        "argv": opts.sweep.argv,
+        "budgets": opts.limits.to_dict(),
         "accuracy": [b.name for b in budgets],
         "eta": opts.eta,
         "confirm_repeats": opts.confirm_repeats,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from compiler.job import MeasureSpec
+from orchestrator.fleet.options import SweepOptions
 from orchestrator.tune import search, stages
 from orchestrator.tune.plan import TuneOptions
 from orchestrator.tune.space import candidates
@@ -104,7 +105,7 @@ def test_an_inconclusive_confirmation_is_extended_and_decided_on_every_process(m
         return {j.job_id: spread_row(j, centers[j.name][0], [12.0] * 3, centers[j.name][1]) for j in more}
 
     monkeypatch.setattr(search, "run_round", run_round)
-    opts = TuneOptions(out_dir="o", extend_repeats=3)
+    opts = TuneOptions(SweepOptions(out_dir="o"), extend_repeats=3)
     ctx = SimpleNamespace(
         opts=opts, spec=SimpleNamespace(measure=MeasureSpec()), budgets=BUDGETS, stock_names=NAMES
     )
@@ -139,11 +140,11 @@ def test_a_conclusive_or_small_refusal_is_not_extended(monkeypatch):
         search, "run_round", lambda ctx, name, more, what: {} if not more else pytest.fail(what)
     )
     ctx = SimpleNamespace(
-        opts=TuneOptions(out_dir="o"),
+        opts=TuneOptions(SweepOptions(out_dir="o")),
         spec=SimpleNamespace(measure=MeasureSpec()),
         budgets=BUDGETS,
         stock_names=NAMES,
     )
     assert search.run_extend(ctx, {CELL: run}, confirmed) == confirmed  # bf16 is sure; fp32's 1.0x is no gain
-    ctx.opts = TuneOptions(out_dir="o", extend_repeats=0)
+    ctx.opts = TuneOptions(SweepOptions(out_dir="o"), extend_repeats=0)
     assert search.run_extend(ctx, {CELL: run}, confirmed) is confirmed

@@ -108,6 +108,39 @@ def test_rung_measures_and_jobs():
     assert plain.job_id != job.job_id and plain.baseline is None
 
 
+def test_a_tunes_options_are_its_sweep_options_and_its_own(tmp_path, monkeypatch):
+    """`orchestrate tune`'s flags that `sweep` has too set the tune's `SweepOptions`; its rounds run
+    with them into their folders, resuming, on the tune's cache, with --only and --timeout-cap left
+    to the tune (it applies them to its candidates' jobs)."""
+    from orchestrator.cli import build_parser
+    from orchestrator.commands.tune import _tune_options
+    from orchestrator.fleet.options import SweepOptions
+    from orchestrator.spec.sweep import parse_spec
+    from orchestrator.tune.plan import round_sweep_options
+    from store.storage import checked
+
+    flags = ["--only", "mlp", "--cpus-per-job", "1", "--timeout-cap", "90", "--no-overlap", "--eta", "4"]
+    argv = ["tune", "t.yaml", "--out", str(tmp_path / "o"), *flags, "--max-compile-s", "60", "--no-eager"]
+    monkeypatch.setattr("sys.argv", ["orchestrate", *argv])
+    spec = parse_spec("name: t\nmodels: [python:workers.toy:mlp]\nbatch_sizes: [4]\nconfigs: {default: {}}\n")
+    opts = _tune_options(build_parser().parse_args(argv), spec, deadline=None)
+    sweep = opts.sweep
+    assert isinstance(sweep, SweepOptions) and sweep.out_dir == checked(tmp_path / "o")
+    assert (sweep.only, sweep.cpus_per_job, sweep.timeout_cap_s, sweep.overlap) == ("mlp", 1, 90, False)
+    assert sweep.shared_cache and not sweep.resume and sweep.resume_command.endswith("--resume")
+    assert (opts.eta, opts.limits.max_compile_s, opts.eager_presets) == (4, 60, False)
+    where = checked(tmp_path / "o")
+    rounds = round_sweep_options(opts, where, "RESUME", None)
+    assert rounds == SweepOptions(
+        out_dir=where,
+        cpus_per_job=1,
+        overlap=False,
+        argv=sweep.argv,
+        resume=True,
+        resume_command="RESUME",
+    )
+
+
 def make_job_for(cell, cand, base):
     from orchestrator.spec.sweep import parse_spec
 
