@@ -45,7 +45,7 @@ def is_stock_row(row: dict[str, Any], own: str = STOCK) -> bool:
 class StockUser:
     """A stock user of a cell, from one row: a sweep's fastest stock mode (`stock_user`), or a
     tune's confirmation job that timed the stock modes and eager in the same processes
-    (`orchestrator.tune.deployed.stock_user`)."""
+    (`orchestrator.tune.stock_user.stock_user`)."""
 
     row: dict[str, Any]
     """The row of its torch.compile (median); its eager side is stock eager."""

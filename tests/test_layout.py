@@ -127,6 +127,43 @@ def test_the_serving_api_imports_nothing_outside_compiler():
     assert ray == []
 
 
+TUNE_STAGES = ("rung0", "knobs", "rung1", "confirm", "decide", "deployed")
+"""The tune's stages, each a module of `orchestrator/tune` that `search.py` runs in this order."""
+
+
+def _tune_imports() -> dict[str, set[str]]:
+    """module of `orchestrator/tune` -> the modules of it that it imports, anywhere in its body
+    (`from orchestrator.tune import deployed` counting as importing `deployed`)."""
+    folder = ROOT / "orchestrator" / "tune"
+    names = {path.stem for path in folder.glob("*.py")} - {"__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in sorted(names):
+        found = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                found.update(
+                    a.name.split(".")[2] for a in node.names if a.name.startswith("orchestrator.tune.")
+                )
+            elif isinstance(node, ast.ImportFrom) and node.module == "orchestrator.tune":
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("orchestrator.tune."):
+                found.add(node.module.split(".")[2])
+    return {m: {d for d in deps if d in names and d != m} for m, deps in graph.items()}
+
+
+def test_the_tunes_stage_modules_import_no_other_stage_module():
+    """A reader follows the tune top to bottom: `search.py` runs the stages in order, each stage a
+    module owning its rules that imports no other stage, only what they all speak (the cell, the
+    candidates, the limits, the accuracy judgement, the row figures), which imports no stage."""
+    graph = _tune_imports()
+    assert set(TUNE_STAGES) <= graph.keys()
+    assert {m: sorted(graph[m] & set(TUNE_STAGES)) for m in TUNE_STAGES if graph[m] & set(TUNE_STAGES)} == {}
+    below = {m: sorted(deps & set(TUNE_STAGES)) for m, deps in graph.items() if m not in TUNE_STAGES}
+    assert {m: deps for m, deps in below.items() if deps and m != "search"} == {}
+    assert set(TUNE_STAGES) <= graph["search"]
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle_inside_a_package(package):
     assert _cycle(_imports(package)) is None, " -> ".join(_cycle(_imports(package)))

@@ -1,9 +1,10 @@
 """Eager presets: cells where the compiled preset chosen runs slower than not compiling at all.
 
 Every job times eager and its compiled config interleaved in the same processes, so whether eager
-beats the preset P chosen for a cell (`orchestrator.tune.cells.decide`, `presets.derive_presets`)
-is a paired comparison that P's own row holds already: the ratio P's compiled / eager
-(`compiler.statistics.paired_speedup`: the hierarchical bootstrap over P's processes), judged by
+beats the preset P chosen for a cell (`orchestrator.tune.decide.within_precision`,
+`presets.derive_presets`) is a paired comparison that P's own row holds already: the ratio P's
+compiled / eager (`compiler.statistics.paired_speedup`: the hierarchical bootstrap over P's
+processes), judged by
 the project's one "faster than" rule (`statistics.beats`: the whole 95% interval above 1), and
 only where the row holds at least `min_processes` processes
 (`compiler/statistics/thresholds.json`: one process's interval cannot cover the spread between

@@ -2,8 +2,9 @@
 fastest configuration within the budget that beats a stock PyTorch user by a margin the
 statistics support.
 
-Successive halving, in rounds of jobs dispatched across the cluster like any sweep
-(`orchestrator.tune.stages` says what each round hands the next):
+Successive halving, in rounds of jobs dispatched across the cluster like any sweep; each stage's
+rules are a module of their own (`orchestrator.tune.rung0`, `knobs`, `rung1`, `confirm`, `decide`,
+`deployed`), and what one round hands the next, per cell, is `orchestrator.tune.cells.CellRun`:
 
 1. `rung0`: the bases of every cell (the sweep's stock configs, and torch's max-autotune modes on
    GPU classes) under every precision policy an accuracy budget lets the class search
@@ -21,10 +22,10 @@ Successive halving, in rounds of jobs dispatched across the cluster like any swe
 4. `confirm`: in `--confirm-repeats` fresh processes each, the stock user (the fastest stock
    config with the other stock mode and eager beside it, torch's defaults), and per precision
    chosen the fastest candidate against its stock mode, in the same processes where their runtime
-   settings are equal (`Job.baseline`), else apart. `orchestrator.tune.deployed` decides: a
+   settings are equal (`Job.baseline`), else apart. `orchestrator.tune.decide` decides: a
    candidate wins only where the interval of stock / candidate lies above 1
-   (`compiler.statistics.beats`), eager where it beats the choice, and a lower precision only where
-   it beats the stock user too.
+   (`compiler.statistics.beats`), eager where it beats the choice, and `orchestrator.tune.deployed`
+   deploys a lower precision only where it beats the stock user too.
 5. `extend`: where that refused a speedup of at least `confirm_extend_gain` (thresholds.json) for
    an interval that did not lie above 1 (few processes of a launch-bound cell give wide ones),
    every confirmation job of the cell again in `--extend-repeats` more fresh processes; the
@@ -46,9 +47,10 @@ reads them) and `deployed.json` (per cell and budget, the speedup over stock eag
 In code, `_run_tune` is the list of stages, each a function taking the `TuneContext` (what every
 round needs: the sweep, the options, OUT, the cache's address, the stack) and what the stage
 before it produced: `run_rung0` → `run_knobs` → `run_rung1` → `run_confirm` (each a `Round`: its
-jobs and rows, run by `run_round`) → `run_extend`, then `decide` → `write` → `summarize`. The plan they draw
-from (options, cells, candidates, each round's jobs) is `orchestrator.tune.plan`; what each stage
-does per cell is `orchestrator.tune.stages`.
+jobs and rows, run by `run_round`) → `run_extend`, then `run_decide` → `write` → `summarize`. Each
+calls into its stage's module, per cell; `decide_cell` is the decision and the deployment of one
+cell, which `run_extend` makes too. The plan they draw from (options, cells, candidates, each
+round's jobs) is `orchestrator.tune.plan`.
 """
 
 from __future__ import annotations
@@ -72,9 +74,8 @@ from orchestrator.fleet.existing import OutputExistsError
 from orchestrator.fleet.inventory import cluster_classes
 from orchestrator.fleet.preflight import Checked
 from orchestrator.spec.sweep import SweepSpec
-from orchestrator.tune import budgets as tb
-from orchestrator.tune import deployed, eager, stages
-from orchestrator.tune.cells import Cell, check_rows_kept
+from orchestrator.tune import confirm, decide, deployed, eager, knobs, rung0, rung1
+from orchestrator.tune.cells import Cell, CellRun, Results, check_rows_kept
 from orchestrator.tune.effects import effects_document, setting_effects, what_won
 from orchestrator.tune.plan import (
     TuneOptions,
@@ -86,9 +87,9 @@ from orchestrator.tune.plan import (
     rung_measure,
     tune_budgets,
 )
-from orchestrator.tune.presets import durable_write, preset_document, write_preset_files
+from orchestrator.tune.presets import Limits, durable_write, preset_document, write_preset_files
 from orchestrator.tune.space import Candidate
-from orchestrator.tune.summary import TuneSummary
+from orchestrator.tune.summary import TuneSummary, tune_document
 from store.fields import HARNESS_ERROR
 from store.layout import DEPLOYED_FILE, ROUNDS, TUNE_FILE
 from store.lock import holding
@@ -135,12 +136,12 @@ def _run_tune(
         ray_session(opts.sweep.address),
     ):
         ctx = TuneContext.open(spec, opts, out, resume, stream, cache, pruned, started)
-        runs, rung0 = run_rung0(ctx)
-        knobs = run_knobs(ctx, runs, rung0)
-        rung1 = run_rung1(ctx, runs, knobs)
-        confirmed = run_extend(ctx, runs, run_confirm(ctx, runs, rung1))
-    decided = decide(ctx, runs, confirmed)
-    won = write(ctx, runs, decided, rung0, knobs)
+        runs, rung0_round = run_rung0(ctx)
+        knobs_round = run_knobs(ctx, runs, rung0_round)
+        rung1_round = run_rung1(ctx, runs, knobs_round)
+        confirmed = run_extend(ctx, runs, run_confirm(ctx, runs, rung1_round))
+    decided = run_decide(ctx, runs, confirmed)
+    won = write(ctx, runs, decided, rung0_round, knobs_round)
     return summarize(ctx, runs, decided, won)
 
 
@@ -250,7 +251,7 @@ class Round:
     jobs: dict[tuple[Cell, Candidate], Job]
     rows: dict[str, dict[str, Any]]
 
-    def results(self, cell: Cell) -> tb.Results:
+    def results(self, cell: Cell) -> Results:
         """`cell`'s candidates of the round, each with its row (None: it has none)."""
         return [(c, self.rows.get(j.job_id)) for (ce, c), j in self.jobs.items() if ce == cell]
 
@@ -277,13 +278,13 @@ def run_round(ctx: TuneContext, name: str, jobs: list[Job], what: str) -> dict[s
     return rows
 
 
-def run_rung0(ctx: TuneContext) -> tuple[dict[Cell, stages.CellRun], Round]:
+def run_rung0(ctx: TuneContext) -> tuple[dict[Cell, CellRun], Round]:
     """Stage 1, rung0. Takes the context; plans the search on the cluster's classes (`plan_space`,
     `rung0_jobs`: --only, the knobs --prune-from left) and measures every cell's bases cheaply.
-    Produces a `stages.CellRun` per cell with a base to measure, and the round."""
+    Produces a `CellRun` per cell with a base to measure, and the round."""
     space = plan_space(ctx.spec, cluster_classes(ctx.opts.sweep.cpus_per_job), ctx.opts, ctx.pruned)
     jobs, space = rung0_jobs(ctx.spec, space, ctx.opts, ctx.stack)
-    runs = {cell: stages.CellRun(cell, space[cell]) for cell, _ in jobs}
+    runs = {cell: CellRun(cell, space[cell]) for cell, _ in jobs}
     what = (
         f"{plural(len(jobs), 'base')} over {plural(len(runs), 'cell')} in "
         f"{plural(len({c.dtype for _, c in jobs}), 'precision')}, measured cheaply"
@@ -291,13 +292,14 @@ def run_rung0(ctx: TuneContext) -> tuple[dict[Cell, stages.CellRun], Round]:
     return runs, Round(jobs, run_round(ctx, "rung0", list(jobs.values()), what))
 
 
-def run_knobs(ctx: TuneContext, runs: dict[Cell, stages.CellRun], rung0: Round) -> Round:
-    """Stage 2, knobs. Takes rung 0's round; judges each cell's accuracy per budget from it
-    (`stages.judge`) and measures, cheaply, each knob on the bases it picks. Produces the round."""
+def run_knobs(ctx: TuneContext, runs: dict[Cell, CellRun], rung0_round: Round) -> Round:
+    """Stage 2, knobs. Takes rung 0's round; judges each cell's accuracy per budget from it and
+    picks the bases the knobs are turned on (`rung0.promote`), then measures each knob on them,
+    cheaply. Produces the round."""
     jobs = {
         (cell, cand): ctx.job(cell, cand, "rung0")
         for cell, run in runs.items()
-        for cand in stages.judge(run, rung0.results(cell), ctx.budgets, ctx.opts.limits)
+        for cand in rung0.promote(run, rung0_round.results(cell), ctx.budgets, ctx.opts.limits)
     }
     what = (
         f"{plural(len(jobs), 'knob')} turned on each cell's fastest bases (its own precision's, and each "
@@ -306,15 +308,15 @@ def run_knobs(ctx: TuneContext, runs: dict[Cell, stages.CellRun], rung0: Round) 
     return Round(jobs, run_round(ctx, "knobs", list(jobs.values()), what))
 
 
-def run_rung1(ctx: TuneContext, runs: dict[Cell, stages.CellRun], knobs: Round) -> Round:
-    """Stage 3, rung1. Takes the knobs round; promotes each cell's survivors (`stages.promote`) and
-    measures those `stages.rung1` picks with the sweep's settings. Produces the round."""
+def run_rung1(ctx: TuneContext, runs: dict[Cell, CellRun], knobs_round: Round) -> Round:
+    """Stage 3, rung1. Takes the knobs round; promotes each cell's survivors (`knobs.promote`) and
+    measures those `rung1.to_measure` picks with the sweep's settings. Produces the round."""
     for cell, run in runs.items():
-        stages.promote(run, knobs.results(cell), ctx.opts.limits, ctx.opts.eta, ctx.stock_names)
+        knobs.promote(run, knobs_round.results(cell), ctx.opts.limits, ctx.opts.eta, ctx.stock_names)
     jobs = {
         (cell, c): ctx.job(cell, c, "rung1")
         for cell, run in runs.items()
-        for c in stages.rung1(run, ctx.opts.limits, ctx.stock_names)
+        for c in rung1.to_measure(run, ctx.opts.limits, ctx.stock_names)
     }
     what = (
         f"{plural(len(jobs), 'candidate')} of {plural(len({cell for cell, _ in jobs}), 'cell')} measured "
@@ -324,34 +326,29 @@ def run_rung1(ctx: TuneContext, runs: dict[Cell, stages.CellRun], knobs: Round) 
     return Round(jobs, run_round(ctx, "rung1", list(jobs.values()), what))
 
 
-def run_confirm(
-    ctx: TuneContext, runs: dict[Cell, stages.CellRun], rung1: Round
-) -> dict[str, dict[str, Any]]:
-    """Stage 4, confirm. Takes rung 1's round; plans each cell's confirmation (`stages.confirm`: the
-    stock user and per precision chosen its fastest candidate against its stock mode) and runs it
-    in --confirm-repeats fresh processes. Produces the round's rows by job id."""
+def run_confirm(ctx: TuneContext, runs: dict[Cell, CellRun], rung1_round: Round) -> dict[str, dict[str, Any]]:
+    """Stage 4, confirm. Takes rung 1's round; picks what each cell's confirmation measures
+    (`rung1.promote`: the stock user and per precision chosen its fastest candidate against its
+    stock mode), makes its jobs (`confirm.cell_jobs`) and runs them in --confirm-repeats fresh processes.
+    Produces the round's rows by job id."""
     jobs: list[Job] = []
     for cell, run in runs.items():
-        results1 = stages.rung1_results(run, rung1.results(cell))
-        made = stages.confirm(
-            run,
-            results1,
-            ctx.opts.limits,
-            ctx.stock_names,
-            lambda c, b, cell=cell: ctx.job(cell, c, "confirm", b),
-        )
+        results1 = rung1.survivor_results(run, rung1_round.results(cell))
+        rung1.promote(run, results1, ctx.opts.limits, ctx.stock_names)
+        made = confirm.cell_jobs(run, lambda c, b, cell=cell: ctx.job(cell, c, "confirm", b))
         jobs += [j for j in made if j.job_id not in {k.job_id for k in jobs}]
-    return run_round(ctx, "confirm", jobs, stages.confirm_summary(runs.values(), ctx.opts.confirm_repeats))
+    return run_round(ctx, "confirm", jobs, confirm.summary(runs.values(), ctx.opts.confirm_repeats))
 
 
 def run_extend(
-    ctx: TuneContext, runs: dict[Cell, stages.CellRun], confirmed: dict[str, dict[str, Any]]
+    ctx: TuneContext, runs: dict[Cell, CellRun], confirmed: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """Stage 4b, extend. Takes the confirmation's rows; decides each cell once on them, and where
-    that refused a speedup of at least `confirm_extend_gain` (thresholds.json) for an interval that
-    did not lie above 1, runs every confirmation job of the cell again in --extend-repeats more
-    fresh processes. Produces the confirmation's rows by job id, each extended one pooled with its
-    extension (`workers.repeats.pool`): the decision then rests on all their processes."""
+    """Stage 4b, extend. Takes the confirmation's rows; decides each cell once on them
+    (`decide_cell`), and where that refused a speedup of at least `confirm_extend_gain`
+    (thresholds.json) for an interval that did not lie above 1, runs every confirmation job of the
+    cell again in --extend-repeats more fresh processes (`confirm.extension`). Produces the
+    confirmation's rows by job id, each extended one pooled with its extension
+    (`workers.repeats.pool`): the decision then rests on all their processes."""
     if ctx.opts.extend_repeats < 1:
         return confirmed
     gain = cstats.load_thresholds().confirm_extend_gain
@@ -361,17 +358,11 @@ def run_extend(
     for run in runs.values():
         if run.picks is None or run.state is None:
             continue
-        stages.decide(run, ctx.budgets, confirmed, ctx.opts.limits, ctx.opts.eager_presets, ctx.stock_names)
-        refused = stages.refused_gain(run)
-        if refused is None or refused < gain:
-            continue
-        run.log["extended"] = (
-            f"a speedup of {refused:.3f}x refused on its interval: {ctx.opts.extend_repeats} more processes"
-        )
-        cells += 1
-        for jobs in run.confirm.values():
-            for job in jobs.jobs():
-                more[job.job_id] = dataclasses.replace(job, measure=measure)
+        decide_cell(run, ctx.budgets, confirmed, ctx.opts.limits, ctx.opts.eager_presets, ctx.stock_names)
+        extension = confirm.extension(run, gain, ctx.opts.extend_repeats, measure)
+        if extension is not None:
+            cells += 1
+            more.update(extension)
     if not more:
         return confirmed
     what = (
@@ -386,6 +377,20 @@ def run_extend(
     return pooled
 
 
+def decide_cell(
+    run: CellRun,
+    budgets: tuple[AccuracyBudget, ...],
+    rows: dict[str, dict[str, Any]],
+    limits: Limits,
+    eager_presets: bool,
+    stock_names: set[str],
+) -> deployed.Decision:
+    """Stages 5 and 6 for one cell, on its confirmation rows: per precision chosen, the decision
+    (`decide.decide_cell`), then per budget what is deployed (`deployed.deploy_cell`)."""
+    choices = decide.decide_cell(run, budgets, rows, limits, eager_presets, stock_names)
+    return deployed.deploy_cell(run, choices, budgets)
+
+
 @dataclass
 class Decided:
     """What the tune decided, over every cell."""
@@ -398,15 +403,13 @@ class Decided:
     """Per cell (and budget), the decision in words."""
 
 
-def decide(
-    ctx: TuneContext, runs: dict[Cell, stages.CellRun], confirmed: dict[str, dict[str, Any]]
-) -> Decided:
-    """Stage 5, decide. Takes the confirmation's rows; per cell and budget, the preset
-    (`stages.decide`), with its model entry and how many candidates were over a limit. Produces
-    the decisions; each cell's log gets its first budget's preset."""
+def run_decide(ctx: TuneContext, runs: dict[Cell, CellRun], confirmed: dict[str, dict[str, Any]]) -> Decided:
+    """Stages 5 and 6, decide and deploy. Takes the confirmation's rows; per cell and budget, the
+    preset (`decide_cell`), with its model entry and how many candidates were over a limit.
+    Produces the decisions; each cell's log gets its first budget's preset."""
     found = Decided()
     for run in runs.values():
-        decided = stages.decide(
+        decided = decide_cell(
             run, ctx.budgets, confirmed, ctx.opts.limits, ctx.opts.eager_presets, ctx.stock_names
         )
         found.decisions.update(decided.decisions)
@@ -425,7 +428,7 @@ def decide(
 
 
 def write(
-    ctx: TuneContext, runs: dict[Cell, stages.CellRun], decided: Decided, rung0: Round, knobs: Round
+    ctx: TuneContext, runs: dict[Cell, CellRun], decided: Decided, rung0_round: Round, knobs_round: Round
 ) -> list[dict[str, Any]]:
     """Stage 6, write. Takes the decisions and the cheap rounds' rows (what each setting gained,
     `setting_effects`); writes the presets, deployed.json and tune.json into OUT. Produces the
@@ -435,9 +438,11 @@ def write(
     checks += [
         b["eager_check"] for c in log.values() for b in c.get("budgets", {}).values() if "eager_check" in b
     ]
-    effects = eager.add_effects(setting_effects([*rung0.rows.values(), *knobs.rows.values()]), checks)
+    effects = eager.add_effects(
+        setting_effects([*rung0_round.rows.values(), *knobs_round.rows.values()]), checks
+    )
     won = what_won(decided.entries, effects)
-    data = preset_document(decided.entries, decided.missing, list(rung0.rows.values()), ctx.opts.limits)
+    data = preset_document(decided.entries, decided.missing, list(rung0_round.rows.values()), ctx.opts.limits)
     data["what_won"] = won
     out = ctx.out
     with refusal_stops(out, f"every job's row is saved, but not the presets nor {TUNE_FILE}", ctx.resume):
@@ -445,7 +450,7 @@ def write(
         durable_write(
             out.join(DEPLOYED_FILE), json.dumps(deployed.summary(decided.entries), indent=1, default=str)
         )
-        document = stages.tune_document(
+        document = tune_document(
             ctx.spec, ctx.opts, ctx.budgets, ctx.pruned, effects_document(effects), won, ctx.jobs_run, log
         )
         durable_write(out.join(TUNE_FILE), json.dumps(document, indent=1, default=str))
@@ -453,7 +458,7 @@ def write(
 
 
 def summarize(
-    ctx: TuneContext, runs: dict[Cell, stages.CellRun], decided: Decided, won: list[dict[str, Any]]
+    ctx: TuneContext, runs: dict[Cell, CellRun], decided: Decided, won: list[dict[str, Any]]
 ) -> TuneSummary:
     """What the tune decided, for the command to print."""
     sources = [e["source"] for e in decided.entries]

@@ -1,6 +1,7 @@
-"""What a tune says at its end (`TuneSummary`, which `run_tune` returns): what it decided, and the
-jobs its rounds left unfinished, as `harness_error` (a fault of the harness, not of the model),
-which `orchestrate tune --resume` runs again before it decides anew."""
+"""What a tune says at its end: `tune.json` (`tune_document`: how it was asked for, what each
+setting gained, and every cell's log), and `TuneSummary`, which `run_tune` returns: what it
+decided, and the jobs its rounds left unfinished, as `harness_error` (a fault of the harness, not
+of the model), which `orchestrate tune --resume` runs again before it decides anew."""
 
 from __future__ import annotations
 
@@ -46,3 +47,25 @@ class TuneSummary:
         return (
             f"{unfinished(count, self.resume_command)}\n  ({rounds}; the presets were decided without them)"
         )
+
+
+def tune_document(spec, opts, budgets, pruned, effects, won, jobs_run, log) -> dict[str, Any]:
+    """tune.json: how the tune was asked for, what each setting gained, and every cell's log."""
+    return {
+        "format": 2,
+        "sweep": spec.source,
+        "argv": opts.sweep.argv,
+        "budgets": opts.limits.to_dict(),
+        "accuracy": [b.name for b in budgets],
+        "eta": opts.eta,
+        "confirm_repeats": opts.confirm_repeats,
+        "eager_presets": opts.eager_presets,
+        "precisions": list(opts.precisions) if opts.precisions is not None else "as the budgets allow",
+        "knobs": list(opts.knobs),
+        "bases": list(opts.bases) if opts.bases is not None else "max-autotune modes on GPU classes",
+        "pruned": pruned,
+        "setting_effects": effects,
+        "what_won": won,
+        "jobs": jobs_run,
+        "cells": log,
+    }

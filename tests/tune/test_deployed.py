@@ -9,8 +9,12 @@ import pytest
 
 from compiler.accuracy import AccuracyBudget
 from compiler.capabilities import known
-from orchestrator.tune import stages
-from orchestrator.tune.cells import Cell
+from orchestrator.tune import confirm as confirm_stage
+from orchestrator.tune import knobs as knobs_stage
+from orchestrator.tune import rung0 as rung0_stage
+from orchestrator.tune import rung1 as rung1_stage
+from orchestrator.tune import search
+from orchestrator.tune.cells import Cell, CellRun
 from orchestrator.tune.presets import Limits
 from orchestrator.tune.space import candidates
 from store.rows import make_row
@@ -72,20 +76,21 @@ def tune(
     maps a confirmation job's name to its row's (ms, eager ms, baseline ms)."""
     space = candidates(STOCK, RESNET, "cuda", "fp32", precisions, ("freezing",), (), known("H100"))
     by_key = {c.key: c for c in space}
-    run = stages.CellRun(CELL, space)
+    run = CellRun(CELL, space)
     results0 = [
         (by_key[k], cheap(make_job_for(CELL, by_key[k], None), ms, spread)) for k, ms in rung0.items()
     ]
-    asked = stages.judge(run, results0, BUDGETS, LIMITS)
+    asked = rung0_stage.promote(run, results0, BUDGETS, LIMITS)
     assert {c.key for c in asked} == set(knobs)  # the knob on each budget's fastest base
     knob_rows = [(c, cheap(make_job_for(CELL, c, None), knobs[c.key], spread)) for c in asked]
-    stages.promote(run, knob_rows, LIMITS, 20, NAMES)
-    assert stages.rung1(run, LIMITS, NAMES) == []  # one knob: nothing the confirmation does not time
-    jobs = stages.confirm(
-        run, stages.rung1_results(run, []), LIMITS, NAMES, lambda c, b: make_job_for(CELL, c, b)
-    )
+    knobs_stage.promote(run, knob_rows, LIMITS, 20, NAMES)
+    assert (
+        rung1_stage.to_measure(run, LIMITS, NAMES) == []
+    )  # one knob: nothing the confirmation does not time
+    rung1_stage.promote(run, rung1_stage.survivor_results(run, []), LIMITS, NAMES)
+    jobs = confirm_stage.cell_jobs(run, lambda c, b: make_job_for(CELL, c, b))
     rows2 = {j.job_id: timed(j, *confirm[j.name], spread=spread) for j in jobs}
-    return stages.decide(run, BUDGETS, rows2, LIMITS, eager_presets, NAMES), {j.name for j in jobs}
+    return search.decide_cell(run, BUDGETS, rows2, LIMITS, eager_presets, NAMES), {j.name for j in jobs}
 
 
 RUNG0 = {("default", "fp32"): 10.0, ("ro", "fp32"): 9.0, ("default", "bf16"): 5.0, ("ro", "bf16"): 4.0}

@@ -15,7 +15,8 @@ import pytest
 
 from compiler.capabilities import CPU, check_preset_supported, known
 from orchestrator.cli import main
-from orchestrator.tune.cells import Cell, decide
+from orchestrator.tune.cells import Cell
+from orchestrator.tune.decide import within_precision
 from orchestrator.tune.effects import EAGER_SETTING, preset_settings
 from orchestrator.tune.presets import PRESETS_TABLE_FILE, Limits, read_presets_table
 from orchestrator.tune.space import candidates
@@ -72,7 +73,7 @@ def tuned_cell():
             confirm["eager_samples_ms"] = None
         log: dict = {}
         pair = (cands["default+freezing"], cands["ro"], confirm)
-        entry, why = decide(cell, rung1, pair, Limits(), log, eager_presets)
+        entry, why = within_precision(cell, rung1, pair, Limits(), log, eager_presets)
         return entry, why, log.get("eager_check")
 
     return decided
@@ -132,7 +133,7 @@ def test_a_confirmation_that_timed_eager_in_another_precision_is_not_judged():
     job = make_job_for(cell, bf16, stock)
     confirm = timed(job, 5.0, 8.0, baseline_ms=8.0, baseline_samples_ms=samples(8.0, 30, 3, seed=1))
     log: dict = {}
-    entry, why = decide(cell, rung1, (bf16, stock, confirm), Limits(), log)
+    entry, why = within_precision(cell, rung1, (bf16, stock, confirm), Limits(), log)
     assert entry["config"] == "ro" and entry["source"] == "stock" and why.startswith("stock:")
     assert log["eager_check"] == {
         "hardware": "cpu",
@@ -150,7 +151,7 @@ def test_a_runtime_setting_confirmed_apart_is_eagers_too_and_the_stock_compariso
     cand, stock = cands["ro+cudnn_benchmark"], cands["ro"]
     rung1 = [(stock, row(jobs["ro"], ms=8.0)), (cand, row(jobs["ro+cudnn_benchmark"], ms=6.0))]
     own, apart = timed(jobs["ro+cudnn_benchmark"], 5.0, 6.0), timed(jobs["ro"], 7.5, 8.0)
-    entry, why = decide(cell, rung1, (cand, stock, own, apart), Limits())
+    entry, why = within_precision(cell, rung1, (cand, stock, own, apart), Limits())
     assert entry["config"] == "eager" and entry["runtime"] == {"cudnn_benchmark": True}
     assert entry["eager_over_compile"]["runtime"] == {"cudnn_benchmark": True}
     assert (

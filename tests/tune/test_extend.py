@@ -14,7 +14,9 @@ import pytest
 
 from compiler.job import MeasureSpec
 from orchestrator.fleet.options import SweepOptions
-from orchestrator.tune import search, stages
+from orchestrator.tune import confirm, rung0, rung1, search
+from orchestrator.tune import knobs as knobs_stage
+from orchestrator.tune.cells import CellRun
 from orchestrator.tune.plan import TuneOptions
 from orchestrator.tune.space import candidates
 from store.rows import make_row
@@ -70,15 +72,14 @@ def _cell_run():
     """The cell of tests/tune/test_deployed.py, after its knobs round: bf16 ranked far ahead."""
     space = candidates(STOCK, RESNET, "cuda", "fp32", ("bf16",), ("freezing",), (), None)
     by_key = {c.key: c for c in space}
-    run = stages.CellRun(CELL, space)
+    run = CellRun(CELL, space)
     rows0 = [(by_key[k], cheap(make_job_for(CELL, by_key[k], None), ms)) for k, ms in RUNG0.items()]
-    asked = stages.judge(run, rows0, BUDGETS, LIMITS)
-    stages.promote(
+    asked = rung0.promote(run, rows0, BUDGETS, LIMITS)
+    knobs_stage.promote(
         run, [(c, cheap(make_job_for(CELL, c, None), KNOBS[c.key])) for c in asked], LIMITS, 20, NAMES
     )
-    jobs = stages.confirm(
-        run, stages.rung1_results(run, []), LIMITS, NAMES, lambda c, b: make_job_for(CELL, c, b)
-    )
+    rung1.promote(run, rung1.survivor_results(run, []), LIMITS, NAMES)
+    jobs = confirm.cell_jobs(run, lambda c, b: make_job_for(CELL, c, b))
     return run, {j.name: j for j in jobs}
 
 
@@ -109,14 +110,14 @@ def test_an_inconclusive_confirmation_is_extended_and_decided_on_every_process(m
     ctx = SimpleNamespace(
         opts=opts, spec=SimpleNamespace(measure=MeasureSpec()), budgets=BUDGETS, stock_names=NAMES
     )
-    decided_before = stages.decide(run, BUDGETS, confirmed, LIMITS, True, NAMES)
+    decided_before = search.decide_cell(run, BUDGETS, confirmed, LIMITS, True, NAMES)
     assert decided_before.entries[1]["precision"] == "fp32"  # bf16 refused on its interval
     pooled = search.run_extend(ctx, {CELL: run}, confirmed)
     ((name, names, repeats, what),) = ran
     assert name == "extend" and names == set(first) and repeats == {3}, ran
     assert "3 confirmation jobs of 1 cell" in what and "extended" in run.log
     assert {pooled[jobs[n].job_id]["repeats"] for n in first} == {5}
-    decided = stages.decide(run, BUDGETS, pooled, LIMITS, True, NAMES)
+    decided = search.decide_cell(run, BUDGETS, pooled, LIMITS, True, NAMES)
     bf16_entry = decided.entries[1]
     assert (bf16_entry["budget"], bf16_entry["precision"]) == ("bf16", "bf16")
     assert bf16_entry["vs_stock_compile"] > 2 and bf16_entry["vs_stock_compile_ci_low"] > 1

@@ -14,7 +14,8 @@ from compiler import runtime
 from compiler.config import CompileConfig, config_problems
 from compiler.job import MeasureSpec
 from orchestrator.spec.sweep import SpecError, parse_spec
-from orchestrator.tune.cells import Cell, combine_helping_knobs, decide
+from orchestrator.tune.cells import Cell
+from orchestrator.tune.decide import within_precision
 from orchestrator.tune.effects import (
     CellEffect,
     SettingEffect,
@@ -26,6 +27,7 @@ from orchestrator.tune.effects import (
     what_won,
     what_won_markdown,
 )
+from orchestrator.tune.knobs import combine_helping_knobs
 from orchestrator.tune.plan import make_job
 from orchestrator.tune.presets import Limits, derive_presets
 from orchestrator.tune.space import BASE_MODES, candidates
@@ -157,7 +159,7 @@ def test_a_runtime_setting_is_confirmed_in_processes_of_its_own():
     def own(job, ms, seed):
         return row(job, ms=ms, compiled_samples_ms=samples(ms, seed=seed), samples_per_repeat=[30] * 3)
 
-    entry, why = decide(
+    entry, why = within_precision(
         cell,
         rung1,
         (cand, stock, own(jobs["ro+cudnn_benchmark"], 6.0, 2), own(jobs["ro"], 8.0, 1)),
@@ -166,14 +168,14 @@ def test_a_runtime_setting_is_confirmed_in_processes_of_its_own():
     assert entry["source"] == "tuned" and "apart" in why and entry["speedup_vs_stock_ci_low"] > 1
     assert entry["compile"]["runtime"] == {"cudnn_benchmark": True}
     assert entry["stock_ms"] == pytest.approx(8.0, rel=0.02)
-    entry, why = decide(
+    entry, why = within_precision(
         cell,
         rung1,
         (cand, stock, own(jobs["ro+cudnn_benchmark"], 8.0, 2), own(jobs["ro"], 8.0, 1)),
         Limits(),
     )
     assert entry["source"] == "stock" and entry["compile"]["runtime"] == {}
-    entry, why = decide(
+    entry, why = within_precision(
         cell,
         rung1,
         (cand, stock, own(jobs["ro+cudnn_benchmark"], 6.0, 2), row(jobs["ro"], "crash", ms=None)),

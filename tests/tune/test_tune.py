@@ -12,7 +12,9 @@ import pytest
 from compiler import statistics as cstats
 from compiler.config import CompileConfig
 from compiler.job import MeasureSpec, ModelSpec
-from orchestrator.tune.cells import Cell, decide, promote
+from orchestrator.tune.cells import Cell
+from orchestrator.tune.decide import within_precision
+from orchestrator.tune.knobs import best_fraction
 from orchestrator.tune.plan import make_job, rung_measure
 from orchestrator.tune.presets import (
     Limits,
@@ -173,18 +175,18 @@ def test_promote_keeps_the_fastest_third_and_the_best_stock(cell_rows):
         (cands["default+freezing"], row(jobs["default+freezing"], ms=3.0)),
         (cands["ro+freezing"], row(jobs["ro+freezing"], "accuracy_fail", ms=1.0)),  # fastest, but wrong
     ]
-    kept = promote(results, 3, Limits())
+    kept = best_fraction(results, 3, Limits())
     assert [c.config.name for c in kept] == ["default+freezing", "ro"]
     # a budget takes the fast one out; failed and missing rows never go on
     fast = row(jobs["default+freezing"], ms=3.0, compile_s=50.0)
-    kept = promote(
+    kept = best_fraction(
         [*results[:2], (cands["default+freezing"], fast), (cands["ro+freezing"], None)],
         3,
         Limits(max_compile_s=20.0),
     )
     assert [c.config.name for c in kept] == ["ro", "default"]
     # the stock config on top and room for one: the best other candidate still goes on
-    kept = promote([(cands["ro"], row(jobs["ro"], ms=2.0)), *results[2:]], 4, Limits())
+    kept = best_fraction([(cands["ro"], row(jobs["ro"], ms=2.0)), *results[2:]], 4, Limits())
     assert [c.config.name for c in kept] == ["ro", "default+freezing"]
 
 
@@ -218,19 +220,19 @@ def test_a_candidate_wins_only_by_a_margin_the_statistics_support(cell_rows):
     ]
     pair = (cands["default+freezing"], cands["ro"])
 
-    entry, why = decide(cell, rung1, (*pair, confirm_row(paired_job(cands), 8.0, 6.0)), Limits())
+    entry, why = within_precision(cell, rung1, (*pair, confirm_row(paired_job(cands), 8.0, 6.0)), Limits())
     assert entry["source"] == "tuned" and entry["config"] == "default+freezing" and why.startswith("tuned")
     assert entry["speedup_vs_stock_ci_low"] > 1 and entry["stock_config"] == "ro"
     assert entry["compile_s"] == 12.5  # from its own cold job, not the paired one
 
     # as fast as each other (1% noise): the interval straddles 1, so the stock mode stays
-    entry, why = decide(cell, rung1, (*pair, confirm_row(paired_job(cands), 8.0, 8.0)), Limits())
+    entry, why = within_precision(cell, rung1, (*pair, confirm_row(paired_job(cands), 8.0, 8.0)), Limits())
     assert entry["source"] == "stock" and entry["config"] == "ro" and "does not lie above 1" in why
     iv = cstats.paired_speedup(samples(8.0, seed=1), samples(8.0, seed=2), [30, 30, 30])
     assert not cstats.beats(iv) and iv.low < 1 < iv.high
 
     # a failed confirmation keeps the stock config
-    entry, why = decide(cell, rung1, (*pair, row(paired_job(cands), "crash", ms=None)), Limits())
+    entry, why = within_precision(cell, rung1, (*pair, row(paired_job(cands), "crash", ms=None)), Limits())
     assert entry["config"] == "ro" and "confirmation" in why
 
 
@@ -241,13 +243,13 @@ def test_stock_stays_when_no_candidate_leads_and_budgets_gate(cell_rows):
         (cands["ro"], row(jobs["ro"], ms=5.0)),
         (cands["default+freezing"], row(jobs["default+freezing"], ms=6.0)),
     ]
-    entry, why = decide(cell, rung1, None, Limits())
+    entry, why = within_precision(cell, rung1, None, Limits())
     assert entry["config"] == "ro" and entry["source"] == "stock"
     # over the memory budget the stock config is out: the only eligible candidate is the preset
     big = row(jobs["ro"], ms=5.0, peak_mem_bytes=8 * 2**30)
-    entry, why = decide(cell, [(cands["ro"], big), rung1[1]], None, Limits(max_memory_mb=6 * 1024))
+    entry, why = within_precision(cell, [(cands["ro"], big), rung1[1]], None, Limits(max_memory_mb=6 * 1024))
     assert entry["config"] == "default+freezing" and "no stock config" in why
-    entry, why = decide(cell, [(cands["ro"], big)], None, Limits(max_memory_mb=1024))
+    entry, why = within_precision(cell, [(cands["ro"], big)], None, Limits(max_memory_mb=1024))
     assert entry is None and "budgets" in why
 
 
