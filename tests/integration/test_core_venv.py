@@ -12,10 +12,10 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from tests.test_extras import REFUSING, SERVE
 from tests.tune.test_export_apply import write_export
