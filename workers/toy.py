@@ -113,3 +113,29 @@ class _ConvBN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
+
+
+def batch_centered(
+    batch_size: int, input_size: int | None = None, overrides: dict | None = None
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A model whose rows interact: ``x - x.mean(0)`` (each row centred on the batch's mean), then
+    one ``nn.Linear`` (``input_size`` -> 16, default 32), called as ``model(x=...)``. Padding its
+    batch changes every real row's output: the model a serving plan may not pad
+    (`compiler.serving.padding`). No overrides."""
+    if overrides:
+        raise ValueError(f"batch_centered takes no overrides, got {sorted(overrides)}")
+    features = input_size or 32
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = _Centered(features)
+    inputs = {"x": torch.randn(batch_size, features, generator=torch.Generator().manual_seed(0))}
+    return model.eval(), inputs
+
+
+class _Centered(nn.Module):
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x - x.mean(0, keepdim=True))

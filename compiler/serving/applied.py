@@ -25,8 +25,9 @@ class Applied:
     """This process's hardware class."""
     stack: dict[str, Any]
     match: str = "fallback"
-    """`exact` (the preset of this model, batch size and precision), `class_default`, or
-    `fallback` (plain `torch.compile`)."""
+    """`exact` (the preset of this model, batch size and precision), `serving` (the model's preset
+    whose serving plan covers a range, where one was asked for), `class_default`, or `fallback`
+    (plain `torch.compile`)."""
     preset: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     """The CompileConfig applied (`torch.compile` arguments and `freezing`); None for an eager preset."""
@@ -57,6 +58,11 @@ class Applied:
     signed_by: str | None = None
     """The id of the key whose signature of the manifest verified (`compiler.serving.signature`:
     the first 8 hex digits of its sha256, never the key); None where no key was named."""
+    serving: dict[str, Any] | None = None
+    """Where a serving profile applied (`compiler.serving.served`): the plan (`buckets` or
+    `dynamic`), its buckets, the profile, the sizes prepared at load, `prepare_s`, the Dynamo graphs
+    it compiled, the device memory it holds (CUDA), the padding check and where the plan came from
+    (`plan_from`: `export`, or `load` where it was decided here). None: one batch size's preset."""
     compile_s: float | None = None
     """Wall time of the first call (the compile), when example inputs were run; with a package,
     from verifying it to the end of its first call (and CUDA-graph capture)."""
@@ -70,9 +76,18 @@ class Applied:
             return f"{self.hardware}: {self.match} eager preset, not compiled: {self.eager}"
         what = self.config.get("name") if self.config else "torch.compile defaults"
         compile_s = f", first call {self.compile_s:.2f} s" if self.compile_s is not None else ""
+        serving = ""
+        if self.serving:
+            s = self.serving
+            prof = s["profile"]["batch"]
+            on = f" on buckets {s['buckets']}" if s["plan"] == "buckets" else ""
+            serving = (
+                f"; serves batch {prof['min']}..{prof['max']} with the {s['plan']} plan{on}, prepared in "
+                f"{s['prepare_s']:.2f} s"
+            )
         return (
             f"{self.hardware}: {self.match} preset {what!r} (package {self.package}, bundle {self.bundle})"
-            f"{compile_s}"
+            f"{compile_s}{serving}"
         )
 
 

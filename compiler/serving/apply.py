@@ -57,8 +57,10 @@ from compiler.serving.choice import (
     unsupported_here,
 )
 from compiler.serving.files import ExportError, ExportFiles, open_export, preset_config, warn_caller
+from compiler.serving.served import serve_range
 from compiler.serving.settings import ProcessSettings
 from compiler.serving.signature import SignatureError, named_key, verify
+from compiler.serving.traffic import ServingProfile, as_profile
 
 __all__ = ["compile_tuned"]
 
@@ -82,6 +84,7 @@ def compile_tuned(
     filesystem: Any = None,
     trusted_key: bytes | None = None,
     trusted_key_file: str | Path | None = None,
+    serving: Any = None,
 ) -> tuple[Any, Applied]:
     """Compile `model` with the preset exported to `source` (a directory or a URI) for this
     hardware class and software stack; return the compiled model and what was applied.
@@ -112,12 +115,24 @@ def compile_tuned(
     `model` itself, uncompiled (cast where its precision is not the model's, as for any preset);
     `applied.eager` and `applied.summary()` say why, and `run_example` runs nothing.
 
+    `serving` (a `ServingProfile`, or its dict `{"batch": {"min": 1, "max": 32}, "traffic": {...}}`)
+    asks for every batch size of a range: the model is served by a `compiler.serving.served`
+    plan, prepared for the whole range before this returns, so no size of it compiles later. The
+    preset's own plan is taken where its export has one for that range (`serving` in serving.json,
+    decided by the tuner); otherwise it is decided here: buckets (1, 2, 3, 4, 6, 8, 12, ... up to
+    max) where the padding check on the example inputs passes, else one dynamic-batch graph. A
+    preset exported with a plan is served by it without `serving`. `applied.serving` says what was
+    prepared, how long it took and the memory it holds; a batch above max is served in chunks of
+    max (`compiler.serving.served`). Packages are not used for a range yet: the bundle and
+    `torch.compile` prepare it.
+
     `source` is read through `compiler.serving.files`: a directory in place; a URI (or, with
     `filesystem`, a `pyarrow.fs.FileSystem`, a path in it) through the content-addressed cache in
     `cache_root()` (`$COMPILE_ORCHESTRATOR_CACHE` moves it): the manifest and serving.json first,
     then only the bundle and package of the preset it serves, each fetched once per cache."""
     key = named_key(trusted_key, trusted_key_file)  # a key named but unreadable raises: never unchecked
     tuning = _Tuning(model, example_inputs, source, strict=strict, run_example=run_example, key=key)
+    tuning.profile = as_profile(serving)
     return tuning.run(filesystem, model_name, batch_size, dtype, use_package)
 
 
@@ -156,6 +171,8 @@ class _Tuning:
         """The preset's bundle and package, once `choose` found the preset."""
         self._key = key
         """The key the export's manifest must be signed with, or None (never into `applied`)."""
+        self.profile: ServingProfile | None = None
+        """The batch-size range the caller asked for (`serving=`), or None."""
 
     def check_signature(self, export: ExportFiles, manifest: bytes) -> None:
         """`ExportFiles.before_use`: with a key named, the manifest's signature (SignatureError)."""
@@ -247,6 +264,8 @@ class _Tuning:
             return self.casting(self.model), self.applied
         self.model = self.config.prepare_model(self.model)
         self.settings.inductor(self.config)
+        if self.profile is not None or self.entry.get("serving"):
+            return self.casting(self.ranged()), self.applied
         if self.entry.get("package"):
             if use_package and self.applied.match == "exact":
                 packaged = self.packaged()
@@ -291,14 +310,40 @@ class _Tuning:
         self.artifacts.install_bundle()
         return torch.compile(self.model, **self.config.compile_kwargs())
 
-    def packaged(self) -> Any:
-        """The preset's package, served with the model's weights where it reproduces eager on the
-        example inputs (`PresetArtifacts.packaged`), or None to compile instead."""
+    def ranged(self) -> Any:
+        """The model served over the batch-size range (`compiler.serving.served.serve_range`),
+        every size prepared now; `applied.serving` says how."""
+        import torch
+
         assert self.artifacts is not None
+        self.artifacts.install_bundle()
+        if self.entry.get("package"):
+            self.applied.package = "skipped"
+        kwargs = self.config.compile_kwargs()
+        served = serve_range(
+            lambda dynamic: torch.compile(self.model, **{**kwargs, "dynamic": dynamic}),
+            self.model,
+            self._cast_call(),
+            self.profile,
+            self.entry,
+            self.config,
+            self.applied,
+        )
+        return served
+
+    def _cast_call(self) -> tuple[tuple, dict]:
+        """The example inputs as (args, kwargs), cast to the preset's dtype where it is not the model's."""
         args, kwargs = split_inputs(self.inputs)
         if self.cast is not None:
             caster = CastInputs(None, self.cast)
             args, kwargs = tuple(map(caster._cast, args)), {k: caster._cast(v) for k, v in kwargs.items()}
+        return args, kwargs
+
+    def packaged(self) -> Any:
+        """The preset's package, served with the model's weights where it reproduces eager on the
+        example inputs (`PresetArtifacts.packaged`), or None to compile instead."""
+        assert self.artifacts is not None
+        args, kwargs = self._cast_call()
         return self.artifacts.packaged(self.model, args, kwargs, self.compile_preset)
 
 

@@ -41,18 +41,28 @@ def inputs_batch_size(example_inputs: Any) -> int | None:
 
 
 def find_preset(
-    presets: dict[str, Any], model_name: str | None, batch_size: int | None, policies: tuple[str, ...]
+    presets: dict[str, Any],
+    model_name: str | None,
+    batch_size: int | None,
+    policies: tuple[str, ...],
 ) -> tuple[str, dict[str, Any] | None]:
     """(`exact`, entry) for this model, batch size and one of `policies` (in that order of
-    preference); else (`class_default`, the class default); else (`fallback`, None)."""
+    preference); else (`serving`, the model's preset whose serving plan serves a batch-size range,
+    for one of `policies`); else (`class_default`, the class
+    default); else (`fallback`, None)."""
+    entries = presets.get("presets", [])
     for policy in policies:
-        for entry in presets.get("presets", []):
+        for entry in entries:
             if (
                 entry["model"] == model_name
                 and entry["batch_size"] == batch_size
                 and entry["dtype"] == policy
             ):
                 return "exact", entry
+    for policy in policies:
+        for entry in entries:
+            if entry["model"] == model_name and entry["dtype"] == policy and entry.get("serving"):
+                return "serving", entry
     defaults = presets.get("defaults") or {}
     for policy in policies:
         if policy in defaults:

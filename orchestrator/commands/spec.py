@@ -91,6 +91,7 @@ def cmd_plan(args) -> int:
         print(f"{i:>4}  {job.name:<{width}}  {job.job_id:<20}  {job.timeout_s:g}s{mark}")
     _print_support(checked)
     print_policies(spec, sorted({j.hardware for j in jobs}))
+    print_serving(spec)
     print(f"{len(jobs)} jobs" + (f": {len(checked.runnable)} to run, {len(why)} unsupported" if why else ""))
     return 0
 
@@ -111,6 +112,18 @@ def print_policies(spec, classes: list[str], restrict=None, stream=None) -> None
             print(f"  {hw}, {budget} budget: searches {used}", file=stream)
             for c in choices:
                 print(f"    {'+' if c.searched else '-'} {c.policy}: {c.why}", file=stream)
+
+
+def print_serving(spec, stream=None) -> None:
+    """The traffic each model's presets are to serve (nothing for a sweep without `serving:`)."""
+    if not spec.serving:
+        return
+    print("serving profiles (the traffic each model's presets serve):", file=stream)
+    for model in spec.models:
+        profile = spec.serving.get(model.name)
+        print(
+            f"  {model.name}: {profile.describe() if profile else 'the tuned batch sizes only'}", file=stream
+        )
 
 
 def _print_support(checked) -> None:

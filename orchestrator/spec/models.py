@@ -23,7 +23,8 @@ from orchestrator.spec.checks import (
 from orchestrator.spec.imports import missing_name, module_problems
 from orchestrator.spec.yamlsrc import LocatedYaml, PathKey
 
-_MODEL_KEYS = {"id", "name", "task", "input_size", "overrides", "timeout_s", "weights"}
+_MODEL_KEYS = {"id", "name", "task", "input_size", "overrides", "timeout_s", "weights", "serving"}
+"""A model's keys; `serving` (its traffic) is read with the sweep's (`orchestrator.spec.sweep`)."""
 
 
 def models_of(src: LocatedYaml, items: list) -> list[ModelSpec]:

@@ -19,6 +19,7 @@ from compiler.accuracy import AccuracyBudget, parse_budget
 from compiler.config import CompileConfig, config_problems
 from compiler.job import MeasureSpec, ModelSpec
 from compiler.precision import PRECISIONS, canonical_precision
+from compiler.serving.traffic import ServingProfile, profile_problems
 from orchestrator.spec.checks import (
     MAX_BATCH_SIZE,
     MAX_JOBS_PER_CLASS,
@@ -57,6 +58,10 @@ class SweepSpec:
     """Accuracy budgets (`compiler.accuracy`): each class also measures every precision policy a
     budget lets it search (`orchestrator.spec.matrix.class_policies`), and presets are chosen
     within each budget. Empty: the `dtypes` only (a tune then uses `stock`)."""
+    serving: dict[str, ServingProfile] = field(default_factory=dict)
+    """The traffic each model's presets are to serve (`compiler.serving.traffic`), by model name:
+    the model's own `serving:`, else the sweep's; a model with neither is absent (its presets
+    serve the batch sizes they were tuned at)."""
     timeout_s: float | None = None
     """Default per-job wall-time limit; configs may override; None uses the per-mode defaults."""
     description: str = ""
@@ -106,6 +111,7 @@ _TOP_KEYS = {
     "hardware",
     "measure",
     "accuracy",
+    "serving",
     "timeout_s",
 }
 _CONFIG_KEYS = {
@@ -257,6 +263,30 @@ def _accuracy(src: LocatedYaml, data: Any, dtypes: list[str]) -> tuple[AccuracyB
     return tuple(found)
 
 
+def _profile(src: LocatedYaml, value: Any, where: tuple) -> ServingProfile | None:
+    """One `serving:` block as a profile; its problems reported at its line, None."""
+    problems = profile_problems(value)
+    for problem in problems:  # at the line of the key it names (`serving.batch`, `serving.traffic`)
+        key = next((k for k in ("batch", "traffic") if problem.startswith(f"`serving.{k}`")), None)
+        src.error((*where, key) if key and isinstance(value, dict) and key in value else where, problem)
+    return None if problems else ServingProfile.from_dict(value)
+
+
+def _serving(src: LocatedYaml, data: dict, models: list[ModelSpec]) -> dict[str, ServingProfile]:
+    """`serving:` of the sweep and of each model, as each model's profile (its own over the sweep's)."""
+    shared = _profile(src, data["serving"], ("serving",)) if "serving" in data else None
+    own: dict[str, ServingProfile | None] = {}
+    items = data.get("models") if isinstance(data.get("models"), list) else []
+    aligned = len(items) == len(models)  # else an entry was refused: the file is reported anyway
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and "serving" in item:
+            profile = _profile(src, item["serving"], ("models", i, "serving"))
+            if aligned:
+                own[models[i].name] = profile
+    found = {m.name: own.get(m.name, shared) for m in models}
+    return {name: profile for name, profile in found.items() if profile is not None}
+
+
 def _build(src: LocatedYaml) -> SweepSpec:
     """The whole file checked, section by section, every problem collected; one `SpecError` lists
     them all, else the `SweepSpec`."""
@@ -272,6 +302,7 @@ def _build(src: LocatedYaml) -> SweepSpec:
     hardware = _hardware(src, data.get("hardware", "auto"))
     measure = _measure(src, data.get("measure"))
     accuracy = _accuracy(src, data.get("accuracy"), dtypes)
+    serving = _serving(src, data, models)
     timeout = positive_number(src, data.get("timeout_s"), ("timeout_s",), "timeout_s")
     description = data.get("description", "")
     jobs = len(models) * len(batch_sizes) * len(dtypes) * len(configs)
@@ -291,6 +322,7 @@ def _build(src: LocatedYaml) -> SweepSpec:
         hardware=hardware,
         measure=measure,
         accuracy=accuracy,
+        serving=serving,
         timeout_s=timeout,
         description=str(description),
         source="" if src.keyed else src.file,

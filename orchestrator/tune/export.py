@@ -46,34 +46,17 @@ from compiler.hardware import STACK_KEYS, hardware_class, software_stack, stack_
 from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, ExportError, sha256_file
 from compiler.serving.signature import SIGNATURE, write_signature
-from orchestrator.spec.models import default_name as _default_name
+from compiler.serving.traffic import ServingProfile
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
+from orchestrator.tune.sweep_models import model_specs, serving_profiles
 from store.layout import LOCK_FILE, TUNE_FILE
 from store.lock import holding
-from store.runlog import read_runs
 from store.schema import read_results
 from store.storage import Location, Target, resolve
 
 BUNDLES = "bundles"
 PACKAGES = "packages"
 PROGRESS = ".progress.json"
-
-
-def _model_specs(out: Target) -> dict[str, ModelSpec]:
-    """The sweep's model entries by name, from the run log (later runs win)."""
-    specs: dict[str, ModelSpec] = {}
-    fields = {f.name for f in dataclasses.fields(ModelSpec)}
-    for run in read_runs(out):
-        models = (run.get("spec") or {}).get("models")
-        for m in models if isinstance(models, list) else []:
-            # a bare id (`- hf:...`) has no more to it than the row's model_id; an entry this tool
-            # would not have run (edited since) is left out the same way
-            if not isinstance(m, dict) or not isinstance(m.get("id"), str):
-                continue
-            name = m.get("name", _default_name(m["id"]))  # a model without a name: named from its id
-            with contextlib.suppress(TypeError):
-                specs[name] = ModelSpec(**{k: v for k, v in m.items() if k in fields} | {"name": name})
-    return specs
 
 
 def bundle_caveat(config: CompileConfig, artifacts: dict[str, int]) -> str:
@@ -275,7 +258,8 @@ def _export(
     device = "cpu" if hardware == "cpu" else "cuda"
     _check_this_node(hardware, device, stack)
     check_supported(entries, defaults, hardware)
-    specs = _model_specs(out)
+    specs = model_specs(out)
+    profiles = serving_profiles(out)
     dest = Path(dest)
     key = {
         "source": str(out),
@@ -293,6 +277,7 @@ def _export(
         dest=dest,
         key=key,
         specs=specs,
+        profiles=profiles,
         threads=threads or max(1, os.cpu_count() or 1),
         scratch_root=scratch_root,
         packages=packages,
@@ -357,6 +342,8 @@ class _Run:
     key: dict[str, Any]
     """What the export is of (source, class, packages, budget): `--resume` must match it."""
     specs: dict[str, ModelSpec]
+    profiles: dict[str, ServingProfile]
+    """Each model's serving profile (`orchestrator.tune.sweep_models`): its preset gets a plan."""
     threads: int
     scratch_root: str | None
     packages: bool
@@ -419,8 +406,12 @@ def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
     dest = run.dest
     rel = _bundle_name(entry)
     package = _bundle_name(entry, PACKAGES, ".pt2") if run.packages and not run.crashed else None
+    profile = run.profiles.get(entry["model"])
+    serving = profile.to_dict() if profile else None
     result = _bundle_outcome(
-        build_bundle(job, dest / rel, run.threads, run.scratch_root, dest / package if package else None),
+        build_bundle(
+            job, dest / rel, run.threads, run.scratch_root, dest / package if package else None, serving
+        ),
         dest / rel,
     )
     if LOADER_CRASHED in (result.get("package_error") or ""):
@@ -431,6 +422,8 @@ def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
         entry["bundle"] = rel
         entry["bundle_compile_s"] = result.get("compile_s")
         entry["bundle_artifacts"] = result.get("bundle_artifacts")
+        if result.get("serving"):
+            entry["serving"] = result["serving"]
         run.log(
             f"[{i}/{run.total}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
             f"{result.get('compile_s', 0):.1f} s"

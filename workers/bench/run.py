@@ -25,6 +25,7 @@ from workers.bench.compile import compile_phase
 from workers.bench.flops import count_flops
 from workers.bench.imports import imports, unsupported_here
 from workers.bench.record import JobRecord
+from workers.bench.serving import prepare_serving
 from workers.bench.timing import timed_rounds
 from workers.bench.warmup import compiled_warmup, eager_phase
 
@@ -147,11 +148,13 @@ class JobRun(JobRecord):
         except Exception as exc:
             self.fail("compile_error", exc)
 
-    def run_bundle(self, bundle: Path, package: Path | None = None) -> None:
+    def run_bundle(self, bundle: Path, package: Path | None = None, serving: dict | None = None) -> None:
         """Compile the job's config cold and write the compile caches it filled to `bundle`
         (`torch.compiler.save_cache_artifacts()`: Inductor's FX graphs, AOTAutograd, autotuning),
         for `orchestrate export`; then, with `package`, build the config as an AOTInductor package
-        there (`compiler.aoti`; a package that fails leaves `package_error`, the bundle stands)."""
+        there (`compiler.aoti`; a package that fails leaves `package_error`, the bundle stands).
+        With `serving` (a serving profile's dict), the plan for that traffic is decided and every
+        graph of it compiled before the bundle is written (`workers.bench.serving`)."""
         import torch
 
         self.imports()
@@ -162,26 +165,33 @@ class JobRun(JobRecord):
             with torch.no_grad():  # the other input sets have the same shapes: no recompile expected
                 for inputs in input_sets[1:]:
                     call(compiled, inputs)
+            if serving is not None:
+                prepare_serving(self, model, input_sets[0], serving)
         except Exception as exc:
             return self.fail("compile_error", exc)
         if write_bundle(self, bundle) and package is not None:
             build_package(self, model, input_sets[0], package)
 
 
-USAGE = "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE [--package FILE]] JOB.json RESULT.json"
+USAGE = (
+    "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE [--package FILE] [--serving JSON]] "
+    "JOB.json RESULT.json"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warm = bool(argv) and argv[0] == "--warm"
     repeat = 1
-    bundle = package = None
+    bundle = package = serving = None
     if warm:
         argv = argv[1:]
     elif len(argv) >= 2 and argv[0] == "--bundle":
         bundle, argv = Path(argv[1]), argv[2:]
         if len(argv) >= 2 and argv[0] == "--package":
             package, argv = Path(argv[1]), argv[2:]
+        if len(argv) >= 2 and argv[0] == "--serving":
+            serving, argv = json.loads(argv[1]), argv[2:]
     elif len(argv) >= 2 and argv[0] == "--repeat":
         if not argv[1].isdigit() or int(argv[1]) < 2:
             print(f"--repeat takes a process number >= 2, got {argv[1]!r}\n{USAGE}", file=sys.stderr)
@@ -201,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         if warm:
             run.run_warm()
         elif bundle is not None:
-            run.run_bundle(bundle, package)
+            run.run_bundle(bundle, package, serving)
         else:
             run.run(repeat)
     except BaseException as exc:  # a bug in this file must still become a row

@@ -1,0 +1,202 @@
+"""The traffic a preset serves: `ServingProfile`, a batch-size range and a weight per size, and the
+bucket arithmetic serving plans are judged by.
+
+A sweep or tune file says it under `serving:` (sweep-wide or per model):
+
+    serving: {batch: {min: 1, max: 32}, traffic: {1: 0.4, 4: 0.2, 8: 0.2, 32: 0.2}}
+
+`traffic` weighs each batch size a service sends (sizes it leaves out weigh nothing; without it
+every size of the range weighs the same). The objective every plan is compared by is the
+traffic-weighted mean latency (`weighted_mean`): what an average request waits.
+
+A bucket plan serves a size on the smallest bucket at least as large (`next_bucket`), padding the
+batch up and slicing the outputs back; `padded_latency` is what a size then costs, and
+`choose_buckets` picks the set that minimises the traffic-weighted padded latency from latencies
+measured at candidate buckets, under a cap on how many graphs the plan may hold.
+
+This module imports nothing outside the standard library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_BATCH = 4096
+"""The largest batch size a profile may name: a range is prepared graph by graph at load."""
+
+
+class ProfileError(ValueError):
+    """A serving profile that cannot be used; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class ServingProfile:
+    """A batch-size range [`min`, `max`] and the share of requests at each size (`traffic`: sizes
+    in the range, weights summing to 1, sorted by size)."""
+
+    min: int
+    max: int
+    traffic: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def uniform(cls, low: int, high: int) -> ServingProfile:
+        """Every size of [low, high] weighing the same."""
+        return cls.from_dict({"batch": {"min": low, "max": high}})
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ServingProfile:
+        """The profile `{batch: {min, max}, traffic: {size: weight}}` (a sweep file's `serving:`, a
+        preset's `serving`); ProfileError saying what is wrong and how to write it."""
+        problems = profile_problems(data)
+        if problems:
+            raise ProfileError("; ".join(problems))
+        batch = data["batch"]
+        low, high = int(batch["min"]), int(batch["max"])
+        raw = data.get("traffic")
+        if raw is None:
+            weights = {s: 1.0 for s in range(low, high + 1)}
+        else:
+            weights = {int(s): float(w) for s, w in raw.items() if float(w) > 0}
+        total = sum(weights.values())
+        return cls(low, high, tuple(sorted((s, w / total) for s, w in weights.items())))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile as `from_dict` reads it (sizes as strings: JSON keys), for rows and presets."""
+        return {
+            "batch": {"min": self.min, "max": self.max},
+            "traffic": {str(s): round(w, 12) for s, w in self.traffic},
+        }
+
+    def sizes(self) -> list[int]:
+        """Every batch size of the range."""
+        return list(range(self.min, self.max + 1))
+
+    def weights(self) -> dict[int, float]:
+        """The weight of each size the traffic sends (the others weigh nothing)."""
+        return dict(self.traffic)
+
+    def describe(self) -> str:
+        """One line for `plan` and the logs: the range and how the traffic is spread over it."""
+        weights = self.weights()
+        if len(weights) == self.max - self.min + 1 and len({round(w, 9) for w in weights.values()}) == 1:
+            spread = "uniform"
+        else:
+            spread = ", ".join(f"{s}: {w:.0%}" for s, w in self.traffic)
+        return f"batch {self.min}..{self.max}, traffic {spread}"
+
+
+def profile_problems(data: Any) -> list[str]:
+    """What is wrong with a serving profile as read from a file, each as one sentence naming the
+    key; [] when it is usable."""
+    if not isinstance(data, Mapping):
+        return ["`serving` must be a mapping such as {batch: {min: 1, max: 32}}"]
+    unknown = sorted(set(map(str, data)) - {"batch", "traffic"})
+    problems = (
+        [f"`serving` has unknown key(s) {', '.join(unknown)} (it takes batch and traffic)"] if unknown else []
+    )
+    batch = data.get("batch")
+    if not isinstance(batch, Mapping) or set(map(str, batch)) != {"min", "max"}:
+        return [*problems, "`serving.batch` must be {min: N, max: M}, the batch sizes the service sends"]
+    low, high = batch["min"], batch["max"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+        return [*problems, f"`serving.batch` min and max must be whole numbers, not {low!r} and {high!r}"]
+    if not 1 <= low <= high <= MAX_BATCH:
+        return [*problems, f"`serving.batch` needs 1 <= min <= max <= {MAX_BATCH}; got min {low}, max {high}"]
+    traffic = data.get("traffic")
+    if traffic is None:
+        return problems
+    if not isinstance(traffic, Mapping) or not traffic:
+        return [*problems, "`serving.traffic` must map batch sizes to weights, e.g. {1: 0.5, 8: 0.5}"]
+    for size, weight in traffic.items():
+        try:
+            n = int(size)
+        except (TypeError, ValueError):
+            problems.append(f"`serving.traffic` key {size!r} is not a batch size")
+            continue
+        if str(n) != str(size).strip() or not low <= n <= high:
+            problems.append(f"`serving.traffic` size {size!r} is outside the batch range {low}..{high}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+            problems.append(f"`serving.traffic` weight of size {size} must be a number >= 0, not {weight!r}")
+    if not problems and not any(float(w) > 0 for w in traffic.values()):
+        problems.append("`serving.traffic` weighs every size 0: give at least one a positive weight")
+    return problems
+
+
+def next_bucket(buckets: list[int] | tuple[int, ...], size: int) -> int | None:
+    """The smallest bucket at least `size` (the one a batch of `size` is padded up to), or None
+    where every bucket is smaller."""
+    return min((b for b in buckets if b >= size), default=None)
+
+
+def default_buckets(low: int, high: int) -> list[int]:
+    """Buckets on a ladder of powers of two and the halfway points between them (1, 2, 3, 4, 6, 8,
+    12, 16, 24, 32, ...), within [low, high], with `high` itself: a size pads up by less than 1.5x."""
+    ladder: set[int] = set()
+    p = 1
+    while p <= high:
+        ladder.update({p, p + p // 2} if p > 1 else {1})
+        p *= 2
+    return sorted({b for b in ladder if low <= b <= high} | {high})
+
+
+def weighted_mean(latency: Mapping[int, float], profile: ServingProfile) -> float:
+    """The traffic-weighted mean of a latency per batch size (every size the traffic sends must
+    have one): what an average request of the profile waits."""
+    return sum(w * latency[s] for s, w in profile.traffic)
+
+
+def padded_latency(
+    buckets: list[int], at_bucket: Mapping[int, float], profile: ServingProfile
+) -> dict[int, float]:
+    """What each size of the profile's traffic costs on a bucket plan: the latency of its bucket
+    (`at_bucket`, measured per bucket). KeyError where a size has no bucket."""
+    out = {}
+    for size, _ in profile.traffic:
+        bucket = next_bucket(buckets, size)
+        if bucket is None:
+            raise KeyError(f"batch size {size} is above every bucket ({buckets})")
+        out[size] = at_bucket[bucket]
+    return out
+
+
+def choose_buckets(at_size: Mapping[int, float], profile: ServingProfile, max_buckets: int) -> list[int]:
+    """The bucket set, at most `max_buckets` of the sizes measured in `at_size` (latency per size;
+    it must hold a size >= the profile's max), that minimises the traffic-weighted padded latency.
+    Exact: dynamic programming over the measured sizes in order (each bucket serves the sizes
+    above the bucket before it)."""
+    candidates = sorted(s for s in at_size if s >= profile.min)
+    if not candidates or candidates[-1] < profile.max:
+        raise ValueError(f"no measured size reaches the profile's max {profile.max}: {candidates}")
+    candidates = [c for c in candidates if c < profile.max] + [min(c for c in candidates if c >= profile.max)]
+    weights = profile.weights()
+
+    def cost(lower: int, bucket: int) -> float:  # the sizes in (lower, bucket], served by `bucket`
+        return sum(w for s, w in weights.items() if lower < s <= bucket) * at_size[bucket]
+
+    n, k_max = len(candidates), max(1, max_buckets)
+    inf = float("inf")
+    best = [[inf] * (k_max + 1) for _ in range(n)]  # best[j][k]: sizes up to candidates[j], k buckets
+    back: list[list[int]] = [[-1] * (k_max + 1) for _ in range(n)]
+    for j, c in enumerate(candidates):
+        best[j][1] = cost(0, c)
+        for k in range(2, k_max + 1):
+            for i in range(j):
+                value = best[i][k - 1] + cost(candidates[i], c)
+                if value < best[j][k] - 1e-15:
+                    best[j][k], back[j][k] = value, i
+    k = min(range(1, k_max + 1), key=lambda k: (best[n - 1][k], k))
+    chosen, j = [], n - 1
+    while j >= 0 and k >= 1:
+        chosen.append(candidates[j])
+        j, k = back[j][k], k - 1
+    return sorted(chosen)
+
+
+def as_profile(value: Any) -> ServingProfile | None:
+    """A `ServingProfile` from what a caller passes (`compile_tuned(serving=...)`): a profile, its
+    dict, or None."""
+    if value is None or isinstance(value, ServingProfile):
+        return value
+    return ServingProfile.from_dict(value)

@@ -1,0 +1,55 @@
+"""What the export reads about a tune's models from its run log (`store.runlog`): each model's
+entry as the sweep file gave it (`model_specs`), and the traffic each model's presets are to
+serve (`serving_profiles`, the `serving:` blocks, `compiler.serving.traffic`). Later runs win."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+from compiler.job import ModelSpec
+from compiler.serving.traffic import ProfileError, ServingProfile
+from orchestrator.spec.models import default_name
+from store.runlog import read_runs
+from store.storage import Target
+
+
+def _entries(run: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, entry) of each model entry of a run's spec that this tool would have run."""
+    models = (run.get("spec") or {}).get("models")
+    found = []
+    for m in models if isinstance(models, list) else []:
+        # a bare id (`- hf:...`) has no more to it than the row's model_id; an entry this tool
+        # would not have run (edited since) is left out the same way
+        if isinstance(m, dict) and isinstance(m.get("id"), str):
+            found.append((m.get("name", default_name(m["id"])), m))  # no name: named from its id
+    return found
+
+
+def model_specs(out: Target) -> dict[str, ModelSpec]:
+    """The sweep's model entries by name, from the run log (later runs win)."""
+    specs: dict[str, ModelSpec] = {}
+    fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    for run in read_runs(out):
+        for name, m in _entries(run):
+            with contextlib.suppress(TypeError):
+                specs[name] = ModelSpec(**{k: v for k, v in m.items() if k in fields} | {"name": name})
+    return specs
+
+
+def serving_profiles(out: Target) -> dict[str, ServingProfile]:
+    """Each model's serving profile from the run log's specs (the model's own `serving:` over the
+    sweep's; later runs win); a model without one is absent. A block that no longer reads as a
+    profile is left out (the sweep that recorded it was checked when it ran)."""
+    profiles: dict[str, ServingProfile] = {}
+    for run in read_runs(out):
+        spec = run.get("spec") or {}
+        for name, m in _entries(run):
+            block = m.get("serving", spec.get("serving"))
+            if block is None:
+                profiles.pop(name, None)
+                continue
+            with contextlib.suppress(ProfileError):
+                profiles[name] = ServingProfile.from_dict(block)
+    return profiles

@@ -1,0 +1,130 @@
+"""An export's preset for a model with a serving profile: the bundle job decides the plan (the
+padding check on the real model) and compiles every graph of it before writing the bundle, and a
+fresh serving process prepares the plan from that bundle and serves every size of the range
+without compiling. Real job processes, real Inductor compiles on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from compiler.config import CompileConfig
+from compiler.hardware import hardware_class, software_stack
+from compiler.job import Job, MeasureSpec, ModelSpec
+from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, sha256_file
+from orchestrator.tune.sweep_models import serving_profiles
+from store.runlog import start_run
+from tests.tune.test_export_apply import ROOT
+from workers.runner import build_bundle
+
+pytestmark = pytest.mark.integration
+
+PROFILE = {"batch": {"min": 1, "max": 8}}
+SERVE = """
+import json, sys, warnings, torch
+from compiler.serving import compile_tuned
+from compiler.serving.served import graph_count
+from workers import toy
+model, inputs = getattr(toy, sys.argv[2])(3)
+with warnings.catch_warnings():
+    warnings.simplefilter("error", UserWarning)  # nothing falls back
+    served, applied = compile_tuned(model, inputs, sys.argv[1], model_name=sys.argv[2])
+before, worst = graph_count(), 0.0
+for n in range(1, 9):
+    x = torch.randn(n, inputs["x"].shape[1])
+    with torch.no_grad():
+        worst = max(worst, float((served(x=x) - model(x=x)).abs().max()))
+print(json.dumps({"applied": applied.to_dict(), "compiles": graph_count() - before, "worst": worst}))
+"""
+
+
+def _job(factory: str) -> Job:
+    return Job(
+        sweep="export",
+        hardware="cpu",
+        device="cpu",
+        model=ModelSpec(id=f"python:workers.toy:{factory}", name=factory),
+        batch_size=4,
+        dtype="fp32",
+        config=CompileConfig(name="default"),
+        measure=MeasureSpec(),
+        timeout_s=300,
+    )
+
+
+def test_the_bundle_job_prepares_the_plan_and_a_fresh_process_serves_it_from_the_bundle(tmp_path):
+    dest = tmp_path / "export"
+    (dest / "bundles").mkdir(parents=True)
+    entries = []
+    for factory, plan in (("mlp", "buckets"), ("batch_centered", "dynamic")):
+        result = build_bundle(
+            _job(factory), dest / "bundles" / f"{factory}.bin", 1, str(tmp_path), serving=PROFILE
+        )
+        assert result["status"] == "ok", result.get("error")
+        s = result["serving"]
+        assert s["plan"] == plan and s["padding"]["ok"] == (plan == "buckets"), s
+        assert s["export_prepare_graphs"] == (6 if plan == "buckets" else 2), s
+        entries.append(
+            {
+                "model": factory,
+                "batch_size": 4,
+                "dtype": "fp32",
+                "config": "default",
+                "compile": {
+                    "backend": "inductor",
+                    "mode": None,
+                    "fullgraph": False,
+                    "dynamic": None,
+                    "options": {},
+                },
+                "bundle": f"bundles/{factory}.bin",
+                "package": None,
+                "serving": s,
+            }
+        )
+    (dest / SERVING_FILE).write_text(json.dumps({"format": 1, "presets": entries, "defaults": {}}))
+    files = {str(p.relative_to(dest)): sha256_file(p) for p in dest.rglob("*") if p.is_file()}
+    manifest = {
+        "format": EXPORT_FORMAT,
+        "hardware": hardware_class(),
+        "stack": software_stack(),
+        "files": files,
+    }
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+
+    for factory, plan in (("mlp", "buckets"), ("batch_centered", "dynamic")):
+        proc = subprocess.run(
+            [sys.executable, "-c", SERVE, str(dest), factory],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        applied = got["applied"]
+        assert applied["match"] == "serving" and applied["bundle"] == "loaded", applied
+        assert applied["serving"]["plan"] == plan and applied["serving"]["plan_from"] == "export"
+        assert got["compiles"] == 0 and got["worst"] < 1e-4, got
+        # the bundle held the graphs: the fresh process's compiles of them were cache hits
+        assert applied["cache_artifacts"].get("inductor", 0) >= (6 if plan == "buckets" else 2), applied
+
+
+def test_the_export_reads_each_models_profile_from_the_run_log(tmp_path):
+    from orchestrator.spec.sweep import parse_spec
+
+    spec = parse_spec(
+        "name: s\nserving: {batch: {min: 1, max: 32}}\nmodels:\n"
+        "  - {id: python:workers.toy:mlp, name: mlp, serving: {batch: {min: 2, max: 8}}}\n"
+        "  - {id: python:workers.toy:linear, name: lin}\n"
+        "batch_sizes: [4]\nconfigs: {default: {}}\n"
+    )
+    assert {k: v.describe() for k, v in spec.serving.items()} == {
+        "mlp": "batch 2..8, traffic uniform",
+        "lin": "batch 1..32, traffic uniform",
+    }
+    start_run(tmp_path, "r1", spec, [], {}, 1, 0)
+    assert serving_profiles(tmp_path) == spec.serving

@@ -1,0 +1,77 @@
+"""The serving profile and the bucket arithmetic plans are judged by (`compiler.serving.traffic`)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from compiler.serving.traffic import (
+    ProfileError,
+    ServingProfile,
+    choose_buckets,
+    default_buckets,
+    next_bucket,
+    padded_latency,
+    profile_problems,
+    weighted_mean,
+)
+
+
+def test_a_profile_without_traffic_is_uniform_and_its_weights_sum_to_one():
+    p = ServingProfile.from_dict({"batch": {"min": 1, "max": 4}})
+    assert p.weights() == {1: 0.25, 2: 0.25, 3: 0.25, 4: 0.25}
+    assert p.describe() == "batch 1..4, traffic uniform"
+    skewed = ServingProfile.from_dict({"batch": {"min": 1, "max": 32}, "traffic": {1: 2, "8": 1, 32: 1}})
+    assert skewed.weights() == {1: 0.5, 8: 0.25, 32: 0.25}
+    assert skewed.describe() == "batch 1..32, traffic 1: 50%, 8: 25%, 32: 25%"
+    assert ServingProfile.from_dict(skewed.to_dict()) == skewed  # as rows and presets record it
+
+
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        ([1, 32], "must be a mapping"),
+        ({"batch": {"min": 1}}, "`serving.batch` must be {min: N, max: M}"),
+        ({"batch": {"min": 0, "max": 4}}, "1 <= min <= max"),
+        ({"batch": {"min": 8, "max": 4}}, "1 <= min <= max"),
+        ({"batch": {"min": 1.5, "max": 4}}, "whole numbers"),
+        ({"batch": {"min": 1, "max": 4}, "traffic": {5: 1}}, "size 5 is outside the batch range 1..4"),
+        ({"batch": {"min": 1, "max": 4}, "traffic": {2: -1}}, "weight of size 2 must be a number >= 0"),
+        ({"batch": {"min": 1, "max": 4}, "traffic": {2: 0}}, "weighs every size 0"),
+        ({"batch": {"min": 1, "max": 4}, "traffic": {"two": 1}}, "key 'two' is not a batch size"),
+        ({"batch": {"min": 1, "max": 4}, "trafic": {}}, "unknown key(s) trafic"),
+    ],
+)
+def test_a_bad_profile_names_the_key_and_what_to_write(data, says):
+    assert any(says in p for p in profile_problems(data)), profile_problems(data)
+    with pytest.raises(ProfileError, match=says.replace("(", r"\(").replace(")", r"\)").split("{")[0]):
+        ServingProfile.from_dict(data)
+
+
+def test_the_default_ladder_pads_by_less_than_half_and_ends_at_max():
+    assert default_buckets(1, 32) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    assert default_buckets(1, 8) == [1, 2, 3, 4, 6, 8]
+    assert default_buckets(5, 20) == [6, 8, 12, 16, 20]
+    for high in range(1, 65):
+        buckets = default_buckets(1, high)
+        assert buckets[-1] == high
+        assert all(next_bucket(buckets, s) < 1.5 * s + 1 for s in range(1, high + 1))
+
+
+def test_choose_buckets_is_the_exact_optimum_of_the_weighted_padded_latency():
+    profile = ServingProfile.from_dict({"batch": {"min": 1, "max": 12}, "traffic": {1: 5, 3: 1, 7: 2, 12: 3}})
+    at = {s: 0.4 + 0.05 * s + (0.3 if s in (5, 9) else 0.0) for s in range(1, 13)}  # two slow sizes
+    for k in (1, 2, 3, 4):
+        chosen = choose_buckets(at, profile, k)
+        assert len(chosen) <= k and chosen[-1] == 12
+        cost = weighted_mean(padded_latency(chosen, at, profile), profile)
+        best = min(
+            weighted_mean(padded_latency([*c, 12], at, profile), profile)
+            for n in range(k)
+            for c in itertools.combinations(range(1, 12), n)
+        )
+        assert cost == pytest.approx(best)
+    assert choose_buckets(at, profile, 4) == [1, 3, 7, 12]  # every size the traffic sends
+    with pytest.raises(ValueError, match="max 12"):
+        choose_buckets({s: 1.0 for s in range(1, 9)}, profile, 3)
