@@ -18,6 +18,7 @@ from tests.integration.test_fleet import SWEEP, make_cluster, task_body
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
 def test_lost_node_is_retried_and_a_lost_class_finishes_with_rows(tmp_path):
     cluster, node_ids, nodes = make_cluster()
     spec = parse_spec(SWEEP.format(batch_sizes="1, 2, 3, 4", hardware="[A100, T4]"), "fleet.yaml")

@@ -47,6 +47,7 @@ def rows_by_job(out) -> dict[str, dict]:
     return {r["job_id"]: r for r in rows}
 
 
+@pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
 @pytest.mark.parametrize("refusal", ["full", "read-only"])
 def test_a_disk_that_fills_up_mid_sweep_is_a_clean_stop_and_resume_finishes(
     refusal, small_disk, sweep_file, tmp_path

@@ -66,6 +66,7 @@ def seed_sweep(tmp_path_factory):
     return proc, read_results(out), took
 
 
+@pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
 def test_seed_models_sweep_rows(seed_sweep):
     proc, table, took = seed_sweep
     assert "done in" in proc.stdout

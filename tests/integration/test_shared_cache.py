@@ -119,6 +119,7 @@ def test_sweep_runs_without_the_cache_when_redis_cannot_start(sweep_file, tmp_pa
     assert row["status"] == "ok" and row["compile_cache"] == "off", json.dumps(row, default=str)[:2000]
 
 
+@pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
 def test_autotune_work_is_shared_within_a_class_kept_across_servers_and_never_read_cold(sweep_file, tmp_path):
     """One max-autotune candidate benchmarks the model's GEMM and shares the timings; the
     driver's own Redis dies with the sweep, and OUT/shared-cache.parquet carries them to the

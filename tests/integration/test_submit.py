@@ -139,6 +139,7 @@ def _status(env: dict[str, str], job_id: str, address: str) -> tuple[str, str]:
     return proc.stdout.split("\n", 1)[0].rsplit(" ", 1)[-1], proc.stdout
 
 
+@pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
 def test_submit_status_logs_and_results_with_token_auth(ray_head, tmp_path):
     address, env = ray_head["address"], ray_head["env"]
 
