@@ -189,6 +189,17 @@ class _Tuning:
         if self.strict:
             raise ExportError(reason)
         self.warn(f"compile_tuned: {reason}; using plain torch.compile instead")
+        if self.profile is not None:  # the range still prepared, with torch.compile's defaults
+            served = serve_range(
+                lambda dynamic: torch.compile(self.model, dynamic=dynamic),
+                self.model,
+                split_inputs(self.inputs),
+                self.profile,
+                {},
+                CompileConfig(name="none"),
+                self.applied,
+            )
+            return served, self.applied
         compiled = torch.compile(self.model)
         self.first_call(self.model, compiled)
         return compiled, self.applied

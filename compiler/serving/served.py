@@ -134,8 +134,9 @@ class ServedModel:
         sizes = self.sizes_to_prepare()
         if self.plan == "dynamic":  # the marked example first: the first graph is the dynamic one
             sizes = [batch, *(s for s in sizes if s != batch)]
-        if self.plan == "buckets":  # one graph a bucket: Dynamo must not stop at its recompile limit
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(sizes) + 1)
+        # one graph a size to prepare, beside what the process compiled of the model before (a
+        # limit is per function, over every torch.compile of it): Dynamo must not stop at its limit
+        torch._dynamo.config.recompile_limit += len(sizes) + 1
         cuda = self._cuda_device()
         if cuda is not None:
             torch.cuda.synchronize(cuda)

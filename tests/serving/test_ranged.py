@@ -112,3 +112,12 @@ def test_a_plan_in_the_export_is_served_for_any_batch_size_of_its_range(tmp_path
     assert applied.match == "serving" and s["plan_from"] == "export" and s["buckets"] == [2, 8], s
     assert s["prepare_graphs"] == 2, s
     _served_everywhere(compiled, model, 128, range(1, 9))
+
+
+def test_an_export_for_another_class_still_prepares_the_range_with_torch_compiles_defaults(tmp_path):
+    dest = write_export(tmp_path / "export", hardware="H100")
+    model, inputs = toy.mlp(4)
+    with pytest.warns(UserWarning, match="for hardware class 'H100'.*plain torch.compile"):
+        compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", serving=RANGE)
+    assert applied.match == "fallback" and applied.serving["plan"] == "buckets", applied.serving
+    _served_everywhere(compiled, model, 128, range(1, 9))

@@ -326,7 +326,7 @@ def test_odd_entries_in_an_output_are_one_line_not_a_traceback_or_a_wait(out, ca
 def test_export_names_a_model_entry_without_a_name_from_its_id(tmp_path):
     """A sweep may leave a model's name out (`- {id: hf:org/resnet-50}`): export's lookup of the
     run log's model entries raised a TypeError on it; entries of another shape are left out."""
-    from orchestrator.tune.export import _model_specs
+    from orchestrator.tune.sweep_models import model_specs as _model_specs
 
     models = [
         {"id": "python:workers.toy:mlp"},

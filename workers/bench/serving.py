@@ -2,20 +2,30 @@
 preset made ready for the traffic it serves (`compiler.serving.traffic`).
 
 After the preset's cold compile at its batch size, the padding check runs on the eager model
-(`compiler.serving.padding`, the preset precision's tolerance) and decides the plan: buckets
-(the default ladder up to the range's max) where padding leaves the real rows' outputs as they
-were, else one dynamic-batch graph. The plan is then prepared as `compile_tuned` prepares it
-(`compiler.serving.served`): every bucket compiled in this process, so the bundle written next
-holds every graph the serving process will ask for. The result's `serving` is what serving.json
-records for the preset: the profile, the plan, its buckets, the padding check, and what preparing
-cost here (`prepare_s`, the Dynamo graphs compiled).
+(`compiler.serving.padding`, the preset precision's tolerance). The plans it allows (buckets, on
+the default ladder up to the range's max, only where padding leaves the real rows' outputs as
+they were; one dynamic-batch graph always) are each prepared as `compile_tuned` prepares them
+(`compiler.serving.served`) and timed at the sizes the traffic sends; the plan with the lower
+traffic-weighted mean latency is the preset's (neither wins everywhere: in bf16 under CUDA graphs
+ResNet-50 runs faster on buckets, ViT on one dynamic graph). Every graph compiled
+here is in the bundle written next, so a serving process prepares its plan from cache hits. The
+result's `serving` is what serving.json records for the preset: the profile, the plan, its
+buckets, the padding check, and per plan what preparing cost here and its weighted latency.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Any
 
 from workers.bench.record import JobRecord
+
+TIMED_SIZES = 64
+"""At most this many sizes are timed per plan; a wider traffic is timed on the bucket ladder,
+each size costed at the next timed size up."""
+TIMED_CALLS = 5
+"""Timed calls per size (after one untimed call), their median the size's latency."""
 
 
 def prepare_serving(run: JobRecord, model: Any, inputs: Any, profile_data: dict[str, Any]) -> None:
@@ -26,7 +36,7 @@ def prepare_serving(run: JobRecord, model: Any, inputs: Any, profile_data: dict[
     from compiler.aoti import package_options, split_inputs
     from compiler.serving.padding import check_padding, padding_pairs, padding_tolerance
     from compiler.serving.served import ServedModel
-    from compiler.serving.traffic import ServingProfile, default_buckets
+    from compiler.serving.traffic import ServingProfile, default_buckets, weighted_mean
 
     run.enter("serving")
     cfg = run.job.config
@@ -36,25 +46,62 @@ def prepare_serving(run: JobRecord, model: Any, inputs: Any, profile_data: dict[
     check = check_padding(
         model, *example, padding_pairs(buckets, profile.min), padding_tolerance(run.job.dtype)
     )
-    plan = "buckets" if check.ok else "dynamic"
     kwargs = cfg.compile_kwargs()
     prepared = cfg.prepare_model(model) if cfg.channels_last else model
-    served = ServedModel(
-        lambda dynamic: torch.compile(prepared, **{**kwargs, "dynamic": dynamic}),
-        profile,
-        plan,
-        buckets,
-        example,
-        cudagraphs=run.job.device == "cuda" and package_options(cfg)[1],
-        rows_independent=check.ok,
-    )
-    prep = served.prepare()
+    cuda = run.job.device == "cuda"
+    plans: dict[str, dict[str, Any]] = {}
+    for plan in ("buckets", "dynamic") if check.ok else ("dynamic",):
+        served = ServedModel(
+            lambda dynamic: torch.compile(prepared, **{**kwargs, "dynamic": dynamic}),
+            profile,
+            plan,
+            buckets,
+            example,
+            cudagraphs=cuda and package_options(cfg)[1],
+            rows_independent=check.ok,
+        )
+        prep = served.prepare()
+        at_size = time_sizes(served, example, profile, cuda)
+        plans[plan] = {
+            "weighted_ms": weighted_mean(at_size, profile),
+            "prepare_s": prep.prepare_s,
+            "graphs": prep.graphs,
+            "memory_bytes": prep.memory_bytes,
+            "ms": {str(s): at_size[s] for s in sorted(at_size)},
+        }
+    chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
     run.result["serving"] = {
         "profile": profile.to_dict(),
-        "plan": plan,
-        "buckets": served.buckets,
+        "plan": chosen,
+        "buckets": buckets if chosen == "buckets" else [],
         "padding": check.to_dict(),
-        "export_prepare_s": prep.prepare_s,
-        "export_prepare_graphs": prep.graphs,
-        "export_memory_bytes": prep.memory_bytes,
+        "plans": plans,
     }
+
+
+def time_sizes(served: Any, example: tuple, profile: Any, cuda: bool) -> dict[int, float]:
+    """The prepared plan's latency (ms, median of `TIMED_CALLS`) at every size the traffic sends
+    (or, beyond `TIMED_SIZES` of them, at the bucket ladder's sizes, each size costed at the next
+    one up)."""
+    import torch
+
+    from compiler.serving.padding import resize_batch
+    from compiler.serving.traffic import default_buckets, next_bucket
+
+    sizes = [s for s, _ in profile.traffic]
+    timed = sizes if len(sizes) <= TIMED_SIZES else default_buckets(profile.min, profile.max)
+    measured: dict[int, float] = {}
+    for size in timed:
+        args, kwargs = resize_batch(*example, size)
+        times = []
+        for i in range(TIMED_CALLS + 1):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            served(*args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+            if i:
+                times.append((time.perf_counter() - t0) * 1e3)
+        measured[size] = statistics.median(times)
+    return {s: measured[s] if s in measured else measured[next_bucket(timed, s)] for s in sizes}

@@ -1,0 +1,261 @@
+"""Serving real traffic: a seeded trace of requests drawn from a serving profile, replayed against
+three ways of serving one model, each in fresh processes.
+
+- `served`: the project's plan (`compiler.serving.served`), prepared before the first request:
+  `compile_tuned(model, inputs, EXPORT, model_name=..., serving=PROFILE)` with `--export`, else
+  the plan `compile_tuned` would decide at load for `--mode` (the padding check, then buckets or
+  one dynamic-batch graph);
+- `oracle`: the per-size optimum, one graph specialized for every batch size of the range, all
+  prepared before the first request (what an exact preset per batch size would serve);
+- `stock`: what a stock PyTorch user runs, plain `torch.compile(model)` in `--stock-mode`
+  (compiled on its first request, recompiling as new sizes arrive: the stalls are reported apart
+  and left out of its latencies).
+
+Each process builds the model from its sweep id with random weights (as a sweep's job does, in
+the precision `--dtype`), runs the trace once as the requests arrive (the first request of each
+size is its first call), and reports per request its wall time. The table gives each side's
+preparation time, Dynamo graphs compiled after preparation (Dynamo's own counter; the served plan
+and the oracle must show 0), the largest first call of a size, the stalls, p50 and p99 (stalls
+excluded) and the traffic-weighted mean latency (each size's median, weighted by the profile), then
+served / oracle and stock / served on it.
+
+    python benchmarks/serving_traffic.py MODEL_ID [--name NAME] [--export DIR] [--min 1] [--max 32]
+        [--traffic 1:0.4,8:0.6] [--requests 400] [--seed 0] [--dtype fp32] [--mode default]
+        [--stock-mode default] [--device cpu|cuda] [--input-size N] [--save FILE.json]
+
+`--small` is the CPU mode CI's benchmark tier runs: batch 1..4, 40 requests.
+Exit 1 where the served plan compiled after preparation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from compiler.env import project_pythonpath  # noqa: E402
+from compiler.serving.traffic import ServingProfile, weighted_mean  # noqa: E402
+from compiler.statistics import percentile, summarize  # noqa: E402
+
+SIDES = ("served", "oracle", "stock")
+
+
+def trace(profile: ServingProfile, requests: int, seed: int) -> list[int]:
+    """`requests` batch sizes drawn from the profile's traffic with `seed`."""
+    sizes, weights = zip(*profile.traffic, strict=True)
+    return random.Random(seed).choices(sizes, weights, k=requests)
+
+
+def _build(args: argparse.Namespace):
+    """The model and one call's (args, kwargs) at batch `--max`, built as a sweep's job builds it."""
+    from compiler.aoti import split_inputs
+    from compiler.config import CompileConfig
+    from workers.bench.run import JobRun
+
+    spec = {
+        "id": args.model_id,
+        "name": args.name,
+        **({"input_size": args.input_size} if args.input_size else {}),
+    }
+    entry = {"model_spec": spec, "batch_size": args.max}
+    hardware = "cpu" if args.device == "cpu" else "gpu"
+    run = JobRun.for_preset("serving-traffic", hardware, entry, CompileConfig(name=args.mode), args.dtype)
+    run.imports()
+    model, input_sets, _ = run.build(keep_fp32_copy=False)
+    return model, split_inputs(input_sets[0])
+
+
+def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model, example):
+    """(the callable that serves a request, preparation seconds, what compile_tuned applied or {})."""
+    import torch
+
+    from compiler.serving.applied import Applied
+    from compiler.serving.served import serve_range
+
+    mode = None if args.mode == "default" else args.mode
+    t0 = time.perf_counter()
+    if side == "stock":
+        smode = None if args.stock_mode == "default" else args.stock_mode
+        return torch.compile(model, mode=smode), 0.0, {}
+    if side == "served" and args.export:
+        from compiler.serving import compile_tuned
+
+        served, applied = compile_tuned(
+            model, example[1] or example[0], args.export, model_name=args.name, serving=profile.to_dict()
+        )
+        return served, time.perf_counter() - t0, applied.to_dict()
+    from compiler.config import CompileConfig
+
+    config = CompileConfig(name=args.mode, mode=mode)
+    entry = {"precision": args.dtype}
+    if side == "oracle":  # one specialized graph per size: buckets at every size, nothing padded
+        entry["serving"] = {
+            "profile": profile.to_dict(),
+            "plan": "buckets",
+            "buckets": profile.sizes(),
+            "padding": {"ok": True},
+        }
+    applied = Applied(source="", hardware="", stack={})
+    served = serve_range(
+        lambda dynamic: torch.compile(model, mode=mode, dynamic=dynamic),
+        model,
+        example,
+        profile,
+        entry,
+        config,
+        applied,
+    )
+    return served, time.perf_counter() - t0, {"serving": applied.serving}
+
+
+def child(side: str, args: argparse.Namespace) -> dict:
+    """One side in this (fresh) process: prepare, then replay the trace; its measurements."""
+    import torch
+
+    from compiler.serving.padding import resize_batch
+    from compiler.serving.served import graph_count
+
+    profile = _profile(args)
+    model, example = _build(args)
+    serve, prepare_s, applied = _prepare(side, args, profile, model, example)
+    cuda = args.device == "cuda"
+    graphs0 = graph_count()
+    seen: set[int] = set()
+    requests = []
+    for size in trace(profile, args.requests, args.seed):
+        call_args, call_kwargs = resize_batch(*example, size)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            serve(*call_args, **call_kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        requests.append({"size": size, "s": time.perf_counter() - t0, "first": size not in seen})
+        seen.add(size)
+    graphs = graph_count()
+    return {
+        "side": side,
+        "prepare_s": prepare_s,
+        "compiles_after_prepare": None if graphs is None or graphs0 is None else graphs - graphs0,
+        "requests": requests,
+        "applied": applied,
+    }
+
+
+def summary(side: dict, profile: ServingProfile) -> dict:
+    """A side's figures from its requests: stalls (first calls of a size), p50/p99 and the
+    traffic-weighted mean of each size's median (stalls excluded)."""
+    steady = [r for r in side["requests"] if not r["first"]]
+    firsts = {r["size"]: r["s"] for r in side["requests"] if r["first"]}
+    by_size: dict[int, list[float]] = {}
+    for r in steady:
+        by_size.setdefault(r["size"], []).append(r["s"] * 1e3)
+    medians = {s: summarize(v).median_ms for s, v in by_size.items()}
+    for s in firsts:  # a size drawn once: its first call is all there is
+        medians.setdefault(s, firsts[s] * 1e3)
+    drawn = ServingProfile.from_dict(
+        {**profile.to_dict(), "traffic": {str(s): w for s, w in profile.traffic if s in medians}}
+    )
+    latencies = sorted(r["s"] * 1e3 for r in steady) or [0.0]
+    return {
+        "side": side["side"],
+        "prepare_s": side["prepare_s"],
+        "compiles_after_prepare": side["compiles_after_prepare"],
+        "max_first_call_s": max(firsts.values()),
+        "stall_s": sum(firsts.values()),
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "weighted_ms": weighted_mean(medians, drawn),
+        "per_size_ms": {str(s): medians[s] for s in sorted(medians)},
+    }
+
+
+def _profile(args: argparse.Namespace) -> ServingProfile:
+    data: dict = {"batch": {"min": args.min, "max": args.max}}
+    if args.traffic:
+        data["traffic"] = {k: float(v) for k, v in (pair.split(":") for pair in args.traffic.split(","))}
+    return ServingProfile.from_dict(data)
+
+
+def _run_child(side: str, argv: list[str]) -> dict:
+    env = {**os.environ, "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH"))}
+    done = subprocess.run(
+        [sys.executable, __file__, *argv, "--child", side],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the {side} process failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_id", nargs="?", default="python:workers.toy:mlp", help="a sweep's model id")
+    p.add_argument("--name", default="model", help="the model's name in the export (with --export)")
+    p.add_argument("--export", help="an export directory: the served side uses compile_tuned with it")
+    p.add_argument("--min", type=int, default=1, help="the range's smallest batch size (default 1)")
+    p.add_argument("--max", type=int, default=32, help="the range's largest batch size (default 32)")
+    p.add_argument("--traffic", help="weights per size, e.g. 1:0.4,8:0.6 (default: uniform over the range)")
+    p.add_argument("--requests", type=int, default=400, help="requests in the trace (default 400)")
+    p.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
+    p.add_argument("--dtype", default="fp32", help="precision policy the model is built in (default fp32)")
+    p.add_argument("--mode", default="default", help="torch.compile mode of the served plan and the oracle")
+    p.add_argument(
+        "--stock-mode", default="default", help="torch.compile mode of the stock user (default default)"
+    )
+    p.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="where the model runs (default cpu)"
+    )
+    p.add_argument("--input-size", type=int, help="the model's input size (a sweep entry's input_size)")
+    p.add_argument("--save", type=Path, help="write every request's measurement to this JSON file")
+    p.add_argument("--small", action="store_true", help="CI's CPU mode: batch 1..4, 40 requests")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.small:
+        args.min, args.max, args.requests = 1, 4, 40
+        argv = [a for a in argv if a != "--small"] + ["--min", "1", "--max", "4", "--requests", "40"]
+    if args.child:
+        print(json.dumps(child(args.child, args)))
+        return 0
+    profile = _profile(args)
+    print(
+        f"{args.model_id}: {profile.describe()}, {args.requests} requests (seed {args.seed}), {args.dtype} on {args.device}"
+    )
+    sides = {side: _run_child(side, argv) for side in SIDES}
+    rows = {side: summary(sides[side], profile) for side in SIDES}
+    print(
+        "| side | prepare s | compiles after prepare | max first call s | stalls s | p50 ms | p99 ms | weighted ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for side, r in rows.items():
+        print(
+            f"| {side} | {r['prepare_s']:.2f} | {r['compiles_after_prepare']} | {r['max_first_call_s']:.3f} | "
+            f"{r['stall_s']:.2f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['weighted_ms']:.3f} |"
+        )
+    served, oracle, stock = (rows[s]["weighted_ms"] for s in SIDES)
+    plan = (sides["served"]["applied"].get("serving") or {}).get("plan")
+    print(
+        f"served plan: {plan}; served / oracle {served / oracle:.3f}x; stock / served {stock / served:.3f}x (stalls excluded)"
+    )
+    if args.save:
+        args.save.write_text(
+            json.dumps({"profile": profile.to_dict(), "sides": sides, "summary": rows}, indent=1)
+        )
+    return 1 if rows["served"]["compiles_after_prepare"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
