@@ -48,7 +48,7 @@ from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, ExportError,
 from compiler.serving.signature import SIGNATURE, write_signature
 from compiler.serving.traffic import ServingProfile
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
-from orchestrator.tune.sweep_models import model_specs, serving_profiles
+from orchestrator.tune.sweep_models import model_specs, serving_line, serving_profiles
 from store.layout import LOCK_FILE, TUNE_FILE
 from store.lock import holding
 from store.schema import read_results
@@ -428,6 +428,7 @@ def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
             f"[{i}/{run.total}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
             f"{result.get('compile_s', 0):.1f} s"
             + _package_line(entry, package, result, run.crashed if package is None else "")
+            + serving_line(entry.get("serving"))
             + f" (elapsed {time.monotonic() - run.started:.0f} s)"
             + bundle_caveat(config, result.get("bundle_artifacts") or {})
         )

@@ -1,6 +1,7 @@
 """What the export reads about a tune's models from its run log (`store.runlog`): each model's
 entry as the sweep file gave it (`model_specs`), and the traffic each model's presets are to
-serve (`serving_profiles`, the `serving:` blocks, `compiler.serving.traffic`). Later runs win."""
+serve (`serving_profiles`, the `serving:` blocks, `compiler.serving.traffic`; later runs win),
+and the export line's words for the serving plan a preset got (`serving_line`)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,15 @@ def serving_profiles(out: Target) -> dict[str, ServingProfile]:
             with contextlib.suppress(ProfileError):
                 profiles[name] = ServingProfile.from_dict(block)
     return profiles
+
+
+def serving_line(serving: dict[str, Any] | None) -> str:
+    """The export line's words for a preset's serving plan (`workers.bench.serving`), or ""."""
+    if not serving:
+        return ""
+    plans = serving.get("plans") or {}
+    timed = ", ".join(f"{p} {v['weighted_ms']:.3f} ms" for p, v in plans.items())
+    on = f" {serving['buckets']}" if serving["plan"] == "buckets" else ""
+    why = "" if serving["padding"].get("ok") else " (padding refused: rows interact)"
+    profile = ServingProfile.from_dict(serving["profile"]).describe()
+    return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed})"

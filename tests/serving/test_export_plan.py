@@ -134,3 +134,30 @@ def test_the_export_reads_each_models_profile_from_the_run_log(tmp_path):
     }
     start_run(tmp_path, "r1", spec, [], {}, 1, 0)
     assert serving_profiles(tmp_path) == spec.serving
+
+
+def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
+    from orchestrator.tune.sweep_models import serving_line
+
+    plans = {"buckets": {"weighted_ms": 0.2}, "dynamic": {"weighted_ms": 0.25}}
+    buckets = {
+        "profile": PROFILE,
+        "plan": "buckets",
+        "buckets": [1, 2, 4, 8],
+        "padding": {"ok": True},
+        "plans": plans,
+    }
+    assert serving_line(buckets) == (
+        ", serves batch 1..8, traffic uniform on buckets [1, 2, 4, 8] (weighted buckets 0.200 ms, dynamic 0.250 ms)"
+    )
+    dynamic = {
+        **buckets,
+        "plan": "dynamic",
+        "buckets": [],
+        "padding": {"ok": False},
+        "plans": {"dynamic": plans["dynamic"]},
+    }
+    assert serving_line(dynamic).endswith(
+        "on dynamic (padding refused: rows interact) (weighted dynamic 0.250 ms)"
+    )
+    assert serving_line(None) == ""
