@@ -50,13 +50,15 @@ PLANS = ("buckets", "dynamic")
 class Preparation:
     """What `ServedModel.prepare` did: the sizes it ran (`sizes`), how long (`prepare_s`), the
     Dynamo graphs it compiled, and the device memory the plan holds once prepared (CUDA only:
-    the rise in allocated bytes, CUDA-graph pools included, and the peak while preparing)."""
+    the rise in allocated bytes, the peak of them while preparing, and the rise in the bytes the
+    caching allocator reserved, where every CUDA-graph pool of the plan lives)."""
 
     sizes: list[int] = field(default_factory=list)
     prepare_s: float = 0.0
     graphs: int | None = None
     memory_bytes: int | None = None
     peak_bytes: int | None = None
+    reserved_bytes: int | None = None
 
 
 def graph_count() -> int | None:
@@ -141,6 +143,7 @@ class ServedModel:
         if cuda is not None:
             torch.cuda.synchronize(cuda)
             before = torch.cuda.memory_allocated(cuda)
+            reserved = torch.cuda.memory_reserved(cuda)
             torch.cuda.reset_peak_memory_stats(cuda)
         graphs0 = graph_count()
         t0 = time.perf_counter()
@@ -159,6 +162,7 @@ class ServedModel:
         if cuda is not None:
             prep.memory_bytes = torch.cuda.memory_allocated(cuda) - before
             prep.peak_bytes = torch.cuda.max_memory_allocated(cuda) - before
+            prep.reserved_bytes = torch.cuda.memory_reserved(cuda) - reserved
         self.preparation = prep
         self._graphs_after = graphs1
         return prep
@@ -255,6 +259,7 @@ class ServedModel:
             "prepare_graphs": prep.graphs,
             "memory_bytes": prep.memory_bytes,
             "peak_bytes": prep.peak_bytes,
+            "reserved_bytes": prep.reserved_bytes,
             "above_max": "chunked",
         }
 

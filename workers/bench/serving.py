@@ -67,6 +67,8 @@ def prepare_serving(run: JobRecord, model: Any, inputs: Any, profile_data: dict[
             "prepare_s": prep.prepare_s,
             "graphs": prep.graphs,
             "memory_bytes": prep.memory_bytes,
+            "peak_bytes": prep.peak_bytes,
+            "reserved_bytes": prep.reserved_bytes,
             "ms": {str(s): at_size[s] for s in sorted(at_size)},
         }
     chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
