@@ -138,6 +138,10 @@ class Job:
     stack: dict[str, str] = field(default_factory=dict)
     baseline: Baseline | None = None
     """Time this config against another compiled config in the same processes (see Baseline)."""
+    serving: dict[str, Any] | None = None
+    """The traffic the model's presets are to serve (`compiler.serving.traffic.ServingProfile` as a
+    dict, from the sweep file's `serving:`): a label the row records, not part of the job's
+    identity (the job measures its one batch size either way)."""
 
     @property
     def name(self) -> str:

@@ -77,6 +77,12 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "cache) or the checkpoint directory they came from",
     ),
     (
+        "serving_profile",
+        pa.string(),
+        "the traffic the model's presets are to serve, from the sweep file's serving: (JSON: batch min and "
+        "max, a weight per size); null where the sweep gives none",
+    ),
+    (
         "baseline_config",
         pa.string(),
         "a config compiled and timed in the same processes as this one (orchestrate tune's confirmation); "

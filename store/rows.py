@@ -86,6 +86,7 @@ def make_row(
         runtime=result.get("runtime") or runtime.to_json(job.config.runtime),
         baseline_config=job.baseline.config.name if job.baseline else None,
         baseline_dtype=job.baseline.dtype if job.baseline else None,
+        serving_profile=json.dumps(job.serving, sort_keys=True) if job.serving else None,
         status=result.get("status", "crash"),
         started_at=_timestamp(result.get("started_at")),
         wall_s=wall_s,

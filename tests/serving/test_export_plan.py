@@ -119,15 +119,18 @@ def test_the_bundle_job_prepares_the_plan_and_a_fresh_process_serves_it_from_the
         assert applied["cache_artifacts"].get("inductor", 0) >= (6 if plan == "buckets" else 2), applied
 
 
+SERVING_SWEEP = (
+    "name: s\nserving: {batch: {min: 1, max: 32}}\nmodels:\n"
+    "  - {id: python:workers.toy:mlp, name: mlp, serving: {batch: {min: 2, max: 8}}}\n"
+    "  - {id: python:workers.toy:linear, name: lin}\n"
+    "batch_sizes: [4]\nconfigs: {default: {}}\n"
+)
+
+
 def test_the_export_reads_each_models_profile_from_the_run_log(tmp_path):
     from orchestrator.spec.sweep import parse_spec
 
-    spec = parse_spec(
-        "name: s\nserving: {batch: {min: 1, max: 32}}\nmodels:\n"
-        "  - {id: python:workers.toy:mlp, name: mlp, serving: {batch: {min: 2, max: 8}}}\n"
-        "  - {id: python:workers.toy:linear, name: lin}\n"
-        "batch_sizes: [4]\nconfigs: {default: {}}\n"
-    )
+    spec = parse_spec(SERVING_SWEEP)
     assert {k: v.describe() for k, v in spec.serving.items()} == {
         "mlp": "batch 2..8, traffic uniform",
         "lin": "batch 1..32, traffic uniform",
@@ -161,3 +164,19 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
         "on dynamic (padding refused: rows interact) (weighted dynamic 0.250 ms)"
     )
     assert serving_line(None) == ""
+
+
+def test_rows_record_each_models_profile_and_job_ids_do_not_depend_on_it():
+    from orchestrator.spec.matrix import expand
+    from orchestrator.spec.sweep import parse_spec
+    from store.rows import failure_row
+
+    jobs = expand(parse_spec(SERVING_SWEEP), {"cpu": "cpu"}, stack={})
+    rows = {j.model.name: failure_row(j, "crash", "x", run_id="r1") for j in jobs}
+    assert json.loads(rows["mlp"]["serving_profile"])["batch"] == {"min": 2, "max": 8}
+    assert json.loads(rows["lin"]["serving_profile"])["batch"] == {"min": 1, "max": 32}
+    plain = "\n".join(line for line in SERVING_SWEEP.splitlines() if not line.startswith("serving"))
+    plain = plain.replace(", serving: {batch: {min: 2, max: 8}}", "")
+    unlabelled = expand(parse_spec(plain + "\n"), {"cpu": "cpu"}, stack={})
+    assert [j.job_id for j in unlabelled] == [j.job_id for j in jobs]  # a label, not identity: --resume holds
+    assert failure_row(unlabelled[0], "crash", "x", run_id="r1")["serving_profile"] is None
