@@ -98,6 +98,12 @@ PRESET_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ),
     ("accuracy_why", pa.string(), "why the precision decision is what it is"),
     ("weights", pa.string(), "the weights that judged it: random, pretrained or a checkpoint directory"),
+    (
+        "serving_profile",
+        pa.string(),
+        "the traffic the preset is to serve, from its row (the sweep file's serving:, JSON); the export gives "
+        "such a preset a serving plan for it",
+    ),
     ("max_rel_err", pa.float64(), "the preset's max relative error against fp64 (its row's)"),
     ("stock_max_rel_err", pa.float64(), "the stock policy's eager error against fp64 on the cell"),
     (

@@ -78,8 +78,8 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   (`compiler.job.MEASURING`); older files' rows are recomputed so on read (`upgrade_results`).
 - 14: results gain `cache_rejected`, the shared-cache entries a job did not use: unsealed, sealed
   with another key, or handed back by a compile that then failed and succeeded without the cache.
-- 15: results gain `serving_profile`, the traffic the model's presets are to serve (the sweep
-  file's `serving:`, `compiler.serving.traffic`).
+- 15: results and `presets` gain `serving_profile`, the traffic the model's presets are to serve
+  (the sweep file's `serving:`, `compiler.serving.traffic`).
 """
 FP32_MEANT_STRICT_BEFORE = 9
 """Schema versions below this wrote `fp32` for what is `fp32-strict` now."""

@@ -187,6 +187,7 @@ def preset_entry(best: dict[str, Any], cell_dtype: str, **fields: Any) -> dict[s
         "cuda_version": best.get("cuda_version"),
         "driver_version": best.get("driver_version"),
         "python_version": best.get("python_version"),
+        "serving_profile": best.get("serving_profile"),
     }
     entry.update(fields)
     return entry
