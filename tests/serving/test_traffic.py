@@ -75,3 +75,14 @@ def test_choose_buckets_is_the_exact_optimum_of_the_weighted_padded_latency():
     assert choose_buckets(at, profile, 4) == [1, 3, 7, 12]  # every size the traffic sends
     with pytest.raises(ValueError, match="max 12"):
         choose_buckets({s: 1.0 for s in range(1, 9)}, profile, 3)
+
+
+def test_the_export_drops_a_bucket_whose_sizes_the_next_one_up_serves_as_fast():
+    from workers.bench.serving import bucket_set
+
+    profile = ServingProfile.uniform(1, 8)
+    at_bucket = {1: 0.5, 2: 0.6, 3: 0.7, 4: 0.95, 6: 0.9, 8: 0.9}  # 4 and 6 no faster than 8
+    got = bucket_set(at_bucket, profile)
+    assert got["buckets"] == [1, 2, 3, 8], got
+    assert got["weighted_ms"] == pytest.approx((0.5 + 0.6 + 0.7 + 5 * 0.9) / 8)
+    assert bucket_set({1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0}, profile)["buckets"] == [1, 2, 4, 8]

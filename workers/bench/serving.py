@@ -5,8 +5,10 @@ After the preset's cold compile at its batch size, the padding check runs on the
 (`compiler.serving.padding`, the preset precision's tolerance). The plans it allows (buckets, on
 the default ladder up to the range's max, only where padding leaves the real rows' outputs as
 they were; one dynamic-batch graph always) are each prepared as `compile_tuned` prepares them
-(`compiler.serving.served`) and timed at the sizes the traffic sends; the plan with the lower
-traffic-weighted mean latency is the preset's (neither wins everywhere: in bf16 under CUDA graphs
+(`compiler.serving.served`) and timed at the sizes the traffic sends; the buckets plan keeps the
+subset of the ladder that serves the traffic fastest by the buckets' own latencies (a bucket goes
+where the next one up is as fast), and the plan with the lower traffic-weighted mean latency is
+the preset's (neither wins everywhere: in bf16 under CUDA graphs
 ResNet-50 runs faster on buckets, ViT on one dynamic graph). Every graph compiled
 here is in the bundle written next, so a serving process prepares its plan from cache hits. The
 result's `serving` is what serving.json records for the preset: the profile, the plan, its
@@ -61,7 +63,7 @@ def prepare_serving(run: JobRecord, model: Any, inputs: Any, profile_data: dict[
             rows_independent=check.ok,
         )
         prep = served.prepare()
-        at_size = time_sizes(served, example, profile, cuda)
+        at_size, at_bucket = time_sizes(served, example, profile, cuda, buckets if plan == "buckets" else [])
         plans[plan] = {
             "weighted_ms": weighted_mean(at_size, profile),
             "prepare_s": prep.prepare_s,
@@ -71,27 +73,48 @@ def prepare_serving(run: JobRecord, model: Any, inputs: Any, profile_data: dict[
             "reserved_bytes": prep.reserved_bytes,
             "ms": {str(s): at_size[s] for s in sorted(at_size)},
         }
+        if plan == "buckets":
+            plans[plan].update(bucket_set(at_bucket, profile))
     chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
     run.result["serving"] = {
         "profile": profile.to_dict(),
         "plan": chosen,
-        "buckets": buckets if chosen == "buckets" else [],
+        "buckets": plans[chosen].get("buckets", []),
         "padding": check.to_dict(),
         "plans": plans,
     }
 
 
-def time_sizes(served: Any, example: tuple, profile: Any, cuda: bool) -> dict[int, float]:
+def bucket_set(at_bucket: dict[int, float], profile: Any) -> dict[str, Any]:
+    """The buckets plan's set, chosen from the ladder's buckets by their measured latencies
+    (`compiler.serving.traffic.choose_buckets`: the least traffic-weighted padded latency, ties to
+    fewer buckets; a bucket is dropped where the next one up serves its sizes as fast), and that set's
+    weighted latency, which the plans are compared by (`weighted_ms`; the full ladder's, as
+    measured, is `ladder_weighted_ms`)."""
+    from compiler.serving.traffic import choose_buckets, padded_latency, weighted_mean
+
+    chosen = choose_buckets(at_bucket, profile, len(at_bucket))
+    return {
+        "buckets": chosen,
+        "ladder_ms": {str(b): at_bucket[b] for b in sorted(at_bucket)},
+        "weighted_ms": weighted_mean(padded_latency(chosen, at_bucket, profile), profile),
+    }
+
+
+def time_sizes(
+    served: Any, example: tuple, profile: Any, cuda: bool, buckets: list[int]
+) -> tuple[dict[int, float], dict[int, float]]:
     """The prepared plan's latency (ms, median of `TIMED_CALLS`) at every size the traffic sends
     (or, beyond `TIMED_SIZES` of them, at the bucket ladder's sizes, each size costed at the next
-    one up)."""
+    one up), and at each of `buckets` (each run at its own size, unpadded)."""
     import torch
 
     from compiler.serving.padding import resize_batch
     from compiler.serving.traffic import default_buckets, next_bucket
 
     sizes = [s for s, _ in profile.traffic]
-    timed = sizes if len(sizes) <= TIMED_SIZES else default_buckets(profile.min, profile.max)
+    ladder = default_buckets(profile.min, profile.max)
+    timed = sorted(set(sizes if len(sizes) <= TIMED_SIZES else ladder) | set(buckets))
     measured: dict[int, float] = {}
     for size in timed:
         args, kwargs = resize_batch(*example, size)
@@ -106,4 +129,5 @@ def time_sizes(served: Any, example: tuple, profile: Any, cuda: bool) -> dict[in
             if i:
                 times.append((time.perf_counter() - t0) * 1e3)
         measured[size] = statistics.median(times)
-    return {s: measured[s] if s in measured else measured[next_bucket(timed, s)] for s in sizes}
+    at_size = {s: measured[s] if s in measured else measured[next_bucket(ladder, s)] for s in sizes}
+    return at_size, {b: measured[b] for b in buckets}
