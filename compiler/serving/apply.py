@@ -57,7 +57,7 @@ from compiler.serving.choice import (
     unsupported_here,
 )
 from compiler.serving.files import ExportError, ExportFiles, open_export, preset_config, warn_caller
-from compiler.serving.served import serve_range
+from compiler.serving.served import BucketPackages, exported_plan_applies, serve_range
 from compiler.serving.settings import ProcessSettings
 from compiler.serving.signature import SignatureError, named_key, verify
 from compiler.serving.traffic import ServingProfile, as_profile
@@ -276,7 +276,7 @@ class _Tuning:
         self.model = self.config.prepare_model(self.model)
         self.settings.inductor(self.config)
         if self.profile is not None or self.entry.get("serving"):
-            return self.casting(self.ranged()), self.applied
+            return self.casting(self.ranged(use_package)), self.applied
         if self.entry.get("package"):
             if use_package and self.applied.match == "exact":
                 packaged = self.packaged()
@@ -321,26 +321,30 @@ class _Tuning:
         self.artifacts.install_bundle()
         return torch.compile(self.model, **self.config.compile_kwargs())
 
-    def ranged(self) -> Any:
+    def ranged(self, use_package: bool) -> Any:
         """The model served over the batch-size range (`compiler.serving.served.serve_range`),
-        every size prepared now; `applied.serving` says how."""
+        every size prepared now: from the plan's bucket packages where the export has one for
+        every bucket of its plan (and `use_package`), else from the bundle through `torch.compile`;
+        `applied.serving` says how."""
         import torch
 
         assert self.artifacts is not None
-        self.artifacts.install_bundle()
-        if self.entry.get("package"):
-            self.applied.package = "skipped"
+        example = self._cast_call()
         kwargs = self.config.compile_kwargs()
-        served = serve_range(
-            lambda dynamic: torch.compile(self.model, **{**kwargs, "dynamic": dynamic}),
-            self.model,
-            self._cast_call(),
-            self.profile,
-            self.entry,
-            self.config,
-            self.applied,
-        )
-        return served
+
+        def compile_preset(dynamic: bool | None = False) -> Any:
+            return torch.compile(self.model, **{**kwargs, "dynamic": dynamic})
+
+        packages = None
+        if use_package and exported_plan_applies(self.entry, self.profile):
+            packages = self.artifacts.bucket_packages(self.model, *example, compile_preset)
+        if packages is None:
+            self.artifacts.install_bundle()
+            has_package = self.entry.get("package") or (self.entry.get("serving") or {}).get("packages")
+            if has_package and self.applied.package == "none":
+                self.applied.package = "skipped"
+        compile = compile_preset if packages is None else (lambda dynamic: BucketPackages(packages))
+        return serve_range(compile, self.model, example, self.profile, self.entry, self.config, self.applied)
 
     def _cast_call(self) -> tuple[tuple, dict]:
         """The example inputs as (args, kwargs), cast to the preset's dtype where it is not the model's."""

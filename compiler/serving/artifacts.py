@@ -102,24 +102,81 @@ class PresetArtifacts:
         example inputs (`args`, `kwargs`, in the preset's dtype), or None (with `applied.package`
         and a warning saying why) to compile instead. `compile_preset` compiles the preset for an
         input signature the package was not built for."""
-        import torch
-
         from compiler import aoti
-        from compiler.measure import compare_outputs
 
         applied, entry = self.applied, self.entry
         if aoti.signature(args, kwargs) != entry.get("package_inputs"):
             applied.package = "skipped"
             return None
         applied.package_file = self.export.where(entry["package"])
+        t0 = time.perf_counter()
+        packaged, state = self.load_package(
+            entry["package"],
+            entry["package_inputs"],
+            bool(entry.get("package_cudagraphs")),
+            model,
+            args,
+            kwargs,
+            compile_preset,
+        )
+        applied.package = state
+        if packaged is not None:
+            applied.compile_s = time.perf_counter() - t0
+        return packaged
+
+    def bucket_packages(
+        self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], compile_preset: Callable[[], Any]
+    ) -> dict[int, Any] | None:
+        """The package of every bucket of the preset's serving plan (`serving.packages`), each loaded
+        with the weights of `model`, captured and checked against eager on the example inputs resized
+        to its bucket; None (with a warning where one failed) to prepare the plan from the bundle."""
+        from compiler.serving.padding import resize_batch
+
+        serving = self.entry.get("serving") or {}
+        packages = serving.get("packages") or {}
+        buckets = serving.get("buckets") or []
+        if serving.get("plan") != "buckets" or not buckets or set(packages) != {str(b) for b in buckets}:
+            return None
+        loaded = {}
+        for bucket in buckets:
+            p = packages[str(bucket)]
+            b_args, b_kwargs = resize_batch(args, kwargs, bucket)
+            packaged, state = self.load_package(
+                p["file"], p["inputs"], bool(p.get("cudagraphs")), model, b_args, b_kwargs, compile_preset
+            )
+            if packaged is None:
+                self.applied.package = state
+                return None
+            loaded[bucket] = packaged
+        self.applied.package = "loaded"
+        self.applied.package_file = self.export.where(packages[str(buckets[0])]["file"])
+        return loaded
+
+    def load_package(
+        self,
+        rel: str,
+        inputs: Any,
+        cudagraphs: bool,
+        model: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        compile_preset: Callable[[], Any],
+    ) -> tuple[Any, str]:
+        """(the package `rel`, serving the input signature `inputs`, loaded with the weights of
+        `model`, captured on `args`/`kwargs` and checked against eager on them, `loaded`), or
+        (None, `refused` or `failed`) with a warning saying why."""
+        import torch
+
+        from compiler import aoti
+        from compiler.measure import compare_outputs
+
+        where = self.export.where(rel)
         with torch.no_grad():  # the reference the package must reproduce
             reference = model(*args, **kwargs)
         device = next((t.device for t in aoti.tensors(reference)), None)
-        t0 = time.perf_counter()
-        data = self.file(entry["package"], "compiling the preset instead")
+        data = self.file(rel, "compiling the preset instead")
         if data is None:
-            applied.package = "refused"
-            return None
+            return None, "refused"
         try:
             with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
                 path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
@@ -127,10 +184,10 @@ class PresetArtifacts:
                 packaged = aoti.PackagedModel.load(
                     path,
                     model,
-                    entry["package_inputs"],
+                    inputs,
                     # CUDA graphs only where the model runs on CUDA: an export written before
                     # build_package knew this marked CPU reduce-overhead packages for them too
-                    bool(entry.get("package_cudagraphs")) and device is not None and device.type == "cuda",
+                    cudagraphs and device is not None and device.type == "cuda",
                     compile_preset,
                 )
             packaged.capture(args, kwargs)
@@ -138,21 +195,14 @@ class PresetArtifacts:
                 out = packaged(*args, **kwargs)
             if device is not None and device.type == "cuda":
                 torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - t0
         except Exception as exc:  # a package that will not load here: the preset compiles instead
-            applied.package = "failed"
-            self.warn(
-                f"compile_tuned: {applied.package_file}: {type(exc).__name__}: {exc}; compiling the preset instead"
-            )
-            return None
-        cmp = compare_outputs(aoti.tensors(reference), aoti.tensors(out), applied.precision or "fp32")
+            self.warn(f"compile_tuned: {where}: {type(exc).__name__}: {exc}; compiling the preset instead")
+            return None, "failed"
+        cmp = compare_outputs(aoti.tensors(reference), aoti.tensors(out), self.applied.precision or "fp32")
         if not cmp.ok:
-            applied.package = "failed"
             self.warn(
-                f"compile_tuned: {applied.package_file}: its outputs differ from eager ({cmp.detail}); compiling "
+                f"compile_tuned: {where}: its outputs differ from eager ({cmp.detail}); compiling "
                 "the preset instead"
             )
-            return None
-        applied.package = "loaded"
-        applied.compile_s = elapsed
-        return packaged
+            return None, "failed"
+        return packaged, "loaded"

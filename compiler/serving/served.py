@@ -272,6 +272,27 @@ def _mark_batch(t: Any, batch: int, low: int, high: int) -> Any:
     return t
 
 
+def exported_plan_applies(entry: dict[str, Any], profile: ServingProfile | None) -> bool:
+    """Whether the preset `entry` was exported with a serving plan whose range covers `profile`
+    (or no profile was asked for): `serve_range` then serves that plan."""
+    exported = entry.get("serving") or {}
+    if not exported.get("profile"):
+        return False
+    theirs = ServingProfile.from_dict(exported["profile"])
+    return profile is None or theirs.min <= profile.min <= profile.max <= theirs.max
+
+
+class BucketPackages:
+    """A buckets plan served from AOTInductor packages (`compiler.aoti.PackagedModel`, one per
+    bucket, loaded and captured by `compile_tuned`): a call runs the package of its batch size."""
+
+    def __init__(self, packages: dict[int, Any]):
+        self.packages = packages
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.packages[batch_size(args, kwargs)](*args, **kwargs)
+
+
 def serve_range(
     compile: Callable[[bool | None], Callable[..., Any]],
     model: Any,
@@ -290,9 +311,9 @@ def serve_range(
     from compiler.serving.traffic import default_buckets
 
     exported = entry.get("serving") or {}
-    theirs = ServingProfile.from_dict(exported["profile"]) if exported.get("profile") else None
-    if theirs is not None and (profile is None or theirs.min <= profile.min <= profile.max <= theirs.max):
-        profile, plan, buckets = theirs, exported["plan"], list(exported.get("buckets") or [])
+    if exported_plan_applies(entry, profile):
+        profile = ServingProfile.from_dict(exported["profile"])
+        plan, buckets = exported["plan"], list(exported.get("buckets") or [])
         check, plan_from = exported.get("padding") or {}, "export"
     else:
         assert profile is not None

@@ -48,7 +48,7 @@ from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, ExportError,
 from compiler.serving.signature import SIGNATURE, write_signature
 from compiler.serving.traffic import ServingProfile
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
-from orchestrator.tune.sweep_models import model_specs, serving_line, serving_profiles
+from orchestrator.tune.sweep_models import model_specs, packaged_plan, serving_line, serving_profiles
 from store.layout import LOCK_FILE, TUNE_FILE
 from store.lock import holding
 from store.schema import read_results
@@ -80,7 +80,7 @@ def _bundle_name(entry: dict[str, Any], folder: str = BUNDLES, suffix: str = ".b
 def _bundle_outcome(result: dict[str, Any], bundle: Path) -> dict[str, Any]:
     """The bundle job's result, with a job that timed out or crashed while building the package
     (after its bundle was written) counted as a made bundle and a package error."""
-    made = result.get("phase") == "package" and result.get("bundle_bytes")
+    made = result.get("phase") in ("package", "serving_packages") and result.get("bundle_bytes")
     if result.get("status") != "ok" and made and bundle.exists() and bundle.stat().st_size == made:
         first = (result.get("error") or "").splitlines()[0][:300] if result.get("error") else ""
         return {**result, "status": "ok", "package_error": f"{result['status']}: {first}"}
@@ -423,7 +423,7 @@ def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
         entry["bundle_compile_s"] = result.get("compile_s")
         entry["bundle_artifacts"] = result.get("bundle_artifacts")
         if result.get("serving"):
-            entry["serving"] = result["serving"]
+            entry["serving"] = packaged_plan(result["serving"], PACKAGES)
         run.log(
             f"[{i}/{run.total}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
             f"{result.get('compile_s', 0):.1f} s"

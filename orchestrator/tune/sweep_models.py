@@ -65,4 +65,20 @@ def serving_line(serving: dict[str, Any] | None) -> str:
     on = f" {serving['buckets']}" if serving["plan"] == "buckets" else ""
     why = "" if serving["padding"].get("ok") else " (padding refused: rows interact)"
     profile = ServingProfile.from_dict(serving["profile"]).describe()
-    return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed})"
+    packages = serving.get("packages")
+    if packages:
+        packed = f", a package per bucket ({sum(p.get('compile_s') or 0 for p in packages.values()):.0f} s)"
+    else:
+        packed = (
+            f", no bucket packages ({serving['package_error'][:200]})" if serving.get("package_error") else ""
+        )
+    return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed}){packed}"
+
+
+def packaged_plan(serving: dict[str, Any], folder: str) -> dict[str, Any]:
+    """A bundle job's serving plan as serving.json records it: each bucket's package file named by
+    its path in the export (`folder`/FILE)."""
+    packages = serving.get("packages")
+    if not packages:
+        return serving
+    return {**serving, "packages": {b: {**p, "file": f"{folder}/{p['file']}"} for b, p in packages.items()}}

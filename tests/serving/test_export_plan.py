@@ -17,8 +17,9 @@ from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, sha256_file
 from orchestrator.tune.sweep_models import serving_profiles
 from store.runlog import start_run
-from tests.tune.test_export_apply import ROOT
+from tests.tune.test_export_apply import ROOT, edit_presets, write_export
 from workers.runner import build_bundle
+from workers.toy import mlp as toy_mlp
 
 pytestmark = pytest.mark.integration
 
@@ -164,6 +165,9 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
         "on dynamic (padding refused: rows interact) (weighted dynamic 0.250 ms)"
     )
     assert serving_line(None) == ""
+    packed = {**buckets, "packages": {"1": {"compile_s": 10.0}, "2": {"compile_s": 12.4}}}
+    assert serving_line(packed).endswith(", a package per bucket (22 s)")
+    assert serving_line({**buckets, "package_error": "bucket 4: boom"}).endswith(", no bucket packages (bucket 4: boom)")
 
 
 def test_rows_record_each_models_profile_and_job_ids_do_not_depend_on_it():
@@ -180,3 +184,74 @@ def test_rows_record_each_models_profile_and_job_ids_do_not_depend_on_it():
     unlabelled = expand(parse_spec(plain + "\n"), {"cpu": "cpu"}, stack={})
     assert [j.job_id for j in unlabelled] == [j.job_id for j in jobs]  # a label, not identity: --resume holds
     assert failure_row(unlabelled[0], "crash", "x", run_id="r1")["serving_profile"] is None
+
+
+def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_path):
+    """Each bucket's AOTInductor package loaded with the caller's weights and checked against
+    eager at load: the plan is prepared without tracing or compiling anything (0 Dynamo graphs),
+    and every size of the range served from the packages."""
+    from compiler import aoti
+
+    packages = {}
+    for bucket in (2, 4, 8):
+        model, inputs = toy_mlp(bucket)
+        info = aoti.build_package(model, inputs, CompileConfig(name="default"), tmp_path / f"p{bucket}.pt2")
+        packages[str(bucket)] = {
+            "file": f"packages/mlp-b{bucket}.pt2",
+            "inputs": info["package_inputs"],
+            "cudagraphs": False,
+        }
+    dest = write_export(tmp_path / "export", package=(tmp_path / "p4.pt2").read_bytes())
+    for bucket in (2, 4, 8):
+        (dest / "packages" / f"mlp-b{bucket}.pt2").write_bytes((tmp_path / f"p{bucket}.pt2").read_bytes())
+    plan = {
+        "profile": PROFILE,
+        "plan": "buckets",
+        "buckets": [2, 4, 8],
+        "padding": {"ok": True},
+        "packages": packages,
+    }
+    edit_presets(dest, lambda p: p["presets"][0].update(serving=plan))
+    manifest = json.loads((dest / MANIFEST).read_text())
+    manifest["files"] = {
+        str(p.relative_to(dest)): sha256_file(p)
+        for p in dest.rglob("*")
+        if p.is_file() and p.name != MANIFEST
+    }
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, str(dest), "mlp"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    applied = got["applied"]
+    assert applied["package"] == "loaded" and applied["serving"]["plan_from"] == "export", applied
+    assert applied["serving"]["prepare_graphs"] == 0 and applied["bundle"] == "none", (
+        applied
+    )  # no Dynamo at all
+    assert got["compiles"] == 0 and got["worst"] < 1e-4, got
+
+
+@pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
+def test_the_bundle_job_builds_a_package_per_bucket_of_a_buckets_plan(tmp_path):
+    from workers.bench.run import JobRun
+    from workers.bench.serving import build_bucket_packages
+
+    run = JobRun.for_preset(
+        "export",
+        "cpu",
+        {"model_spec": {"id": "python:workers.toy:mlp", "name": "mlp"}, "batch_size": 4},
+        CompileConfig(name="default"),
+        "fp32",
+    )
+    model, inputs = toy_mlp(4)
+    run.result["serving"] = {"plan": "buckets", "buckets": [2, 8]}
+    build_bucket_packages(run, model, inputs, tmp_path / "mlp.pt2")
+    packages = run.result["serving"]["packages"]
+    assert sorted(packages) == ["2", "8"] and "package_error" not in run.result["serving"], run.result
+    for bucket, p in packages.items():
+        assert p["file"] == f"mlp-b{bucket}.pt2" and (tmp_path / p["file"]).stat().st_size > 0
+        assert p["inputs"] == [[[int(bucket), 128], "float32", "cpu"]], p
+    run.result["serving"] = {"plan": "dynamic", "buckets": []}  # a dynamic plan has no bucket packages
+    build_bucket_packages(run, model, inputs, tmp_path / "other.pt2")
+    assert "packages" not in run.result["serving"] and not list(tmp_path.glob("other*"))

@@ -25,7 +25,7 @@ from workers.bench.compile import compile_phase
 from workers.bench.flops import count_flops
 from workers.bench.imports import imports, unsupported_here
 from workers.bench.record import JobRecord
-from workers.bench.serving import prepare_serving
+from workers.bench.serving import build_bucket_packages, prepare_serving
 from workers.bench.timing import timed_rounds
 from workers.bench.warmup import compiled_warmup, eager_phase
 
@@ -171,6 +171,7 @@ class JobRun(JobRecord):
             return self.fail("compile_error", exc)
         if write_bundle(self, bundle) and package is not None:
             build_package(self, model, input_sets[0], package)
+            build_bucket_packages(self, model, input_sets[0], package)
 
 
 USAGE = (

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from workers.bench.record import JobRecord
@@ -131,3 +132,53 @@ def time_sizes(
         measured[size] = statistics.median(times)
     at_size = {s: measured[s] if s in measured else measured[next_bucket(ladder, s)] for s in sizes}
     return at_size, {b: measured[b] for b in buckets}
+
+
+def build_bucket_packages(run: JobRecord, model: Any, inputs: Any, package: Path) -> None:
+    """Phase `serving_packages`, for a preset whose serving plan is buckets: one AOTInductor package per
+    bucket (`compiler.aoti.build_package`, the cell's inputs resized to the bucket), written beside
+    `package` as `<stem>-b<N>.pt2`, so that a serving process loads every bucket without tracing or
+    compiling. Recorded in `run.result["serving"]["packages"]` by bucket (its file name, input
+    signature, CUDA graphs, compile seconds); a bucket whose package fails leaves `package_error`
+    there and no packages at all (the plan is then prepared from the bundle)."""
+    import copy
+
+    from compiler import aoti
+    from compiler.aoti import split_inputs
+    from compiler.serving.padding import resize_batch
+
+    serving = run.result.get("serving") or {}
+    if serving.get("plan") != "buckets":
+        return
+    run.enter("serving_packages")
+    cfg = run.job.config
+    why = aoti.packageable(cfg)
+    if why:
+        serving["package_error"] = f"not packaged: {why}"
+        return
+    args, kwargs = split_inputs(inputs)
+    built: dict[str, dict[str, Any]] = {}
+    for bucket in serving["buckets"]:
+        b_args, b_kwargs = resize_batch(args, kwargs, bucket)
+        path = package.with_name(f"{package.stem}-b{bucket}.pt2")
+        try:
+            info = aoti.build_package(
+                cfg.prepare_model(copy.deepcopy(model)),
+                b_kwargs if isinstance(inputs, dict) else b_args,
+                cfg,
+                path,
+            )
+        except Exception as exc:
+            serving["package_error"] = (
+                f"bucket {bucket}: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            )
+            for done in built.values():
+                (package.parent / done["file"]).unlink(missing_ok=True)
+            return
+        built[str(bucket)] = {
+            "file": path.name,
+            "inputs": info["package_inputs"],
+            "cudagraphs": info["package_cudagraphs"],
+            "compile_s": info["package_compile_s"],
+        }
+    serving["packages"] = built
