@@ -41,3 +41,56 @@ def test_a_reduce_overhead_preset_serves_every_size_of_its_range_without_compili
         with torch.no_grad():
             torch.testing.assert_close(out, model(x=x), rtol=1e-3, atol=1e-3)
     assert graph_count() == before, "a size of the range compiled after preparation"
+
+
+def test_a_buckets_plan_of_packages_is_captured_at_load_and_served_without_dynamo(tmp_path):
+    """Each bucket's AOTInductor package of a reduce-overhead preset, loaded with the caller's
+    weights and captured in a CUDA graph at load: no Dynamo graph at all, every size served."""
+    import json
+
+    from compiler import aoti
+    from compiler.config import CompileConfig
+    from compiler.serving import MANIFEST, sha256_file
+
+    torch._dynamo.reset()
+    config = CompileConfig(name="ro", mode="reduce-overhead")
+    packages = {}
+    for bucket in (4, 16):
+        model, inputs = toy.mlp(bucket)
+        model, inputs = model.cuda(), {k: v.cuda() for k, v in inputs.items()}
+        info = aoti.build_package(model, inputs, config, tmp_path / f"p{bucket}.pt2")
+        assert info["package_cudagraphs"] is True
+        packages[str(bucket)] = {
+            "file": f"packages/b{bucket}.pt2",
+            "inputs": info["package_inputs"],
+            "cudagraphs": True,
+        }
+    dest = write_export(tmp_path / "export", hardware=hardware_class("cuda"))
+    (dest / "packages").mkdir()
+    for bucket in (4, 16):
+        (dest / "packages" / f"b{bucket}.pt2").write_bytes((tmp_path / f"p{bucket}.pt2").read_bytes())
+    plan = {
+        "profile": {"batch": {"min": 1, "max": 16}},
+        "plan": "buckets",
+        "buckets": [4, 16],
+        "padding": {"ok": True},
+    }
+    edit_presets(dest, lambda p: p["presets"][0].update(serving={**plan, "packages": packages}))
+    manifest = json.loads((dest / MANIFEST).read_text())
+    manifest["files"] = {
+        str(p.relative_to(dest)): sha256_file(p)
+        for p in dest.rglob("*")
+        if p.is_file() and p.name != MANIFEST
+    }
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    model, inputs = toy.mlp(4)
+    model, inputs = model.cuda(), {k: v.cuda() for k, v in inputs.items()}
+    before = graph_count()
+    compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", dtype="fp32", strict=True)
+    assert applied.package == "loaded" and applied.serving["prepare_graphs"] == 0, applied
+    for n in range(1, 17):
+        x = torch.randn(n, 128, device="cuda")
+        out = compiled(x=x).clone()
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x=x), rtol=1e-3, atol=1e-3)
+    assert graph_count() == before, "Dynamo compiled something"
