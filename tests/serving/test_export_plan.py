@@ -167,7 +167,9 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
     assert serving_line(None) == ""
     packed = {**buckets, "packages": {"1": {"compile_s": 10.0}, "2": {"compile_s": 12.4}}}
     assert serving_line(packed).endswith(", a package per bucket (22 s)")
-    assert serving_line({**buckets, "package_error": "bucket 4: boom"}).endswith(", no bucket packages (bucket 4: boom)")
+    assert serving_line({**buckets, "package_error": "bucket 4: boom"}).endswith(
+        ", no bucket packages (bucket 4: boom)"
+    )
 
 
 def test_rows_record_each_models_profile_and_job_ids_do_not_depend_on_it():
