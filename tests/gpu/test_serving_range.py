@@ -9,7 +9,7 @@ import torch
 from compiler.hardware import hardware_class
 from compiler.serving import compile_tuned
 from compiler.serving.served import graph_count
-from tests.tune.test_export_apply import edit_presets, write_export
+from tests.tune.test_export_apply import edit_presets, rehash, write_export
 from workers import toy
 
 pytestmark = [
@@ -46,11 +46,8 @@ def test_a_reduce_overhead_preset_serves_every_size_of_its_range_without_compili
 def test_a_buckets_plan_of_packages_is_captured_at_load_and_served_without_dynamo(tmp_path):
     """Each bucket's AOTInductor package of a reduce-overhead preset, loaded with the caller's
     weights and captured in a CUDA graph at load: no Dynamo graph at all, every size served."""
-    import json
-
     from compiler import aoti
     from compiler.config import CompileConfig
-    from compiler.serving import MANIFEST, sha256_file
 
     torch._dynamo.reset()
     config = CompileConfig(name="ro", mode="reduce-overhead")
@@ -75,14 +72,7 @@ def test_a_buckets_plan_of_packages_is_captured_at_load_and_served_without_dynam
         "buckets": [4, 16],
         "padding": {"ok": True},
     }
-    edit_presets(dest, lambda p: p["presets"][0].update(serving={**plan, "packages": packages}))
-    manifest = json.loads((dest / MANIFEST).read_text())
-    manifest["files"] = {
-        str(p.relative_to(dest)): sha256_file(p)
-        for p in dest.rglob("*")
-        if p.is_file() and p.name != MANIFEST
-    }
-    (dest / MANIFEST).write_text(json.dumps(manifest))
+    rehash(edit_presets(dest, lambda p: p["presets"][0].update(serving={**plan, "packages": packages})))
     model, inputs = toy.mlp(4)
     model, inputs = model.cuda(), {k: v.cuda() for k, v in inputs.items()}
     before = graph_count()

@@ -14,10 +14,10 @@ import pytest
 from compiler.config import CompileConfig
 from compiler.hardware import hardware_class, software_stack
 from compiler.job import Job, MeasureSpec, ModelSpec
-from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, sha256_file
+from compiler.serving import EXPORT_FORMAT, SERVING_FILE
 from orchestrator.tune.sweep_models import serving_profiles
 from store.runlog import start_run
-from tests.tune.test_export_apply import ROOT, edit_presets, write_export
+from tests.tune.test_export_apply import ROOT, edit_presets, rehash, write_export
 from workers.runner import build_bundle
 from workers.toy import mlp as toy_mlp
 
@@ -93,14 +93,8 @@ def test_the_bundle_job_prepares_the_plan_and_a_fresh_process_serves_it_from_the
             }
         )
     (dest / SERVING_FILE).write_text(json.dumps({"format": 1, "presets": entries, "defaults": {}}))
-    files = {str(p.relative_to(dest)): sha256_file(p) for p in dest.rglob("*") if p.is_file()}
-    manifest = {
-        "format": EXPORT_FORMAT,
-        "hardware": hardware_class(),
-        "stack": software_stack(),
-        "files": files,
-    }
-    (dest / MANIFEST).write_text(json.dumps(manifest))
+    manifest = {"format": EXPORT_FORMAT, "hardware": hardware_class(), "stack": software_stack(), "files": {}}
+    rehash(dest, manifest)
 
     for factory, plan in chosen.items():
         proc = subprocess.run(
@@ -213,14 +207,7 @@ def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_p
         "padding": {"ok": True},
         "packages": packages,
     }
-    edit_presets(dest, lambda p: p["presets"][0].update(serving=plan))
-    manifest = json.loads((dest / MANIFEST).read_text())
-    manifest["files"] = {
-        str(p.relative_to(dest)): sha256_file(p)
-        for p in dest.rglob("*")
-        if p.is_file() and p.name != MANIFEST
-    }
-    (dest / MANIFEST).write_text(json.dumps(manifest))
+    rehash(edit_presets(dest, lambda p: p["presets"][0].update(serving=plan)))
     proc = subprocess.run(
         [sys.executable, "-c", SERVE, str(dest), "mlp"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )

@@ -4,17 +4,16 @@ decides whether a model may be padded; a batch above the range's max."""
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import pytest
 import torch
 
-from compiler.serving import MANIFEST, SERVING_FILE, compile_tuned, sha256_file
+from compiler.serving import compile_tuned
 from compiler.serving.padding import check_padding, padding_pairs, padding_tolerance
 from compiler.serving.served import graph_count
 from compiler.serving.traffic import default_buckets
-from tests.tune.test_export_apply import write_export
+from tests.tune.test_export_apply import edit_presets, write_export
 from workers import toy
 
 RANGE = {"batch": {"min": 1, "max": 8}}
@@ -92,18 +91,13 @@ def test_a_model_whose_rows_interact_gets_the_dynamic_plan_and_runs_a_batch_abov
 
 def test_a_plan_in_the_export_is_served_for_any_batch_size_of_its_range(tmp_path):
     dest = write_export(tmp_path / "export")
-    serving = json.loads((dest / SERVING_FILE).read_text())
     plan = {
         "profile": {"batch": {"min": 1, "max": 8}},
         "plan": "buckets",
         "buckets": [2, 8],
         "padding": {"ok": True},
     }
-    serving["presets"][0]["serving"] = plan
-    (dest / SERVING_FILE).write_text(json.dumps(serving))
-    manifest = json.loads((dest / MANIFEST).read_text())
-    manifest["files"][SERVING_FILE] = sha256_file(dest / SERVING_FILE)
-    (dest / MANIFEST).write_text(json.dumps(manifest))
+    edit_presets(dest, lambda p: p["presets"][0].update(serving=plan))
     model, inputs = toy.mlp(3)  # no preset at batch 3: the model's preset with a plan serves it
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing falls back

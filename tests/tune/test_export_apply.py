@@ -310,6 +310,19 @@ def edit_presets(dest: Path, edit) -> Path:
     return dest
 
 
+def rehash(dest: Path, manifest: dict | None = None) -> Path:
+    """Give the export's manifest (its own, or `manifest` where the test wrote the files itself)
+    the sha256 of every file now in the export, as an export that wrote them so would have."""
+    manifest = json.loads((dest / MANIFEST).read_text()) if manifest is None else manifest
+    manifest["files"] = {
+        str(p.relative_to(dest)): sha256_file(p)
+        for p in dest.rglob("*")
+        if p.is_file() and p.name != MANIFEST
+    }
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    return dest
+
+
 def compile_tuned_in_fresh_process(dest: Path, kwargs: str, report: str) -> dict:
     """`compile_tuned` of the toy mlp at batch 4 with the export `dest` (and the keyword arguments
     `kwargs`, as Python source) in a fresh process, cuDNN's benchmark flag off before it: the JSON
