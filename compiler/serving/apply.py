@@ -123,16 +123,24 @@ def compile_tuned(
     max) where the padding check on the example inputs passes, else one dynamic-batch graph. A
     preset exported with a plan is served by it without `serving`. `applied.serving` says what was
     prepared, how long it took and the memory it holds; a batch above max is served in chunks of
-    max (`compiler.serving.served`). Packages are not used for a range yet: the bundle and
-    `torch.compile` prepare it.
+    max (`compiler.serving.served`). With `use_package`, a buckets plan whose export holds a
+    package for each bucket is prepared from those packages (no Dynamo graph at all); otherwise,
+    and for a dynamic plan, the bundle and `torch.compile` prepare it.
 
     `source` is read through `compiler.serving.files`: a directory in place; a URI (or, with
     `filesystem`, a `pyarrow.fs.FileSystem`, a path in it) through the content-addressed cache in
     `cache_root()` (`$COMPILE_ORCHESTRATOR_CACHE` moves it): the manifest and serving.json first,
     then only the bundle and package of the preset it serves, each fetched once per cache."""
     key = named_key(trusted_key, trusted_key_file)  # a key named but unreadable raises: never unchecked
-    tuning = _Tuning(model, example_inputs, source, strict=strict, run_example=run_example, key=key)
-    tuning.profile = as_profile(serving)
+    tuning = _Tuning(
+        model,
+        example_inputs,
+        source,
+        strict=strict,
+        run_example=run_example,
+        key=key,
+        profile=as_profile(serving),
+    )
     return tuning.run(filesystem, model_name, batch_size, dtype, use_package)
 
 
@@ -149,6 +157,7 @@ class _Tuning:
         strict: bool,
         run_example: bool,
         key: bytes | None = None,
+        profile: ServingProfile | None = None,
     ):
         self.model = model
         self.inputs = example_inputs
@@ -171,7 +180,7 @@ class _Tuning:
         """The preset's bundle and package, once `choose` found the preset."""
         self._key = key
         """The key the export's manifest must be signed with, or None (never into `applied`)."""
-        self.profile: ServingProfile | None = None
+        self.profile = profile
         """The batch-size range the caller asked for (`serving=`), or None."""
 
     def check_signature(self, export: ExportFiles, manifest: bytes) -> None:

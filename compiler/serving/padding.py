@@ -218,6 +218,20 @@ def padding_tolerance(precision: str | None) -> float:
     return {"bf16": t.accuracy_bf16, "fp16": t.accuracy_fp16}.get(precision or "", t.accuracy_tf32)
 
 
+def check_ladder(
+    model: Callable[..., Any], args: tuple, kwargs: dict, low: int, high: int, precision: str | None
+) -> tuple[list[int], PaddingCheck]:
+    """The default bucket ladder of [`low`, `high`] (`compiler.serving.traffic.default_buckets`) and
+    the padding check of `model` over it (`check_padding` at each bucket's most padding, with the
+    tolerance of `precision`): the buckets a plan pads to, and whether it may."""
+    from compiler.serving.traffic import default_buckets
+
+    buckets = default_buckets(low, high)
+    return buckets, check_padding(
+        model, args, kwargs, padding_pairs(buckets, low), padding_tolerance(precision)
+    )
+
+
 def padding_pairs(buckets: list[int], low: int) -> list[tuple[int, int]]:
     """The (size, bucket) pairs a check runs for a bucket plan: for each bucket, the smallest size
     it serves (the most padding it adds), where that pads at all."""

@@ -188,7 +188,7 @@ class ServedModel:
 
     def served_size(self, size: int) -> int:
         """The batch size a call of `size` rows (at most `max`) runs at: its bucket, or for the
-        dynamic plan the size itself (below `min`: `min`, or 2 where a batch of 1 was never prepared)."""
+        dynamic plan the size itself (below `min`: `min`)."""
         if self.plan == "buckets":
             return next_bucket(self.buckets, max(size, self.profile.min)) or self.buckets[-1]
         return max(size, self.profile.min)
@@ -307,8 +307,7 @@ def serve_range(
     here from the padding check on `example` (buckets where it passes, else dynamic); prepared
     now, and recorded in `applied.serving`."""
     from compiler.aoti import package_options
-    from compiler.serving.padding import check_padding, padding_pairs, padding_tolerance
-    from compiler.serving.traffic import default_buckets
+    from compiler.serving.padding import check_ladder
 
     exported = entry.get("serving") or {}
     if exported_plan_applies(entry, profile):
@@ -317,9 +316,9 @@ def serve_range(
         check, plan_from = exported.get("padding") or {}, "export"
     else:
         assert profile is not None
-        buckets = default_buckets(profile.min, profile.max)
-        tolerance = padding_tolerance(entry.get("precision") or entry.get("dtype"))
-        check = check_padding(model, *example, padding_pairs(buckets, profile.min), tolerance).to_dict()
+        precision = entry.get("precision") or entry.get("dtype")
+        buckets, checked = check_ladder(model, *example, profile.min, profile.max, precision)
+        check = checked.to_dict()
         plan, plan_from = ("buckets" if check["ok"] else "dynamic"), "load"
     on_cuda = any(getattr(t, "device", None) is not None and t.device.type == "cuda" for t in leaves(example))
     served = ServedModel(

@@ -51,7 +51,7 @@ def expand(
             measure=spec.measure,
             timeout_s=model.timeout_s or cfg.effective_timeout(spec.timeout_s),
             stack=stack,
-            serving=spec.serving[model.name].to_dict() if model.name in spec.serving else None,
+            serving=spec.serving_of(model),
         )
         for hw, device in hardware.items()
         for model in spec.models

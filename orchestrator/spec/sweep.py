@@ -70,6 +70,11 @@ class SweepSpec:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The file's data as written (a copy of the dict's), recorded in run.json."""
 
+    def serving_of(self, model: ModelSpec) -> dict[str, Any] | None:
+        """The serving profile of `model` as its jobs carry it (a dict), or None."""
+        profile = self.serving.get(model.name)
+        return profile.to_dict() if profile is not None else None
+
 
 class SpecError(ValueError):
     """A sweep file with problems; `errors` lists each with file and line (a dict's: key path)."""

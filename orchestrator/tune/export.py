@@ -51,6 +51,7 @@ from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
 from orchestrator.tune.sweep_models import model_specs, packaged_plan, serving_line, serving_profiles
 from store.layout import LOCK_FILE, TUNE_FILE
 from store.lock import holding
+from store.runlog import read_runs
 from store.schema import read_results
 from store.storage import Location, Target, resolve
 
@@ -258,8 +259,8 @@ def _export(
     device = "cpu" if hardware == "cpu" else "cuda"
     _check_this_node(hardware, device, stack)
     check_supported(entries, defaults, hardware)
-    specs = model_specs(out)
-    profiles = serving_profiles(out)
+    runs = read_runs(out)
+    specs, profiles = model_specs(runs), serving_profiles(runs)
     dest = Path(dest)
     key = {
         "source": str(out),

@@ -154,7 +154,7 @@ def make_job(
         timeout_s=timeout,
         stack=software_stack() if stack is None else stack,
         baseline=Baseline(baseline.config, baseline.dtype) if baseline is not None else None,
-        serving=spec.serving[cell.model.name].to_dict() if cell.model.name in spec.serving else None,
+        serving=spec.serving_of(cell.model),
     )
 
 

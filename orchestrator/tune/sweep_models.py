@@ -1,6 +1,7 @@
-"""What the export reads about a tune's models from its run log (`store.runlog`): each model's
-entry as the sweep file gave it (`model_specs`), and the traffic each model's presets are to
-serve (`serving_profiles`, the `serving:` blocks, `compiler.serving.traffic`; later runs win),
+"""What the export reads about a tune's models from its run log (`store.runlog.read_runs`, read
+once and handed to each): each model's entry as the sweep file gave it (`model_specs`), and the
+traffic each model's presets are to serve (`serving_profiles`, the `serving:` blocks,
+`compiler.serving.traffic`; later runs win),
 and the export line's words for the serving plan a preset got (`serving_line`)."""
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from typing import Any
 from compiler.job import ModelSpec
 from compiler.serving.traffic import ProfileError, ServingProfile
 from orchestrator.spec.models import default_name
-from store.runlog import read_runs
-from store.storage import Target
 
 
 def _entries(run: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -28,23 +27,23 @@ def _entries(run: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-def model_specs(out: Target) -> dict[str, ModelSpec]:
-    """The sweep's model entries by name, from the run log (later runs win)."""
+def model_specs(runs: list[dict[str, Any]]) -> dict[str, ModelSpec]:
+    """The sweep's model entries by name, from the run log's `runs` (later runs win)."""
     specs: dict[str, ModelSpec] = {}
     fields = {f.name for f in dataclasses.fields(ModelSpec)}
-    for run in read_runs(out):
+    for run in runs:
         for name, m in _entries(run):
             with contextlib.suppress(TypeError):
                 specs[name] = ModelSpec(**{k: v for k, v in m.items() if k in fields} | {"name": name})
     return specs
 
 
-def serving_profiles(out: Target) -> dict[str, ServingProfile]:
-    """Each model's serving profile from the run log's specs (the model's own `serving:` over the
+def serving_profiles(runs: list[dict[str, Any]]) -> dict[str, ServingProfile]:
+    """Each model's serving profile from the run log's `runs`' specs (the model's own `serving:` over the
     sweep's; later runs win); a model without one is absent. A block that no longer reads as a
     profile is left out (the sweep that recorded it was checked when it ran)."""
     profiles: dict[str, ServingProfile] = {}
-    for run in read_runs(out):
+    for run in runs:
         spec = run.get("spec") or {}
         for name, m in _entries(run):
             block = m.get("serving", spec.get("serving"))

@@ -16,7 +16,7 @@ from compiler.hardware import hardware_class, software_stack
 from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.serving import EXPORT_FORMAT, SERVING_FILE
 from orchestrator.tune.sweep_models import serving_profiles
-from store.runlog import start_run
+from store.runlog import read_runs, start_run
 from tests.tune.test_export_apply import ROOT, edit_presets, rehash, write_export
 from workers.runner import build_bundle
 from workers.toy import mlp as toy_mlp
@@ -131,7 +131,7 @@ def test_the_export_reads_each_models_profile_from_the_run_log(tmp_path):
         "lin": "batch 1..32, traffic uniform",
     }
     start_run(tmp_path, "r1", spec, [], {}, 1, 0)
-    assert serving_profiles(tmp_path) == spec.serving
+    assert serving_profiles(read_runs(tmp_path)) == spec.serving
 
 
 def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():

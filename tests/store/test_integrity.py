@@ -336,6 +336,6 @@ def test_export_names_a_model_entry_without_a_name_from_its_id(tmp_path):
         {"id": "hf:org/vit", "name": "v", "bogus": 1},
     ]
     (tmp_path / "run.json").write_text(json.dumps({"runs": [{"run_id": "r1", "spec": {"models": models}}]}))
-    specs = _model_specs(tmp_path)
+    specs = _model_specs(runlog.read_runs(tmp_path))
     assert sorted(specs) == ["mlp", "v"]
     assert specs["mlp"].id == "python:workers.toy:mlp" and specs["v"].id == "hf:org/vit"

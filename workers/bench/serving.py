@@ -18,7 +18,6 @@ buckets, the padding check, and per plan what preparing cost here and its weight
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +36,15 @@ def prepare_serving(run: JobRecord, model: Any, inputs: Any, profile_data: dict[
     import torch
 
     from compiler.aoti import package_options, split_inputs
-    from compiler.serving.padding import check_padding, padding_pairs, padding_tolerance
+    from compiler.serving.padding import check_ladder
     from compiler.serving.served import ServedModel
-    from compiler.serving.traffic import ServingProfile, default_buckets, weighted_mean
+    from compiler.serving.traffic import ServingProfile, weighted_mean
 
     run.enter("serving")
     cfg = run.job.config
     profile = ServingProfile.from_dict(profile_data)
     example = split_inputs(inputs)
-    buckets = default_buckets(profile.min, profile.max)
-    check = check_padding(
-        model, *example, padding_pairs(buckets, profile.min), padding_tolerance(run.job.dtype)
-    )
+    buckets, check = check_ladder(model, *example, profile.min, profile.max, run.job.dtype)
     kwargs = cfg.compile_kwargs()
     prepared = cfg.prepare_model(model) if cfg.channels_last else model
     cuda = run.job.device == "cuda"
@@ -105,11 +101,12 @@ def bucket_set(at_bucket: dict[int, float], profile: Any) -> dict[str, Any]:
 def time_sizes(
     served: Any, example: tuple, profile: Any, cuda: bool, buckets: list[int]
 ) -> tuple[dict[int, float], dict[int, float]]:
-    """The prepared plan's latency (ms, median of `TIMED_CALLS`) at every size the traffic sends
-    (or, beyond `TIMED_SIZES` of them, at the bucket ladder's sizes, each size costed at the next
-    one up), and at each of `buckets` (each run at its own size, unpadded)."""
-    import torch
-
+    """The prepared plan's latency (ms, median of `TIMED_CALLS` per-call times of
+    `compiler.measure.time_calls`: CUDA events around each call on a GPU, as a job's rows time) at
+    every size the traffic sends (or, beyond `TIMED_SIZES` of them, at the bucket ladder's sizes,
+    each size costed at the next one up), and at each of `buckets` (each run at its own size,
+    unpadded)."""
+    from compiler.measure import time_calls
     from compiler.serving.padding import resize_batch
     from compiler.serving.traffic import default_buckets, next_bucket
 
@@ -119,16 +116,8 @@ def time_sizes(
     measured: dict[int, float] = {}
     for size in timed:
         args, kwargs = resize_batch(*example, size)
-        times = []
-        for i in range(TIMED_CALLS + 1):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            served(*args, **kwargs)
-            if cuda:
-                torch.cuda.synchronize()
-            if i:
-                times.append((time.perf_counter() - t0) * 1e3)
+        served(*args, **kwargs)  # one untimed call: the first replay after another size's
+        times = time_calls(lambda a=args, k=kwargs: served(*a, **k), TIMED_CALLS, "cuda" if cuda else "cpu")
         measured[size] = statistics.median(times)
     at_size = {s: measured[s] if s in measured else measured[next_bucket(ladder, s)] for s in sizes}
     return at_size, {b: measured[b] for b in buckets}
