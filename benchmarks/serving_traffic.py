@@ -6,22 +6,30 @@ three ways of serving one model, each in fresh processes.
   the plan `compile_tuned` would decide at load for `--mode` (the padding check, then buckets or
   one dynamic-batch graph);
 - `oracle`: the per-size optimum, one graph specialized for every batch size of the range, all
-  prepared before the first request (what an exact preset per batch size would serve);
-- `stock`: what a stock PyTorch user runs, plain `torch.compile(model)` in `--stock-mode`
-  (compiled on its first request, recompiling as new sizes arrive: the stalls are reported apart
-  and left out of its latencies).
+  prepared before the first request (what an exact preset per batch size would serve): compiled
+  with `torch.compile` (`--oracle compile`), or an AOTInductor package per size (`--oracle
+  packages`, built before it starts), the fair oracle for a served plan of packages;
+- `stock`: what a stock PyTorch user runs, plain `torch.compile(model)` in the model's own dtype
+  (`--stock-dtype`, fp32) and each `--stock-mode` (compiled on its first request, recompiling as
+  new sizes arrive: the stalls are reported apart and left out of its latencies); the faster mode
+  is the stock user.
 
 Each process builds the model from its sweep id with random weights (as a sweep's job does, in
 the precision `--dtype`), runs the trace once as the requests arrive (the first request of each
-size is its first call), and reports per request its wall time. The table gives each side's
-preparation time, Dynamo graphs compiled after preparation (Dynamo's own counter; the served plan
-and the oracle must show 0), the largest first call of a size, the stalls, p50 and p99 (stalls
-excluded) and the traffic-weighted mean latency (each size's median, weighted by the profile), then
-served / oracle and stock / served on it.
+size is its first call), and reports per request its wall time. Each side compiles into Inductor
+caches of its own, cold. The oracle's sizes may be spread over `--oracle-processes` processes,
+prepared at once and replayed one after another (each only its sizes' requests). The table gives
+each side's preparation time, Dynamo graphs compiled after preparation (Dynamo's own counter; the
+served plan and the oracle must show 0), the largest first call of a size, the stalls, p50 and p99
+(stalls excluded) and the traffic-weighted mean latency (each size's median, weighted by the
+profile), then served / oracle and stock / served on it. `--summary FILE` adds the model's figures
+to a serving summary (docs/results/serving-summary.json) under `--budget`.
 
     python benchmarks/serving_traffic.py MODEL_ID [--name NAME] [--export DIR] [--min 1] [--max 32]
         [--traffic 1:0.4,8:0.6] [--requests 400] [--seed 0] [--dtype fp32] [--mode default]
-        [--stock-mode default] [--device cpu|cuda] [--input-size N] [--save FILE.json]
+        [--stock-mode default[,reduce-overhead]] [--stock-dtype fp32] [--oracle compile|packages]
+        [--oracle-processes 1]
+        [--device cpu|cuda] [--input-size N] [--save FILE.json] [--summary FILE --budget NAME]
 
 `--small` is the CPU mode CI's benchmark tier runs: batch 1..4, 40 requests.
 Exit 1 where the served plan compiled after preparation.
@@ -35,11 +43,14 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from serving_summary import add_to_summary  # noqa: E402  (beside this file)
 
 from compiler.env import project_pythonpath  # noqa: E402
 from compiler.serving.traffic import ServingProfile, weighted_mean  # noqa: E402
@@ -54,8 +65,9 @@ def trace(profile: ServingProfile, requests: int, seed: int) -> list[int]:
     return random.Random(seed).choices(sizes, weights, k=requests)
 
 
-def _build(args: argparse.Namespace):
-    """The model and one call's (args, kwargs) at batch `--max`, built as a sweep's job builds it."""
+def _build(args: argparse.Namespace, dtype: str):
+    """The model and one call's (args, kwargs) at batch `--max` in `dtype`, built as a sweep's job
+    builds it."""
     from compiler.aoti import split_inputs
     from compiler.config import CompileConfig
     from workers.bench.run import JobRun
@@ -67,7 +79,7 @@ def _build(args: argparse.Namespace):
     }
     entry = {"model_spec": spec, "batch_size": args.max}
     hardware = "cpu" if args.device == "cpu" else "gpu"
-    run = JobRun.for_preset("serving-traffic", hardware, entry, CompileConfig(name=args.mode), args.dtype)
+    run = JobRun.for_preset("serving-traffic", hardware, entry, CompileConfig(name=args.mode), dtype)
     run.imports()
     model, input_sets, _ = run.build(keep_fp32_copy=False)
     return model, split_inputs(input_sets[0])
@@ -82,9 +94,9 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
 
     mode = None if args.mode == "default" else args.mode
     t0 = time.perf_counter()
-    if side == "stock":
-        smode = None if args.stock_mode == "default" else args.stock_mode
-        return torch.compile(model, mode=smode), 0.0, {}
+    if side.startswith("stock:"):
+        smode = side.split(":", 1)[1]
+        return torch.compile(model, mode=None if smode == "default" else smode), 0.0, {}
     if side == "served" and args.export:
         from compiler.serving import compile_tuned
 
@@ -96,6 +108,8 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
 
     config = CompileConfig(name=args.mode, mode=mode)
     entry = {"precision": args.dtype}
+    if side == "oracle" and args.oracle_dir:  # a package per size, built by _build_oracle_packages
+        return _load_oracle_packages(args, profile, model, example, Path(args.oracle_dir), t0)
     if side == "oracle":  # one specialized graph per size: buckets at every size, nothing padded
         entry["serving"] = {
             "profile": profile.to_dict(),
@@ -116,21 +130,86 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
     return served, time.perf_counter() - t0, {"serving": applied.serving}
 
 
+def _config(args: argparse.Namespace):
+    from compiler.config import CompileConfig
+
+    return CompileConfig(name=args.mode, mode=None if args.mode == "default" else args.mode)
+
+
+def _build_oracle_packages(args: argparse.Namespace, profile: ServingProfile, dest: Path) -> dict:
+    """`--oracle packages`: an AOTInductor package of `--mode` for every size of the range, in
+    `dest` (`workers.bench.serving.package_buckets`: processes of their own, side by side, spread
+    over the GPUs), as an export builds a bucket's: what an exact preset per batch size serves
+    from. The build's wall time, processes and GPUs."""
+    from workers.bench.run import JobRun
+    from workers.bench.serving import package_buckets
+
+    spec = {
+        "id": args.model_id,
+        "name": args.name,
+        **({"input_size": args.input_size} if args.input_size else {}),
+    }
+    hardware = "cpu" if args.device == "cpu" else "gpu"
+    run = JobRun.for_preset(
+        "serving-traffic", hardware, {"model_spec": spec, "batch_size": args.max}, _config(args), args.dtype
+    )
+    os.environ["PYTHONPATH"] = project_pythonpath(os.environ.get("PYTHONPATH"))
+    built, build, why = package_buckets(run, profile.sizes(), dest / "oracle.pt2")
+    if why:
+        raise SystemExit(f"the oracle's packages failed: {why}")
+    (dest / "oracle.json").write_text(json.dumps({str(b): info for b, info in built.items()}))
+    return build
+
+
+def _load_oracle_packages(args, profile: ServingProfile, model, example, dest: Path, t0: float):
+    """The oracle served from its packages (`_build_oracle_packages`), each loaded with the model's
+    weights and captured now, as `compile_tuned` serves a buckets plan of packages."""
+    from compiler import aoti
+    from compiler.serving.padding import resize_batch
+    from compiler.serving.served import BucketPackages, ServedModel
+
+    built = {int(b): info for b, info in json.loads((dest / "oracle.json").read_text()).items()}
+    loaded = {}
+    for size in profile.sizes():
+        info = built[size]
+        packaged = aoti.PackagedModel.load(
+            dest / info["file"], model, info["inputs"], info["cudagraphs"], lambda: model
+        )
+        packaged.capture(*resize_batch(*example, size))
+        loaded[size] = packaged
+    served = ServedModel(lambda dynamic: BucketPackages(loaded), profile, "buckets", profile.sizes(), example)
+    served.prepare()
+    return served, time.perf_counter() - t0, {"serving": served.describe()}
+
+
 def child(side: str, args: argparse.Namespace) -> dict:
-    """One side in this (fresh) process: prepare, then replay the trace; its measurements."""
+    """One side in this (fresh) process: prepare, then replay the trace; its measurements. An
+    oracle process given `--sizes` prepares and replays those sizes only, and with `--wait` says
+    `READY` once prepared and replays when a line arrives on its stdin (`_run_oracle`)."""
     import torch
 
     from compiler.serving.padding import resize_batch
     from compiler.serving.served import graph_count
 
     profile = _profile(args)
-    model, example = _build(args)
+    sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else None
+    if sizes:
+        profile = ServingProfile.from_dict({"batch": {"min": min(sizes), "max": max(sizes)}})
+    stock = side.startswith("stock:")
+    model, example = _build(args, args.stock_dtype if stock else args.dtype)
     serve, prepare_s, applied = _prepare(side, args, profile, model, example)
     cuda = args.device == "cuda"
+    if args.wait:
+        print("READY", flush=True)
+        sys.stdin.readline()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     graphs0 = graph_count()
     seen: set[int] = set()
     requests = []
-    for size in trace(profile, args.requests, args.seed):
+    for size in trace(_profile(args), args.requests, args.seed):
+        if sizes and size not in sizes:
+            continue
         call_args, call_kwargs = resize_batch(*example, size)
         if cuda:
             torch.cuda.synchronize()
@@ -148,6 +227,9 @@ def child(side: str, args: argparse.Namespace) -> dict:
         "compiles_after_prepare": None if graphs is None or graphs0 is None else graphs - graphs0,
         "requests": requests,
         "applied": applied,
+        # the process's peak of memory the caching allocator held while serving: the weights and
+        # every graph's pool of the plan
+        "peak_mem_bytes": torch.cuda.max_memory_reserved() if cuda else None,
     }
 
 
@@ -186,44 +268,181 @@ def _profile(args: argparse.Namespace) -> ServingProfile:
     return ServingProfile.from_dict(data)
 
 
-def _run_child(side: str, argv: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH"))}
+def _env(cache: str) -> dict[str, str]:
+    """A child's environment: this project importable, and Inductor's caches in `cache`."""
+    return {
+        **os.environ,
+        "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH")),
+        "TORCHINDUCTOR_CACHE_DIR": cache,
+    }
+
+
+def _run_child(side: str, argv: list[str], cache: str) -> dict:
     done = subprocess.run(
         [sys.executable, __file__, *argv, "--child", side],
         capture_output=True,
         text=True,
         timeout=3600,
-        env=env,
+        env=_env(cache),
     )
     if done.returncode != 0:
         raise SystemExit(f"the {side} process failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _run_oracle(argv: list[str], profile: ServingProfile, processes: int, cache: str) -> dict:
+    """The oracle over `processes` fresh processes, each preparing every `processes`-th size of the
+    range at once (a graph per size costs a compile: the range's 32 sizes took 9-14 s each on an
+    H200), then replaying the trace's requests of its sizes one process after another, the others
+    idle. Their requests and compile counts summed, the longest preparation its `prepare_s`."""
+    sizes = profile.sizes()
+    groups = [sizes[i::processes] for i in range(min(processes, len(sizes)))]
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="oracle-") as logs:
+        for i, group in enumerate(groups):
+            cmd = [sys.executable, __file__, *argv, "--child", "oracle", "--wait"]
+            cmd += ["--sizes", ",".join(map(str, group))]
+            err = open(Path(logs) / f"{i}.err", "w")  # noqa: SIM115 (closed below)
+            procs.append(
+                (
+                    subprocess.Popen(
+                        cmd,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                        text=True,
+                        env=_env(cache),
+                    ),
+                    err,
+                )
+            )
+        results = []
+        for i, (proc, err) in enumerate(procs):
+            assert proc.stdout is not None and proc.stdin is not None
+            while (line := proc.stdout.readline()) and line.strip() != "READY":
+                pass
+            if not line:
+                proc.wait()
+                err.close()
+                raise SystemExit(
+                    f"oracle process {i} failed:\n{(Path(logs) / f'{i}.err').read_text()[-3000:]}"
+                )
+        for i, (proc, err) in enumerate(procs):  # replayed one after another
+            assert proc.stdout is not None and proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            out = proc.stdout.read()
+            proc.wait()
+            err.close()
+            if proc.returncode != 0:
+                raise SystemExit(
+                    f"oracle process {i} failed:\n{(Path(logs) / f'{i}.err').read_text()[-3000:]}"
+                )
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    counts = [r["compiles_after_prepare"] for r in results]
+    peaks = [r["peak_mem_bytes"] for r in results if r["peak_mem_bytes"] is not None]
+    return {
+        "side": "oracle",
+        "prepare_s": max(r["prepare_s"] for r in results),
+        "processes": len(groups),
+        "compiles_after_prepare": None if None in counts else sum(counts),
+        "requests": [q for r in results for q in r["requests"]],
+        "applied": {},
+        "peak_mem_bytes": sum(peaks) if peaks else None,
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_id", nargs="?", default="python:workers.toy:mlp", help="a sweep's model id")
-    p.add_argument("--name", default="model", help="the model's name in the export (with --export)")
+    p.add_argument("--name", default="model", help="the model's name (in the export, with --export)")
     p.add_argument("--export", help="an export directory: the served side uses compile_tuned with it")
     p.add_argument("--min", type=int, default=1, help="the range's smallest batch size (default 1)")
     p.add_argument("--max", type=int, default=32, help="the range's largest batch size (default 32)")
     p.add_argument("--traffic", help="weights per size, e.g. 1:0.4,8:0.6 (default: uniform over the range)")
     p.add_argument("--requests", type=int, default=400, help="requests in the trace (default 400)")
     p.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
-    p.add_argument("--dtype", default="fp32", help="precision policy the model is built in (default fp32)")
+    p.add_argument(
+        "--dtype", default="fp32", help="precision policy the served plan and the oracle run (default fp32)"
+    )
     p.add_argument("--mode", default="default", help="torch.compile mode of the served plan and the oracle")
     p.add_argument(
-        "--stock-mode", default="default", help="torch.compile mode of the stock user (default default)"
+        "--stock-mode",
+        default="default",
+        help="torch.compile mode(s) of the stock user, comma-separated: each runs in its own process, "
+        "the faster (traffic-weighted, stalls excluded) is the stock user (default default)",
+    )
+    p.add_argument(
+        "--stock-dtype",
+        default="fp32",
+        help="the stock user's precision: the model's own dtype (default fp32)",
+    )
+    p.add_argument(
+        "--oracle",
+        choices=["compile", "packages"],
+        default="compile",
+        help="how the oracle serves each size: compile (torch.compile with --mode, dynamic=False: a "
+        "graph per size, default) or packages (an AOTInductor package per size, built before it "
+        "starts, spread over the GPUs: as a served plan of packages serves its buckets)",
+    )
+    p.add_argument(
+        "--oracle-processes",
+        type=int,
+        default=1,
+        help="processes the oracle's sizes are spread over, prepared at once and replayed one after "
+        "another (default 1)",
     )
     p.add_argument(
         "--device", default="cpu", choices=["cpu", "cuda"], help="where the model runs (default cpu)"
     )
     p.add_argument("--input-size", type=int, help="the model's input size (a sweep entry's input_size)")
     p.add_argument("--save", type=Path, help="write every request's measurement to this JSON file")
+    p.add_argument(
+        "--summary",
+        type=Path,
+        help="add this model's figures to a serving summary (docs/results/serving-summary.json), "
+        "under --budget, replacing the model's entry there",
+    )
+    p.add_argument(
+        "--budget", default="bf16", help="the export's accuracy budget, for --summary (default bf16)"
+    )
     p.add_argument("--small", action="store_true", help="CI's CPU mode: batch 1..4, 40 requests")
     p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    p.add_argument("--sizes", help=argparse.SUPPRESS)
+    p.add_argument("--wait", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--oracle-dir", help=argparse.SUPPRESS)
+    return p
+
+
+def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side: str) -> dict:
+    """A model's figures for the serving summary (`--summary`)."""
+    serving = sides["served"]["applied"].get("serving") or {}
+    served, oracle, stock = (rows[s]["weighted_ms"] for s in ("served", "oracle", stock_side))
+    return {
+        "model": args.name,
+        "plan": serving.get("plan"),
+        "buckets": serving.get("buckets") or [],
+        "prepare_s": rows["served"]["prepare_s"],
+        "max_first_call_s": rows["served"]["max_first_call_s"],
+        "compiles_after_prepare": rows["served"]["compiles_after_prepare"],
+        "weighted_ms_served": served,
+        "weighted_ms_oracle": oracle,
+        "oracle": f"{args.oracle}: {'an AOTInductor package' if args.oracle == 'packages' else 'torch.compile'} "
+        f"of {args.mode} per batch size",
+        "weighted_ms_stock": stock,
+        "stock_mode": stock_side.split(":", 1)[1],
+        "stall_s_stock": rows[stock_side]["stall_s"],
+        "p99_ms_served": rows["served"]["p99_ms"],
+        "p99_ms_stock": rows[stock_side]["p99_ms"],
+        "peak_mem_gib": (sides["served"]["peak_mem_bytes"] or 0) / 2**30,
+        "plan_mem_gib": (serving.get("reserved_bytes") or 0) / 2**30,
+        "package": (sides["served"]["applied"] or {}).get("package"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
     if args.small:
         args.min, args.max, args.requests = 1, 4, 40
         argv = [a for a in argv if a != "--small"] + ["--min", "1", "--max", "4", "--requests", "40"]
@@ -232,10 +451,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     profile = _profile(args)
     print(
-        f"{args.model_id}: {profile.describe()}, {args.requests} requests (seed {args.seed}), {args.dtype} on {args.device}"
+        f"{args.model_id}: {profile.describe()}, {args.requests} requests (seed {args.seed}), "
+        f"{args.dtype} on {args.device} (stock user: {args.stock_dtype})"
     )
-    sides = {side: _run_child(side, argv) for side in SIDES}
-    rows = {side: summary(sides[side], profile) for side in SIDES}
+    sides: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="serving-traffic-") as caches:  # each side's caches cold
+        sides["served"] = _run_child("served", argv, f"{caches}/served")
+        if args.oracle == "packages":
+            build = _build_oracle_packages(args, profile, Path(caches))
+            sides["oracle"] = _run_child("oracle", [*argv, "--oracle-dir", caches], f"{caches}/oracle")
+            sides["oracle"]["package_build"] = build
+        else:
+            sides["oracle"] = _run_oracle(argv, profile, max(1, args.oracle_processes), f"{caches}/oracle")
+        for mode in args.stock_mode.split(","):
+            sides[f"stock:{mode}"] = _run_child(f"stock:{mode}", argv, f"{caches}/stock-{mode}")
+    rows = {side: summary(sides[side], profile) for side in sides}
+    stock_side = min((s for s in rows if s.startswith("stock:")), key=lambda s: rows[s]["weighted_ms"])
     print(
         "| side | prepare s | compiles after prepare | max first call s | stalls s | p50 ms | p99 ms | weighted ms |"
     )
@@ -245,15 +476,19 @@ def main(argv: list[str] | None = None) -> int:
             f"| {side} | {r['prepare_s']:.2f} | {r['compiles_after_prepare']} | {r['max_first_call_s']:.3f} | "
             f"{r['stall_s']:.2f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['weighted_ms']:.3f} |"
         )
-    served, oracle, stock = (rows[s]["weighted_ms"] for s in SIDES)
-    plan = (sides["served"]["applied"].get("serving") or {}).get("plan")
+    served, oracle, stock = (rows[s]["weighted_ms"] for s in ("served", "oracle", stock_side))
+    serving = sides["served"]["applied"].get("serving") or {}
     print(
-        f"served plan: {plan}; served / oracle {served / oracle:.3f}x; stock / served {stock / served:.3f}x (stalls excluded)"
+        f"served plan: {serving.get('plan')} {serving.get('buckets') or ''}; served / oracle "
+        f"{served / oracle:.3f}x; {stock_side} / served {stock / served:.3f}x (stalls excluded)"
     )
     if args.save:
         args.save.write_text(
             json.dumps({"profile": profile.to_dict(), "sides": sides, "summary": rows}, indent=1)
         )
+    if args.summary:
+        entry = _summary_entry(args, sides, rows, stock_side)
+        add_to_summary(args.summary, args, profile, entry)
     return 1 if rows["served"]["compiles_after_prepare"] else 0
 
 

@@ -143,6 +143,10 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
     # a CUDA graph is captured around the package only on CUDA: a CPU reduce-overhead preset's
     # package runs plainly (marked for CUDA graphs, it failed to serve on a CPU-only torch)
     cudagraphs = cudagraphs and any(t.device.type == "cuda" for t in tensors((args, kwargs)))
+    if cudagraphs and hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level"):
+        # a CUDA graph replays the kernels, not the wrapper that launched them at capture: its
+        # C++ need not be optimized (ResNet-50 bf16 on an H200: 42 s to build against 64 s)
+        options["aot_inductor.compile_wrapper_opt_level"] = "O0"
     scramble_weights(model)
     t0 = time.perf_counter()
     with torch.no_grad():

@@ -255,7 +255,7 @@ def test_two_class_rehearsal_places_each_class_on_its_nodes(tmp_path):
 
 def test_serving_traffic_replays_the_trace_and_the_served_plan_never_compiles_after_preparing():
     out = bench("serving_traffic.py", "--small", timeout=600)
-    served, oracle, stock = (table_row(out, side) for side in ("served", "oracle", "stock"))
+    served, oracle, stock = (table_row(out, side) for side in ("served", "oracle", "stock:default"))
     assert served[2] == "0" and oracle[2] == "0", out  # prepared before the first request
     assert int(stock[2]) >= 1, out  # the stock user compiles as the sizes arrive
     assert float(stock[4]) > float(served[4]), out  # and its stalls are the compiles

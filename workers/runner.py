@@ -417,13 +417,16 @@ def build_bundle(
     scratch_root: str | None = None,
     package: Path | None = None,
     serving: dict[str, Any] | None = None,
+    stock: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Compile `job`'s config cold in a fresh process with empty caches and write the caches it
     filled to `dest` (a compile-cache bundle, `workers.bench --bundle`), then, with `package`,
     its AOTInductor package there; return the process's result (`status`, `compile_s`,
     `bundle_bytes`, `bundle_artifacts`, `package_*` or `package_error`, ...). With `serving` (a
     serving profile's dict), the plan for it is decided and prepared first, its graphs in the
-    bundle, its record in the result's `serving` (`workers.bench.serving`)."""
+    bundle, its record in the result's `serving` (`workers.bench.serving`); with `stock` too
+    (`{"mode": ..., "dtype": ...}`), the stock user under that traffic, in a process of its own,
+    in its `stock`."""
     made = scratch.make(job, scratch_root, "bundle")
     env = job_environment(made.path, threads)
     try:
@@ -434,6 +437,8 @@ def build_bundle(
                 flags += ("--package", str(Path(package).resolve()))
             if serving is not None:
                 flags += ("--serving", json.dumps(serving))
+                if stock is not None:
+                    flags += ("--serving-stock", json.dumps(stock))
             step = Step(flags, made.path / "result.json", made.log_file)
             return _run_bench(step, made.job_file, env, job.timeout_s)
     finally:

@@ -122,14 +122,7 @@ def batch_centered(
     one ``nn.Linear`` (``input_size`` -> 16, default 32), called as ``model(x=...)``. Padding its
     batch changes every real row's output: the model a serving plan may not pad
     (`compiler.serving.padding`). No overrides."""
-    if overrides:
-        raise ValueError(f"batch_centered takes no overrides, got {sorted(overrides)}")
-    features = input_size or 32
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = _Centered(features)
-    inputs = {"x": torch.randn(batch_size, features, generator=torch.Generator().manual_seed(0))}
-    return model.eval(), inputs
+    return _one_linear(_Centered, "batch_centered", batch_size, input_size, overrides)
 
 
 class _Centered(nn.Module):
@@ -139,3 +132,40 @@ class _Centered(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x - x.mean(0, keepdim=True))
+
+
+def checked(
+    batch_size: int, input_size: int | None = None, overrides: dict | None = None
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A model that branches in Python on its input's values: ``nn.Linear`` (``input_size`` -> 16,
+    default 32) where every input is finite, else a ValueError. Its rows are independent, and
+    `torch.compile` serves it (Dynamo breaks the graph at the branch), but `torch.export` cannot
+    capture it (a data-dependent branch): the model whose AOTInductor packages fail to build. No
+    overrides."""
+    return _one_linear(_Checked, "checked", batch_size, input_size, overrides)
+
+
+def _one_linear(
+    cls: type[nn.Module], name: str, batch_size: int, input_size: int | None, overrides: dict | None
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """`cls(features)` (one ``nn.Linear`` inside, features = ``input_size`` or 32) seeded with 0
+    in eval mode, and its input ``{"x": [batch, features]}``; a factory without overrides."""
+    if overrides:
+        raise ValueError(f"{name} takes no overrides, got {sorted(overrides)}")
+    features = input_size or 32
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = cls(features)
+    inputs = {"x": torch.randn(batch_size, features, generator=torch.Generator().manual_seed(0))}
+    return model.eval(), inputs
+
+
+class _Checked(nn.Module):
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("non-finite input")
+        return self.linear(x)

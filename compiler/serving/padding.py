@@ -219,14 +219,21 @@ def padding_tolerance(precision: str | None) -> float:
 
 
 def check_ladder(
-    model: Callable[..., Any], args: tuple, kwargs: dict, low: int, high: int, precision: str | None
+    model: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    low: int,
+    high: int,
+    precision: str | None,
+    ladder: Callable[[int, int], list[int]] | None = None,
 ) -> tuple[list[int], PaddingCheck]:
-    """The default bucket ladder of [`low`, `high`] (`compiler.serving.traffic.default_buckets`) and
-    the padding check of `model` over it (`check_padding` at each bucket's most padding, with the
-    tolerance of `precision`): the buckets a plan pads to, and whether it may."""
+    """A bucket ladder of [`low`, `high`] (`ladder`; by default
+    `compiler.serving.traffic.default_buckets`) and the padding check of `model` over it
+    (`check_padding` at each bucket's most padding, with the tolerance of `precision`): the
+    buckets a plan pads to, and whether it may."""
     from compiler.serving.traffic import default_buckets
 
-    buckets = default_buckets(low, high)
+    buckets = (ladder or default_buckets)(low, high)
     return buckets, check_padding(
         model, args, kwargs, padding_pairs(buckets, low), padding_tolerance(precision)
     )

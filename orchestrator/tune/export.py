@@ -48,7 +48,13 @@ from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, ExportError,
 from compiler.serving.signature import SIGNATURE, write_signature
 from compiler.serving.traffic import ServingProfile
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
-from orchestrator.tune.sweep_models import model_specs, packaged_plan, serving_line, serving_profiles
+from orchestrator.tune.sweep_models import (
+    model_specs,
+    packaged_plan,
+    serving_line,
+    serving_profiles,
+    serving_stock,
+)
 from store.layout import LOCK_FILE, TUNE_FILE
 from store.lock import holding
 from store.runlog import read_runs
@@ -408,13 +414,11 @@ def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
     rel = _bundle_name(entry)
     package = _bundle_name(entry, PACKAGES, ".pt2") if run.packages and not run.crashed else None
     profile = run.profiles.get(entry["model"])
-    serving = profile.to_dict() if profile else None
-    result = _bundle_outcome(
-        build_bundle(
-            job, dest / rel, run.threads, run.scratch_root, dest / package if package else None, serving
-        ),
-        dest / rel,
+    serving, stock = (profile.to_dict(), serving_stock(entry)) if profile else (None, None)
+    built = build_bundle(
+        job, dest / rel, run.threads, run.scratch_root, dest / package if package else None, serving, stock
     )
+    result = _bundle_outcome(built, dest / rel)
     if LOADER_CRASHED in (result.get("package_error") or ""):
         run.crashed = result["package_error"]
     cell = _cell(entry)

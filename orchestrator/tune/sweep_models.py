@@ -66,12 +66,42 @@ def serving_line(serving: dict[str, Any] | None) -> str:
     profile = ServingProfile.from_dict(serving["profile"]).describe()
     packages = serving.get("packages")
     if packages:
-        packed = f", a package per bucket ({sum(p.get('compile_s') or 0 for p in packages.values()):.0f} s)"
+        build = serving.get("package_build") or {}
+        packed = (
+            f", a package per bucket ({build['buckets']} built in {build['wall_s']:.0f} s by "
+            f"{build['processes']} processes on {build['gpus'] or 'no'} GPUs)"
+            if build.get("wall_s") is not None
+            else f", a package per bucket ({sum(p.get('compile_s') or 0 for p in packages.values()):.0f} s)"
+        )
     else:
         packed = (
             f", no bucket packages ({serving['package_error'][:200]})" if serving.get("package_error") else ""
         )
-    return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed}){packed}"
+    stock = serving.get("stock") or {}
+    if serving.get("vs_stock") is not None:
+        gain = serving["vs_stock"]
+        against = (
+            f"; {gain:.2f}x the stock user (torch.compile {stock.get('mode')}, {stock.get('dtype')}: "
+            f"{stock['weighted_ms']:.3f} ms, stalls {stock.get('stall_s', 0):.1f} s apart)"
+        )
+        if gain < 1:
+            against += ": LOSES to stock"
+    elif stock.get("error"):
+        against = f"; the stock user not measured ({stock['error'][:200]})"
+    else:
+        against = ""
+    return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed}){packed}{against}"
+
+
+STOCK_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def serving_stock(entry: dict[str, Any]) -> dict[str, Any]:
+    """The stock user a preset's serving plan is measured against under its traffic: plain
+    `torch.compile` in the stock mode the tune found faster at the preset's batch size
+    (`stock_compile_config`, `default` where it named none), in fp32, the model's own dtype."""
+    config = entry.get("stock_compile_config")
+    return {"mode": config if config in STOCK_MODES else "default", "dtype": "fp32"}
 
 
 def packaged_plan(serving: dict[str, Any], folder: str) -> dict[str, Any]:

@@ -161,6 +161,15 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
     assert serving_line(None) == ""
     packed = {**buckets, "packages": {"1": {"compile_s": 10.0}, "2": {"compile_s": 12.4}}}
     assert serving_line(packed).endswith(", a package per bucket (22 s)")
+    build = {"buckets": 16, "wall_s": 172.4, "processes": 8, "gpus": 1}
+    assert serving_line({**packed, "package_build": build}).endswith(
+        ", a package per bucket (16 built in 172 s by 8 processes on 1 GPUs)"
+    )
+    stock = {"mode": "reduce-overhead", "dtype": "fp32", "weighted_ms": 0.5, "stall_s": 31.2}
+    assert serving_line({**buckets, "stock": stock, "vs_stock": 2.5}).endswith(
+        "; 2.50x the stock user (torch.compile reduce-overhead, fp32: 0.500 ms, stalls 31.2 s apart)"
+    )
+    assert serving_line({**buckets, "stock": stock, "vs_stock": 0.9}).endswith(": LOSES to stock")
     assert serving_line({**buckets, "package_error": "bucket 4: boom"}).endswith(
         ", no bucket packages (bucket 4: boom)"
     )
@@ -222,25 +231,45 @@ def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_p
 
 
 @pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
-def test_the_bundle_job_builds_a_package_per_bucket_of_a_buckets_plan(tmp_path):
-    from workers.bench.run import JobRun
-    from workers.bench.serving import build_bucket_packages
-
-    run = JobRun.for_preset(
-        "export",
-        "cpu",
-        {"model_spec": {"id": "python:workers.toy:mlp", "name": "mlp"}, "batch_size": 4},
-        CompileConfig(name="default"),
-        "fp32",
-    )
-    model, inputs = toy_mlp(4)
-    run.result["serving"] = {"plan": "buckets", "buckets": [2, 8]}
-    build_bucket_packages(run, model, inputs, tmp_path / "mlp.pt2")
-    packages = run.result["serving"]["packages"]
-    assert sorted(packages) == ["2", "8"] and "package_error" not in run.result["serving"], run.result
-    for bucket, p in packages.items():
-        assert p["file"] == f"mlp-b{bucket}.pt2" and (tmp_path / p["file"]).stat().st_size > 0
-        assert p["inputs"] == [[[int(bucket), 128], "float32", "cpu"]], p
-    run.result["serving"] = {"plan": "dynamic", "buckets": []}  # a dynamic plan has no bucket packages
-    build_bucket_packages(run, model, inputs, tmp_path / "other.pt2")
-    assert "packages" not in run.result["serving"] and not list(tmp_path.glob("other*"))
+def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processes_of_their_own(tmp_path):
+    """With packages, the buckets plan is timed as it will be served: a package per bucket of the
+    finer ladder, each built by a `workers.bench --bucket-package` process, loaded and checked in
+    the bundle job; the chosen buckets' packages stay, the preset's own is its batch's bucket. A
+    model torch.export cannot capture gets `package_error` and the plan compiled instead."""
+    dest = tmp_path / "export"
+    (dest / "bundles").mkdir(parents=True)
+    (dest / "packages").mkdir()
+    profile = {"batch": {"min": 3, "max": 4}}  # two buckets: 3 and 4 (the preset's batch)
+    got = {}
+    for factory in ("mlp", "checked"):
+        result = build_bundle(
+            _job(factory),
+            dest / "bundles" / f"{factory}.bin",
+            1,
+            str(tmp_path),
+            dest / "packages" / f"{factory}.pt2",
+            profile,
+            {"mode": "default", "dtype": "fp32"} if factory == "mlp" else None,
+        )
+        assert result["status"] == "ok", result.get("error")
+        got[factory] = result
+    s = got["mlp"]["serving"]
+    assert s["plans"]["buckets"]["from"] == "packages" and "package_error" not in s, s
+    assert s["package_build"]["buckets"] == 2 and s["package_build"]["processes"] >= 1, s
+    assert sorted(map(int, s["plans"]["buckets"]["ladder_ms"])) == [3, 4], s
+    kept = set(s.get("packages") or {})
+    assert kept == ({str(b) for b in s["buckets"]} if s["plan"] == "buckets" else set()), s
+    on_disk = {p.name for p in (dest / "packages").iterdir()}
+    assert on_disk == {"mlp.pt2", *(f"mlp-b{b}.pt2" for b in kept)}, on_disk
+    assert got["mlp"]["package_from_bucket"] == 4 and got["mlp"]["package_inputs"] == [
+        [[4, 128], "float32", "cpu"]
+    ]
+    # the stock user under the same traffic, in a process of its own: compiled cold, recompiling
+    stock = s["stock"]
+    assert stock["mode"] == "default" and sorted(stock["order"]) == [3, 4] and stock["graphs"] >= 1, stock
+    assert stock["max_first_call_s"] > 10 * stock["weighted_ms"] / 1e3, stock  # the first call compiled
+    assert s["vs_stock"] == stock["weighted_ms"] / s["plans"][s["plan"]]["weighted_ms"], s
+    c = got["checked"]["serving"]
+    assert c["package_error"].startswith("bucket ") and "data-dependent" in c["package_error"], c
+    assert "from" not in c["plans"]["buckets"] and c["plans"]["buckets"]["graphs"] >= 2, c
+    assert not list((dest / "packages").glob("checked-b*")), list((dest / "packages").iterdir())

@@ -11,6 +11,7 @@ from compiler.serving.traffic import (
     ServingProfile,
     choose_buckets,
     default_buckets,
+    fine_buckets,
     next_bucket,
     padded_latency,
     profile_problems,
@@ -57,6 +58,15 @@ def test_the_default_ladder_pads_by_less_than_half_and_ends_at_max():
         buckets = default_buckets(1, high)
         assert buckets[-1] == high
         assert all(next_bucket(buckets, s) < 1.5 * s + 1 for s in range(1, high + 1))
+
+
+def test_the_fine_ladder_has_every_size_to_8_then_four_steps_an_octave():
+    assert fine_buckets(1, 32) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32]
+    assert fine_buckets(5, 20) == [5, 6, 7, 8, 10, 12, 14, 16, 20]
+    for high in range(1, 129):
+        buckets = fine_buckets(1, high)
+        assert buckets[-1] == high and set(default_buckets(1, high)) <= set(buckets)
+        assert all(next_bucket(buckets, s) <= 1.25 * s for s in range(1, high + 1))
 
 
 def test_choose_buckets_is_the_exact_optimum_of_the_weighted_padded_latency():

@@ -25,7 +25,7 @@ from workers.bench.compile import compile_phase
 from workers.bench.flops import count_flops
 from workers.bench.imports import imports, unsupported_here
 from workers.bench.record import JobRecord
-from workers.bench.serving import build_bucket_packages, prepare_serving
+from workers.bench.serving import discard_packages, prepare_serving
 from workers.bench.timing import timed_rounds
 from workers.bench.warmup import compiled_warmup, eager_phase
 
@@ -148,13 +148,20 @@ class JobRun(JobRecord):
         except Exception as exc:
             self.fail("compile_error", exc)
 
-    def run_bundle(self, bundle: Path, package: Path | None = None, serving: dict | None = None) -> None:
+    def run_bundle(
+        self,
+        bundle: Path,
+        package: Path | None = None,
+        serving: dict | None = None,
+        stock: dict | None = None,
+    ) -> None:
         """Compile the job's config cold and write the compile caches it filled to `bundle`
         (`torch.compiler.save_cache_artifacts()`: Inductor's FX graphs, AOTAutograd, autotuning),
         for `orchestrate export`; then, with `package`, build the config as an AOTInductor package
         there (`compiler.aoti`; a package that fails leaves `package_error`, the bundle stands).
         With `serving` (a serving profile's dict), the plan for that traffic is decided and every
-        graph of it compiled before the bundle is written (`workers.bench.serving`)."""
+        graph of it compiled before the bundle is written (`workers.bench.serving`), and with
+        `stock` (a torch.compile mode and dtype) the stock user timed under the same traffic."""
         import torch
 
         self.imports()
@@ -166,17 +173,53 @@ class JobRun(JobRecord):
                 for inputs in input_sets[1:]:
                     call(compiled, inputs)
             if serving is not None:
-                prepare_serving(self, model, input_sets[0], serving)
+                prepare_serving(self, model, input_sets[0], serving, package, stock)
         except Exception as exc:
             return self.fail("compile_error", exc)
-        if write_bundle(self, bundle) and package is not None:
-            build_package(self, model, input_sets[0], package)
-            build_bucket_packages(self, model, input_sets[0], package)
+        if not write_bundle(self, bundle):
+            discard_packages(self, package)  # no bundle, no preset: nothing of it ships
+        elif package is not None and "package_from_bucket" not in self.result:
+            build_package(self, model, input_sets[0], package)  # (else its batch's bucket is it)
+
+    def run_bucket_package(self, bucket: int, path: Path) -> None:
+        """The job's config built as an AOTInductor package at `path` for its inputs resized to a
+        batch of `bucket` (`compiler.aoti.build_package`; its columns in the result): one bucket of
+        a serving plan, built in a process of its own beside the others
+        (`workers.bench.serving.package_buckets`)."""
+        from compiler import aoti
+        from compiler.serving.padding import resize_batch
+
+        self.imports()
+        try:
+            model, input_sets, _ = self.build(keep_fp32_copy=False)
+            args, kwargs = aoti.split_inputs(input_sets[0])
+            b_args, b_kwargs = resize_batch(args, kwargs, bucket)
+            cfg = self.job.config
+            self.enter("package")
+            info = aoti.build_package(
+                cfg.prepare_model(model), b_kwargs if isinstance(input_sets[0], dict) else b_args, cfg, path
+            )
+        except Exception as exc:
+            return self.fail("compile_error", exc)
+        self.result.update(info)
+        self.result["status"] = "ok"
+
+    def run_serving_stock(self, spec: dict) -> None:
+        """The stock user under a serving profile's traffic (`workers.bench.serving.serve_stock`),
+        in this process of its own: `spec` is the profile, the torch.compile mode and the dtype."""
+        from workers.bench.serving import serve_stock
+
+        self.imports()
+        try:
+            serve_stock(self, spec)
+        except Exception as exc:
+            return self.fail("runtime_error", exc)
+        self.result["status"] = "ok"
 
 
 USAGE = (
-    "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE [--package FILE] [--serving JSON]] "
-    "JOB.json RESULT.json"
+    "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE [--package FILE] [--serving JSON] "
+    "| --bucket-package N FILE | --serving-stock JSON] JOB.json RESULT.json"
 )
 
 
@@ -184,15 +227,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warm = bool(argv) and argv[0] == "--warm"
     repeat = 1
-    bundle = package = serving = None
+    bundle = package = serving = bucket = stock = None
     if warm:
         argv = argv[1:]
+    elif len(argv) >= 2 and argv[0] == "--serving-stock":
+        stock, argv = json.loads(argv[1]), argv[2:]
+    elif len(argv) >= 3 and argv[0] == "--bucket-package" and argv[1].isdigit():
+        bucket, package, argv = int(argv[1]), Path(argv[2]), argv[3:]
     elif len(argv) >= 2 and argv[0] == "--bundle":
         bundle, argv = Path(argv[1]), argv[2:]
         if len(argv) >= 2 and argv[0] == "--package":
             package, argv = Path(argv[1]), argv[2:]
         if len(argv) >= 2 and argv[0] == "--serving":
             serving, argv = json.loads(argv[1]), argv[2:]
+        if len(argv) >= 2 and argv[0] == "--serving-stock":
+            stock, argv = json.loads(argv[1]), argv[2:]
     elif len(argv) >= 2 and argv[0] == "--repeat":
         if not argv[1].isdigit() or int(argv[1]) < 2:
             print(f"--repeat takes a process number >= 2, got {argv[1]!r}\n{USAGE}", file=sys.stderr)
@@ -211,8 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if warm:
             run.run_warm()
+        elif bucket is not None:
+            run.run_bucket_package(bucket, package)
+        elif stock is not None and bundle is None:
+            run.run_serving_stock(stock)
         elif bundle is not None:
-            run.run_bundle(bundle, package, serving)
+            run.run_bundle(bundle, package, serving, stock)
         else:
             run.run(repeat)
     except BaseException as exc:  # a bug in this file must still become a row

@@ -17,7 +17,11 @@ buckets, the padding check, and per plan what preparing cost here and its weight
 
 from __future__ import annotations
 
+import gc
+import os
+import shutil
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,56 +34,415 @@ TIMED_CALLS = 5
 """Timed calls per size (after one untimed call), their median the size's latency."""
 
 
-def prepare_serving(run: JobRecord, model: Any, inputs: Any, profile_data: dict[str, Any]) -> None:
+def prepare_serving(
+    run: JobRecord,
+    model: Any,
+    inputs: Any,
+    profile_data: dict[str, Any],
+    package: Path | None = None,
+    stock: dict[str, Any] | None = None,
+) -> None:
     """Phase `serving`: decide and prepare the plan for `profile_data` (a `ServingProfile`'s dict)
-    on `model` (eager, as built) with the cell's `inputs`; its record in `run.result["serving"]`."""
+    on `model` (eager, as built) with the cell's `inputs`; its record in `run.result["serving"]`.
+    With `package` (the export ships packages) and a config that packages, the buckets plan is
+    timed as it will be served: a package per bucket of the finer ladder (`fine_buckets`), built
+    by processes of their own (`packaged_buckets`); the chosen buckets' stay beside `package`
+    (`keep_packages`). Without, or where a package fails (`package_error`), the buckets plan is
+    compiled here on the default ladder, its graphs in the bundle. With `stock` (a mode and a
+    dtype), the stock user is timed under the same traffic in a process of its own
+    (`stock_under_traffic`): `stock`, and `vs_stock` the plan's gain over it, stalls excluded."""
     import torch
 
+    from compiler import aoti
     from compiler.aoti import package_options, split_inputs
     from compiler.serving.padding import check_ladder
     from compiler.serving.served import ServedModel
-    from compiler.serving.traffic import ServingProfile, weighted_mean
+    from compiler.serving.traffic import ServingProfile, default_buckets, fine_buckets
 
     run.enter("serving")
     cfg = run.job.config
     profile = ServingProfile.from_dict(profile_data)
     example = split_inputs(inputs)
-    buckets, check = check_ladder(model, *example, profile.min, profile.max, run.job.dtype)
+    packaged = package is not None and not aoti.packageable(cfg)
+    ladder = fine_buckets if packaged else default_buckets
+    buckets, check = check_ladder(model, *example, profile.min, profile.max, run.job.dtype, ladder)
     kwargs = cfg.compile_kwargs()
     prepared = cfg.prepare_model(model) if cfg.channels_last else model
     cuda = run.job.device == "cuda"
+    record: dict[str, Any] = {"profile": profile.to_dict(), "padding": check.to_dict()}
     plans: dict[str, dict[str, Any]] = {}
+    built: dict[int, dict[str, Any]] = {}
     for plan in ("buckets", "dynamic") if check.ok else ("dynamic",):
-        served = ServedModel(
-            lambda dynamic: torch.compile(prepared, **{**kwargs, "dynamic": dynamic}),
-            profile,
-            plan,
-            buckets,
-            example,
-            cudagraphs=cuda and package_options(cfg)[1],
-            rows_independent=check.ok,
-        )
-        prep = served.prepare()
-        at_size, at_bucket = time_sizes(served, example, profile, cuda, buckets if plan == "buckets" else [])
-        plans[plan] = {
-            "weighted_ms": weighted_mean(at_size, profile),
-            "prepare_s": prep.prepare_s,
-            "graphs": prep.graphs,
-            "memory_bytes": prep.memory_bytes,
-            "peak_bytes": prep.peak_bytes,
-            "reserved_bytes": prep.reserved_bytes,
-            "ms": {str(s): at_size[s] for s in sorted(at_size)},
-        }
-        if plan == "buckets":
-            plans[plan].update(bucket_set(at_bucket, profile))
+        served = None
+        if plan == "buckets" and packaged:
+            assert package is not None
+            served, built, build, why = packaged_buckets(run, prepared, example, profile, buckets, package)
+            record["package_build"] = build
+            if served is None:
+                record["package_error"] = why
+        if served is None:
+            served = ServedModel(
+                lambda dynamic: torch.compile(prepared, **{**kwargs, "dynamic": dynamic}),
+                profile,
+                plan,
+                buckets,
+                example,
+                cudagraphs=cuda and package_options(cfg)[1],
+                rows_independent=check.ok,
+            )
+            prep = served.prepare()
+        else:
+            prep = served.preparation
+        plans[plan] = plan_record(served, prep, example, profile, cuda, buckets if plan == "buckets" else [])
+        if built and plan == "buckets":
+            plans[plan]["from"] = "packages"
+        served = prep = None  # the next plan's memory is measured without this one's
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
     chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
-    run.result["serving"] = {
-        "profile": profile.to_dict(),
-        "plan": chosen,
-        "buckets": plans[chosen].get("buckets", []),
-        "padding": check.to_dict(),
-        "plans": plans,
+    record.update(plan=chosen, buckets=plans[chosen].get("buckets", []), plans=plans)
+    if built:
+        assert package is not None
+        keep_packages(run, record, built, package)
+    if stock is not None:
+        record["stock"] = stock_under_traffic(run, profile, stock)
+        if record["stock"].get("weighted_ms"):
+            record["vs_stock"] = record["stock"]["weighted_ms"] / plans[chosen]["weighted_ms"]
+    run.result["serving"] = record
+
+
+def plan_record(served: Any, prep: Any, example: tuple, profile: Any, cuda: bool, buckets: list[int]) -> dict:
+    """A prepared plan's record: its latency at every size of the traffic (`time_sizes`) and their
+    traffic-weighted mean, what preparing it cost (`prep`, a `Preparation`), and for a buckets
+    plan (`buckets`) the set chosen from them (`bucket_set`)."""
+    from compiler.serving.traffic import weighted_mean
+
+    at_size, at_bucket = time_sizes(served, example, profile, cuda, buckets)
+    record = {
+        "weighted_ms": weighted_mean(at_size, profile),
+        "prepare_s": prep.prepare_s,
+        "graphs": prep.graphs,
+        "memory_bytes": prep.memory_bytes,
+        "peak_bytes": prep.peak_bytes,
+        "reserved_bytes": prep.reserved_bytes,
+        "ms": {str(s): at_size[s] for s in sorted(at_size)},
     }
+    if buckets:
+        record.update(bucket_set(at_bucket, profile))
+    return record
+
+
+def keep_packages(
+    run: JobRecord, record: dict[str, Any], built: dict[int, dict[str, Any]], package: Path
+) -> None:
+    """Of the bucket packages `built` beside `package`, keep those of the chosen plan's buckets
+    (recorded as `packages`: file, input signature, CUDA graphs, compile seconds; none where the
+    plan is dynamic) and remove the rest; the bucket of the job's batch size, where built, is
+    copied to `package` as the preset's own (`package_from_bucket`)."""
+    keep = set(record["buckets"]) if record["plan"] == "buckets" else set()
+    if keep:
+        record["packages"] = {
+            str(b): {k: built[b][k] for k in ("file", "inputs", "cudagraphs", "compile_s")}
+            for b in sorted(keep)
+        }
+    preset = built.get(run.job.batch_size)
+    if preset is not None:
+        shutil.copyfile(package.with_name(preset["file"]), package)
+        run.result.update(preset["columns"])
+        run.result["package_from_bucket"] = run.job.batch_size
+    for b, info in built.items():
+        if b not in keep:
+            package.with_name(info["file"]).unlink(missing_ok=True)
+
+
+def stock_under_traffic(run: JobRecord, profile: Any, stock: dict[str, Any]) -> dict[str, Any]:
+    """The stock user (`stock`: its torch.compile mode and dtype) under `profile`'s traffic, timed
+    in a fresh process (`python -m workers.bench --serving-stock`, `serve_stock`): its figures,
+    or `error` saying why there are none."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from workers.affinity import AHEAD_AFFINITY_ENV
+    from workers.bench import PARENT_PID_ENV
+    from workers.bench.gate import GATE_FD_ENV
+
+    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV):
+        env.pop(name, None)
+    with tempfile.TemporaryDirectory(prefix="serving-stock-") as scratch:
+        env["TORCHINDUCTOR_CACHE_DIR"] = f"{scratch}/inductor"  # a stock user compiles cold
+        job_file, result_file = Path(scratch) / "job.json", Path(scratch) / "result.json"
+        job_file.write_text(json.dumps(run.job.to_dict()))
+        spec = json.dumps({**stock, "profile": profile.to_dict()})
+        done = subprocess.run(
+            [sys.executable, "-m", "workers.bench", "--serving-stock", spec, str(job_file), str(result_file)],
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        result = json.loads(result_file.read_text()) if result_file.exists() else {}
+    if result.get("status") != "ok":
+        said = result.get("error") or done.stderr[-2000:].strip() or f"exit {done.returncode}"
+        return {**stock, "error": said.splitlines()[0][:300]}
+    return {**stock, **result["serving_stock"]}
+
+
+def serve_stock(run: JobRecord, spec: dict[str, Any]) -> None:
+    """In a process of its own: the model built in `spec["dtype"]` (the stock user's: the model's
+    own), compiled with plain `torch.compile` in `spec["mode"]`, and called at every size of
+    `spec["profile"]`'s traffic in a seeded order, as a service would first see them: each size's
+    first call (its stall: a compile where Dynamo recompiles) and then its latency, timed as the
+    plans are (`time_sizes`). `run.result["serving_stock"]`: the traffic-weighted latency (stalls
+    excluded), the stalls, the Dynamo graphs compiled and the latency per size."""
+    import random
+
+    import torch
+
+    from compiler.aoti import split_inputs
+    from compiler.measure import time_calls
+    from compiler.serving.padding import resize_batch
+    from compiler.serving.served import graph_count
+    from compiler.serving.traffic import ServingProfile, weighted_mean
+
+    profile = ServingProfile.from_dict(spec["profile"])
+    model, input_sets, _ = run.build(keep_fp32_copy=False, precision=spec.get("dtype") or None)
+    example = split_inputs(input_sets[0])
+    mode = spec.get("mode") or None
+    compiled = torch.compile(model, mode=None if mode == "default" else mode)
+    cuda = run.job.device == "cuda"
+    sizes = [s for s, _ in profile.traffic]
+    order = random.Random(0).sample(sizes, len(sizes))
+    graphs0 = graph_count()
+    ms: dict[int, float] = {}
+    stalls: dict[int, float] = {}
+    with torch.no_grad():
+        for size in order:
+            args, kwargs = resize_batch(*example, size)
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            compiled(*args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+            stalls[size] = time.perf_counter() - t0
+            compiled(*args, **kwargs)
+            times = time_calls(
+                lambda a=args, k=kwargs: compiled(*a, **k), TIMED_CALLS, "cuda" if cuda else "cpu"
+            )
+            ms[size] = statistics.median(times)
+    graphs = graph_count()
+    run.result["serving_stock"] = {
+        "weighted_ms": weighted_mean(ms, profile),
+        "stall_s": sum(stalls.values()),
+        "max_first_call_s": max(stalls.values()),
+        "graphs": None if graphs is None or graphs0 is None else graphs - graphs0,
+        "order": order,
+        "ms": {str(s): ms[s] for s in sorted(ms)},
+    }
+
+
+def discard_packages(run: JobRecord, package: Path | None) -> None:
+    """Remove the packages `prepare_serving` left beside `package` (the preset's, where its batch's
+    bucket was copied to it, and the plan's buckets'), and their record."""
+    if package is None:
+        return
+    serving = run.result.get("serving") or {}
+    for info in (serving.pop("packages", None) or {}).values():
+        package.with_name(info["file"]).unlink(missing_ok=True)
+    if run.result.pop("package_from_bucket", None) is not None:
+        package.unlink(missing_ok=True)
+        for key in [k for k in run.result if k.startswith("package_")]:
+            del run.result[key]
+
+
+def packaged_buckets(
+    run: JobRecord,
+    model: Any,
+    example: tuple[tuple, dict],
+    profile: Any,
+    buckets: list[int],
+    package: Path,
+) -> tuple[Any, dict[int, dict[str, Any]], dict[str, Any], str]:
+    """The buckets plan as a serving process loads it: every bucket's package built
+    (`package_buckets`), loaded with `model`'s weights, captured and checked against `model` at its
+    size, then prepared as `compile_tuned` prepares it. (the prepared `ServedModel`, what was
+    built by bucket, the build's wall time, processes and GPUs, "") or (None, {}, that, why not);
+    the preparation's time and memory include loading the packages."""
+    import torch
+
+    from compiler import aoti
+    from compiler.measure import compare_outputs
+    from compiler.serving.padding import resize_batch
+    from compiler.serving.served import BucketPackages, ServedModel
+
+    built, build, why = package_buckets(run, buckets, package)
+    if why:
+        return None, {}, build, why
+    cuda = run.job.device == "cuda"
+
+    def unused() -> Any:
+        raise RuntimeError("a bucket's package was called with another input signature")
+
+    if cuda:
+        torch.cuda.synchronize()
+        before, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    loaded = {}
+    try:
+        for b in buckets:
+            info = built[b]
+            b_args, b_kwargs = resize_batch(*example, b)
+            packaged = aoti.PackagedModel.load(
+                package.with_name(info["file"]), model, info["inputs"], info["cudagraphs"], unused
+            )
+            packaged.capture(b_args, b_kwargs)
+            with torch.no_grad():
+                want, got = model(*b_args, **b_kwargs), packaged(*b_args, **b_kwargs)
+            cmp = compare_outputs(aoti.tensors(want), aoti.tensors(got), run.job.dtype)
+            if not cmp.ok:
+                raise aoti.PackageError(f"its outputs differ from eager ({cmp.detail})")
+            loaded[b] = packaged
+    except Exception as exc:
+        for info in built.values():
+            package.with_name(info["file"]).unlink(missing_ok=True)
+        return None, {}, build, f"bucket {b}: {type(exc).__name__}: {_first_line(exc)}"
+    load_s = time.perf_counter() - t0
+    served = ServedModel(lambda dynamic: BucketPackages(loaded), profile, "buckets", buckets, example)
+    prep = served.prepare()
+    prep.prepare_s += load_s
+    if cuda:
+        prep.memory_bytes = torch.cuda.memory_allocated() - before
+        prep.peak_bytes = torch.cuda.max_memory_allocated() - before
+        prep.reserved_bytes = torch.cuda.memory_reserved() - reserved
+    return served, built, build, ""
+
+
+def package_buckets(
+    run: JobRecord, buckets: list[int], package: Path
+) -> tuple[dict[int, dict[str, Any]], dict[str, Any], str]:
+    """An AOTInductor package of the job's config per bucket, each built in a process of its own
+    (`python -m workers.bench --bucket-package N FILE`: the model built as this job built it, its
+    inputs resized to the bucket) and written beside `package` as `<stem>-b<N>.pt2`.
+
+    A package's build is mostly one thread's C++ compile, so the builds run side by side: up to
+    half this process's cores at once (`build_processes`), spread round-robin over the GPUs this
+    process sees, each with its share of the cores for Inductor's compile workers. Returns (per
+    bucket its file name, input signature, CUDA graphs, compile seconds and build columns; the
+    build's wall time, processes and GPUs; "") or ({}, that, why not) after the first failure,
+    the other builds stopped and every file removed."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from workers.affinity import AHEAD_AFFINITY_ENV
+    from workers.bench import PARENT_PID_ENV
+    from workers.bench.gate import GATE_FD_ENV
+
+    processes = build_processes(len(buckets))
+    gpus = visible_gpus() if run.job.device == "cuda" else []
+    threads = max(1, len(os.sched_getaffinity(0)) // processes)
+    build = {"processes": processes, "gpus": len(gpus), "buckets": len(buckets)}
+    scratch = Path(tempfile.mkdtemp(prefix="bucket-packages-"))
+    job_file = scratch / "job.json"
+    job_file.write_text(json.dumps(run.job.to_dict()))
+    env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
+    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV):
+        env.pop(name, None)
+    pending, running, done = list(buckets), {}, {}
+    error, started = "", 0
+    t0 = time.perf_counter()
+    try:
+        while (pending and not error) or running:
+            while pending and not error and len(running) < processes:
+                b = pending.pop(0)
+                path = package.with_name(f"{package.stem}-b{b}.pt2")
+                log = open(scratch / f"b{b}.log", "w")  # noqa: SIM115 (closed when the process ends)
+                child_env = dict(env)
+                if gpus:
+                    child_env["CUDA_VISIBLE_DEVICES"] = gpus[started % len(gpus)]
+                started += 1
+                cmd = [sys.executable, "-m", "workers.bench", "--bucket-package", str(b), str(path)]
+                proc = subprocess.Popen(
+                    [*cmd, str(job_file), str(scratch / f"b{b}.json")],
+                    env=child_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+                running[b] = (proc, path, log)
+            time.sleep(0.1)
+            for b, (proc, path, log) in list(running.items()):
+                if proc.poll() is None:
+                    if error:
+                        proc.kill()
+                    continue
+                del running[b]
+                log.close()
+                info, why = _bucket_outcome(b, proc.returncode, path, scratch)
+                if info is not None:
+                    done[b] = info
+                elif not error:
+                    error = why
+    finally:
+        for proc, _, log in running.values():
+            proc.kill()
+            proc.wait()
+            log.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    build["wall_s"] = time.perf_counter() - t0
+    if error:
+        for b in buckets:
+            package.with_name(f"{package.stem}-b{b}.pt2").unlink(missing_ok=True)
+        return {}, build, error
+    return done, build, ""
+
+
+def _bucket_outcome(bucket: int, returncode: int, path: Path, scratch: Path) -> tuple[dict | None, str]:
+    """A `--bucket-package` process's package (its file name, input signature, CUDA graphs,
+    compile seconds and build columns), or (None, why not: the error's first line, or the last
+    line of the log of a process that died)."""
+    import json
+
+    result_file = scratch / f"b{bucket}.json"
+    result = json.loads(result_file.read_text()) if result_file.exists() else {}
+    if returncode == 0 and result.get("status") == "ok" and path.exists():
+        return {
+            "file": path.name,
+            "inputs": result["package_inputs"],
+            "cudagraphs": result["package_cudagraphs"],
+            "compile_s": result["package_compile_s"],
+            "columns": {k: v for k, v in result.items() if k.startswith("package_")},
+        }, ""
+    said = result.get("error") or (scratch / f"b{bucket}.log").read_text()[-2000:].strip()
+    line = (said.splitlines()[0] if result.get("error") else said.splitlines()[-1]) if said else ""
+    return None, f"bucket {bucket}: {result.get('status') or f'exit {returncode}'}: {line[:300]}"
+
+
+def build_processes(builds: int) -> int:
+    """How many package builds run at once: half this process's cores (a build's C++ compile is
+    one thread, its Triton kernels a few more), at least one, at most `builds`."""
+    return max(1, min(builds, len(os.sched_getaffinity(0)) // 2))
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process sees, as `CUDA_VISIBLE_DEVICES` names them (its list, where set;
+    else every device's index)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:300] if str(exc) else ""
 
 
 def bucket_set(at_bucket: dict[int, float], profile: Any) -> dict[str, Any]:
@@ -121,53 +484,3 @@ def time_sizes(
         measured[size] = statistics.median(times)
     at_size = {s: measured[s] if s in measured else measured[next_bucket(ladder, s)] for s in sizes}
     return at_size, {b: measured[b] for b in buckets}
-
-
-def build_bucket_packages(run: JobRecord, model: Any, inputs: Any, package: Path) -> None:
-    """Phase `serving_packages`, for a preset whose serving plan is buckets: one AOTInductor package per
-    bucket (`compiler.aoti.build_package`, the cell's inputs resized to the bucket), written beside
-    `package` as `<stem>-b<N>.pt2`, so that a serving process loads every bucket without tracing or
-    compiling. Recorded in `run.result["serving"]["packages"]` by bucket (its file name, input
-    signature, CUDA graphs, compile seconds); a bucket whose package fails leaves `package_error`
-    there and no packages at all (the plan is then prepared from the bundle)."""
-    import copy
-
-    from compiler import aoti
-    from compiler.aoti import split_inputs
-    from compiler.serving.padding import resize_batch
-
-    serving = run.result.get("serving") or {}
-    if serving.get("plan") != "buckets":
-        return
-    run.enter("serving_packages")
-    cfg = run.job.config
-    why = aoti.packageable(cfg)
-    if why:
-        serving["package_error"] = f"not packaged: {why}"
-        return
-    args, kwargs = split_inputs(inputs)
-    built: dict[str, dict[str, Any]] = {}
-    for bucket in serving["buckets"]:
-        b_args, b_kwargs = resize_batch(args, kwargs, bucket)
-        path = package.with_name(f"{package.stem}-b{bucket}.pt2")
-        try:
-            info = aoti.build_package(
-                cfg.prepare_model(copy.deepcopy(model)),
-                b_kwargs if isinstance(inputs, dict) else b_args,
-                cfg,
-                path,
-            )
-        except Exception as exc:
-            serving["package_error"] = (
-                f"bucket {bucket}: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            )
-            for done in built.values():
-                (package.parent / done["file"]).unlink(missing_ok=True)
-            return
-        built[str(bucket)] = {
-            "file": path.name,
-            "inputs": info["package_inputs"],
-            "cudagraphs": info["package_cudagraphs"],
-            "compile_s": info["package_compile_s"],
-        }
-    serving["packages"] = built
