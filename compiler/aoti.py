@@ -333,9 +333,14 @@ def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
     return f"loading it in a fresh process failed: {said[-1][:300] if said else f'exit {proc.returncode}'}"
 
 
-def fill_constants(runner: Any, model: Any, path: Path) -> None:
+def fill_constants(runner: Any, model: Any, path: Path) -> dict[str, Any]:
     """Fill the loaded package `runner` (from `path`) with `model`'s parameters and buffers by
-    name; raises PackageError when they do not match by name, shape and dtype."""
+    name, and return them; raises PackageError when they do not match by name, shape and dtype.
+
+    The package uses the model's own tensors where this torch can (`user_managed`: the loader
+    keeps their pointers, no copy), so the packages of a plan's buckets share one set of weights
+    instead of holding a copy each; what it folds from them at load (`_FOLDED_CONST_*`, e.g. a
+    transposed weight) is still its own. The caller keeps the returned tensors alive."""
     named = {  # every name of a tied weight: the package may ask for any of them
         **dict(model.named_parameters(remove_duplicate=False)),
         **dict(model.named_buffers(remove_duplicate=False)),
@@ -349,10 +354,15 @@ def fill_constants(runner: Any, model: Any, path: Path) -> None:
             f"{path}: the package needs {len(missing)} weights this model does not have "
             f"(e.g. {', '.join(missing[:3])}): it was built for another architecture"
         )
+    constants = {n: named[n] for n in wanted if n in named}
     try:
-        runner.load_constants({n: named[n] for n in wanted if n in named}, check_full_update=True)
+        try:
+            runner.load_constants(constants, check_full_update=True, user_managed=True)
+        except TypeError:  # a torch whose loader copies every constant
+            runner.load_constants(constants, check_full_update=True)
     except RuntimeError as exc:
         raise PackageError(f"{path}: this model's weights do not fit the package: {exc}") from exc
+    return constants
 
 
 class PackagedModel:
@@ -375,6 +385,7 @@ class PackagedModel:
         self._graph: Any = None
         self._static_inputs: list[Any] = []
         self._static_out: Any = None
+        self.constants: dict[str, Any] = {}
 
     @classmethod
     def load(
@@ -388,8 +399,9 @@ class PackagedModel:
         """Load the package at `path` (its bytes already verified) and fill its constants with
         `model`'s parameters and buffers (`fill_constants`)."""
         runner = load_runner(path, single_threaded=cudagraphs)
-        fill_constants(runner, model, path)
-        return cls(runner, inputs, cudagraphs, fallback)
+        packaged = cls(runner, inputs, cudagraphs, fallback)
+        packaged.constants = fill_constants(runner, model, path)  # the package runs on these
+        return packaged
 
     def capture(self, args: tuple, kwargs: dict) -> None:
         """Warm the package up on these inputs (the first run folds the weights) and, for a CUDA

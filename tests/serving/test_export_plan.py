@@ -229,6 +229,25 @@ def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_p
     )  # no Dynamo at all
     assert got["compiles"] == 0 and got["worst"] < 1e-4, got
 
+    # the buckets' packages run on the caller's weights, not on a copy each
+    import torch
+
+    model, inputs = toy_mlp(2)
+    loaded = [
+        aoti.PackagedModel.load(
+            tmp_path / f"p{b}.pt2", model, packages[str(b)]["inputs"], False, lambda: model
+        )
+        for b in (2, 4)
+    ]
+    bias = model.layers[4].bias
+    assert all(p.constants["layers.4.bias"].data_ptr() == bias.data_ptr() for p in loaded)
+    x4 = {"x": torch.randn(4, inputs["x"].shape[1])}
+    with torch.no_grad():
+        before = [loaded[0](**inputs), loaded[1](**x4)]
+        bias.add_(1.0)
+        after = [loaded[0](**inputs), loaded[1](**x4)]
+    assert all(torch.allclose(a - b, torch.ones_like(a)) for a, b in zip(after, before, strict=True))
+
 
 @pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
 def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processes_of_their_own(tmp_path):
