@@ -8,7 +8,8 @@ three ways of serving one model, each in fresh processes.
 - `oracle`: the per-size optimum, one graph specialized for every batch size of the range, all
   prepared before the first request (what an exact preset per batch size would serve): compiled
   with `torch.compile` (`--oracle compile`), or an AOTInductor package per size (`--oracle
-  packages`, built before it starts), the fair oracle for a served plan of packages;
+  packages`, built before it starts; with `--export`, its bucket packages serve their own
+  sizes), the fair oracle for a served plan of packages;
 - `stock`: what a stock PyTorch user runs, plain `torch.compile(model)` in the model's own dtype
   (`--stock-dtype`, fp32) and each `--stock-mode` (compiled on its first request, recompiling as
   new sizes arrive: the stalls are reported apart and left out of its latencies); the faster mode
@@ -50,7 +51,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving_summary import add_to_summary  # noqa: E402  (beside this file)
+from serving_oracle import build_oracle_packages, load_oracle_packages, run_oracle  # noqa: E402  (beside this file)
+from serving_summary import add_to_summary  # noqa: E402
 
 from compiler.env import project_pythonpath  # noqa: E402
 from compiler.serving.traffic import ServingProfile, weighted_mean  # noqa: E402
@@ -108,8 +110,10 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
 
     config = CompileConfig(name=args.mode, mode=mode)
     entry = {"precision": args.dtype}
-    if side == "oracle" and args.oracle_dir:  # a package per size, built by _build_oracle_packages
-        return _load_oracle_packages(args, profile, model, example, Path(args.oracle_dir), t0)
+    if (
+        side == "oracle" and args.oracle_dir
+    ):  # a package per size, built by serving_oracle.build_oracle_packages
+        return load_oracle_packages(args, profile, model, example, Path(args.oracle_dir), t0)
     if side == "oracle":  # one specialized graph per size: buckets at every size, nothing padded
         entry["serving"] = {
             "profile": profile.to_dict(),
@@ -130,62 +134,10 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
     return served, time.perf_counter() - t0, {"serving": applied.serving}
 
 
-def _config(args: argparse.Namespace):
-    from compiler.config import CompileConfig
-
-    return CompileConfig(name=args.mode, mode=None if args.mode == "default" else args.mode)
-
-
-def _build_oracle_packages(args: argparse.Namespace, profile: ServingProfile, dest: Path) -> dict:
-    """`--oracle packages`: an AOTInductor package of `--mode` for every size of the range, in
-    `dest` (`workers.bench.serving.package_buckets`: processes of their own, side by side, spread
-    over the GPUs), as an export builds a bucket's: what an exact preset per batch size serves
-    from. The build's wall time, processes and GPUs."""
-    from workers.bench.run import JobRun
-    from workers.bench.serving import package_buckets
-
-    spec = {
-        "id": args.model_id,
-        "name": args.name,
-        **({"input_size": args.input_size} if args.input_size else {}),
-    }
-    hardware = "cpu" if args.device == "cpu" else "gpu"
-    run = JobRun.for_preset(
-        "serving-traffic", hardware, {"model_spec": spec, "batch_size": args.max}, _config(args), args.dtype
-    )
-    os.environ["PYTHONPATH"] = project_pythonpath(os.environ.get("PYTHONPATH"))
-    built, build, why = package_buckets(run, profile.sizes(), dest / "oracle.pt2")
-    if why:
-        raise SystemExit(f"the oracle's packages failed: {why}")
-    (dest / "oracle.json").write_text(json.dumps({str(b): info for b, info in built.items()}))
-    return build
-
-
-def _load_oracle_packages(args, profile: ServingProfile, model, example, dest: Path, t0: float):
-    """The oracle served from its packages (`_build_oracle_packages`), each loaded with the model's
-    weights and captured now, as `compile_tuned` serves a buckets plan of packages."""
-    from compiler import aoti
-    from compiler.serving.padding import resize_batch
-    from compiler.serving.served import BucketPackages, ServedModel
-
-    built = {int(b): info for b, info in json.loads((dest / "oracle.json").read_text()).items()}
-    loaded = {}
-    for size in profile.sizes():
-        info = built[size]
-        packaged = aoti.PackagedModel.load(
-            dest / info["file"], model, info["inputs"], info["cudagraphs"], lambda: model
-        )
-        packaged.capture(*resize_batch(*example, size))
-        loaded[size] = packaged
-    served = ServedModel(lambda dynamic: BucketPackages(loaded), profile, "buckets", profile.sizes(), example)
-    served.prepare()
-    return served, time.perf_counter() - t0, {"serving": served.describe()}
-
-
 def child(side: str, args: argparse.Namespace) -> dict:
     """One side in this (fresh) process: prepare, then replay the trace; its measurements. An
     oracle process given `--sizes` prepares and replays those sizes only, and with `--wait` says
-    `READY` once prepared and replays when a line arrives on its stdin (`_run_oracle`)."""
+    `READY` once prepared and replays when a line arrives on its stdin (`serving_oracle.run_oracle`)."""
     import torch
 
     from compiler.serving.padding import resize_batch
@@ -288,68 +240,6 @@ def _run_child(side: str, argv: list[str], cache: str) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"the {side} process failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _run_oracle(argv: list[str], profile: ServingProfile, processes: int, cache: str) -> dict:
-    """The oracle over `processes` fresh processes, each preparing every `processes`-th size of the
-    range at once (a graph per size costs a compile: the range's 32 sizes took 9-14 s each on an
-    H200), then replaying the trace's requests of its sizes one process after another, the others
-    idle. Their requests and compile counts summed, the longest preparation its `prepare_s`."""
-    sizes = profile.sizes()
-    groups = [sizes[i::processes] for i in range(min(processes, len(sizes)))]
-    procs = []
-    with tempfile.TemporaryDirectory(prefix="oracle-") as logs:
-        for i, group in enumerate(groups):
-            cmd = [sys.executable, __file__, *argv, "--child", "oracle", "--wait"]
-            cmd += ["--sizes", ",".join(map(str, group))]
-            err = open(Path(logs) / f"{i}.err", "w")  # noqa: SIM115 (closed below)
-            procs.append(
-                (
-                    subprocess.Popen(
-                        cmd,
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        stderr=err,
-                        text=True,
-                        env=_env(cache),
-                    ),
-                    err,
-                )
-            )
-        results = []
-        for i, (proc, err) in enumerate(procs):
-            assert proc.stdout is not None and proc.stdin is not None
-            while (line := proc.stdout.readline()) and line.strip() != "READY":
-                pass
-            if not line:
-                proc.wait()
-                err.close()
-                raise SystemExit(
-                    f"oracle process {i} failed:\n{(Path(logs) / f'{i}.err').read_text()[-3000:]}"
-                )
-        for i, (proc, err) in enumerate(procs):  # replayed one after another
-            assert proc.stdout is not None and proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            out = proc.stdout.read()
-            proc.wait()
-            err.close()
-            if proc.returncode != 0:
-                raise SystemExit(
-                    f"oracle process {i} failed:\n{(Path(logs) / f'{i}.err').read_text()[-3000:]}"
-                )
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    counts = [r["compiles_after_prepare"] for r in results]
-    peaks = [r["peak_mem_bytes"] for r in results if r["peak_mem_bytes"] is not None]
-    return {
-        "side": "oracle",
-        "prepare_s": max(r["prepare_s"] for r in results),
-        "processes": len(groups),
-        "compiles_after_prepare": None if None in counts else sum(counts),
-        "requests": [q for r in results for q in r["requests"]],
-        "applied": {},
-        "peak_mem_bytes": sum(peaks) if peaks else None,
-    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -458,11 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="serving-traffic-") as caches:  # each side's caches cold
         sides["served"] = _run_child("served", argv, f"{caches}/served")
         if args.oracle == "packages":
-            build = _build_oracle_packages(args, profile, Path(caches))
+            build = build_oracle_packages(args, profile, Path(caches))
             sides["oracle"] = _run_child("oracle", [*argv, "--oracle-dir", caches], f"{caches}/oracle")
             sides["oracle"]["package_build"] = build
         else:
-            sides["oracle"] = _run_oracle(argv, profile, max(1, args.oracle_processes), f"{caches}/oracle")
+            sides["oracle"] = run_oracle(
+                __file__, _env(f"{caches}/oracle"), argv, profile, max(1, args.oracle_processes)
+            )
         for mode in args.stock_mode.split(","):
             sides[f"stock:{mode}"] = _run_child(f"stock:{mode}", argv, f"{caches}/stock-{mode}")
     rows = {side: summary(sides[side], profile) for side in sides}

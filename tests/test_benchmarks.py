@@ -260,3 +260,13 @@ def test_serving_traffic_replays_the_trace_and_the_served_plan_never_compiles_af
     assert int(stock[2]) >= 1, out  # the stock user compiles as the sizes arrive
     assert float(stock[4]) > float(served[4]), out  # and its stalls are the compiles
     assert "served plan: buckets" in out, out  # the MLP's rows are independent: padding passes
+
+
+def test_serving_traffic_oracle_of_packages_serves_every_size_from_its_own_package(tmp_path):
+    save = tmp_path / "trace.json"
+    out = bench("serving_traffic.py", "--small", "--oracle", "packages", "--save", str(save), timeout=900)
+    assert table_row(out, "oracle")[2] == "0", out  # nothing compiled once the packages were loaded
+    oracle = json.loads(save.read_text())["sides"]["oracle"]
+    assert oracle["package_build"]["buckets"] == 4, oracle["package_build"]  # sizes 1..4, a package each
+    serving = oracle["applied"]["serving"]
+    assert serving["buckets"] == [1, 2, 3, 4] and serving["prepare_graphs"] == 0, serving

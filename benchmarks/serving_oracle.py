@@ -1,0 +1,162 @@
+"""The per-size oracle of `benchmarks/serving_traffic.py`: one graph specialized for every batch
+size of the range, compiled with `torch.compile` over several processes at once (`run_oracle`),
+or an AOTInductor package per size (`build_oracle_packages`, `load_oracle_packages`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from compiler.env import project_pythonpath
+from compiler.serving.traffic import ServingProfile
+
+
+def _config(args: argparse.Namespace):
+    from compiler.config import CompileConfig
+
+    return CompileConfig(name=args.mode, mode=None if args.mode == "default" else args.mode)
+
+
+def build_oracle_packages(args: argparse.Namespace, profile: ServingProfile, dest: Path) -> dict:
+    """`--oracle packages`: an AOTInductor package of `--mode` for every size of the range, in
+    `dest` (`workers.bench.serving.package_buckets`: processes of their own, side by side, spread
+    over the GPUs), as an export builds a bucket's: what an exact preset per batch size serves
+    from; with `--export`, its buckets' packages serve their own sizes (`_export_packages`). The
+    build's wall time, processes and GPUs, and the sizes taken from the export."""
+    from workers.bench.run import JobRun
+    from workers.bench.serving import package_buckets
+
+    spec = {
+        "id": args.model_id,
+        "name": args.name,
+        **({"input_size": args.input_size} if args.input_size else {}),
+    }
+    hardware = "cpu" if args.device == "cpu" else "gpu"
+    run = JobRun.for_preset(
+        "serving-traffic", hardware, {"model_spec": spec, "batch_size": args.max}, _config(args), args.dtype
+    )
+    os.environ["PYTHONPATH"] = project_pythonpath(os.environ.get("PYTHONPATH"))
+    reused = _export_packages(args, dest) if args.export else {}
+    built, build, why = package_buckets(
+        run, [s for s in profile.sizes() if s not in reused], dest / "oracle.pt2"
+    )
+    if why:
+        raise SystemExit(f"the oracle's packages failed: {why}")
+    (dest / "oracle.json").write_text(json.dumps({str(b): info for b, info in {**built, **reused}.items()}))
+    return {**build, "reused_from_export": sorted(reused)}
+
+
+def _export_packages(args: argparse.Namespace, dest: Path) -> dict[int, dict]:
+    """The export's bucket packages of `--name` (each one size's exact package, as the oracle
+    needs), copied to `dest` once their bytes match the export's manifest, by size: the oracle
+    builds only the sizes they miss. A file that does not match is not used."""
+    import shutil
+
+    from compiler.serving import MANIFEST, SERVING_FILE
+    from compiler.serving.files import sha256_file
+
+    export = Path(args.export)
+    hashes = json.loads((export / MANIFEST).read_text())["files"]
+    presets = json.loads((export / SERVING_FILE).read_text())["presets"]
+    entry = next(
+        (p for p in presets if p["model"] == args.name and (p.get("serving") or {}).get("packages")), None
+    )
+    reused = {}
+    for size, info in ((entry or {}).get("serving") or {}).get("packages", {}).items():
+        source = export / info["file"]
+        if hashes.get(info["file"]) != sha256_file(source):
+            continue
+        shutil.copyfile(source, dest / Path(info["file"]).name)
+        reused[int(size)] = {**info, "file": Path(info["file"]).name}
+    return reused
+
+
+def load_oracle_packages(args, profile: ServingProfile, model, example, dest: Path, t0: float):
+    """The oracle served from its packages (`build_oracle_packages`), each loaded with the model's
+    weights and captured now, as `compile_tuned` serves a buckets plan of packages."""
+    from compiler import aoti
+    from compiler.serving.padding import resize_batch
+    from compiler.serving.served import BucketPackages, ServedModel
+
+    built = {int(b): info for b, info in json.loads((dest / "oracle.json").read_text()).items()}
+    loaded = {}
+    for size in profile.sizes():
+        info = built[size]
+        packaged = aoti.PackagedModel.load(
+            dest / info["file"], model, info["inputs"], info["cudagraphs"], lambda: model
+        )
+        packaged.capture(*resize_batch(*example, size))
+        loaded[size] = packaged
+    served = ServedModel(lambda dynamic: BucketPackages(loaded), profile, "buckets", profile.sizes(), example)
+    served.prepare()
+    return served, time.perf_counter() - t0, {"serving": served.describe()}
+
+
+def run_oracle(
+    script: str, env: dict[str, str], argv: list[str], profile: ServingProfile, processes: int
+) -> dict:
+    """The oracle over `processes` fresh processes, each preparing every `processes`-th size of the
+    range at once (a graph per size costs a compile: the range's 32 sizes took 9-14 s each on an
+    H200), then replaying the trace's requests of its sizes one process after another, the others
+    idle. Their requests and compile counts summed, the longest preparation its `prepare_s`."""
+    sizes = profile.sizes()
+    groups = [sizes[i::processes] for i in range(min(processes, len(sizes)))]
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="oracle-") as logs:
+        for i, group in enumerate(groups):
+            cmd = [sys.executable, script, *argv, "--child", "oracle", "--wait"]
+            cmd += ["--sizes", ",".join(map(str, group))]
+            err = open(Path(logs) / f"{i}.err", "w")  # noqa: SIM115 (closed below)
+            procs.append(
+                (
+                    subprocess.Popen(
+                        cmd,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                        text=True,
+                        env=env,
+                    ),
+                    err,
+                )
+            )
+        results = []
+        for i, (proc, err) in enumerate(procs):
+            assert proc.stdout is not None and proc.stdin is not None
+            while (line := proc.stdout.readline()) and line.strip() != "READY":
+                pass
+            if not line:
+                proc.wait()
+                err.close()
+                raise SystemExit(
+                    f"oracle process {i} failed:\n{(Path(logs) / f'{i}.err').read_text()[-3000:]}"
+                )
+        for i, (proc, err) in enumerate(procs):  # replayed one after another
+            assert proc.stdout is not None and proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            out = proc.stdout.read()
+            proc.wait()
+            err.close()
+            if proc.returncode != 0:
+                raise SystemExit(
+                    f"oracle process {i} failed:\n{(Path(logs) / f'{i}.err').read_text()[-3000:]}"
+                )
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    counts = [r["compiles_after_prepare"] for r in results]
+    peaks = [r["peak_mem_bytes"] for r in results if r["peak_mem_bytes"] is not None]
+    return {
+        "side": "oracle",
+        "prepare_s": max(r["prepare_s"] for r in results),
+        "processes": len(groups),
+        "compiles_after_prepare": None if None in counts else sum(counts),
+        "requests": [q for r in results for q in r["requests"]],
+        "applied": {},
+        "peak_mem_bytes": sum(peaks) if peaks else None,
+    }
