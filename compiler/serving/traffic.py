@@ -3,16 +3,18 @@ bucket arithmetic serving plans are judged by.
 
 A sweep or tune file says it under `serving:` (sweep-wide or per model):
 
-    serving: {batch: {min: 1, max: 32}, traffic: {1: 0.4, 4: 0.2, 8: 0.2, 32: 0.2}}
+    serving: {batch: {min: 1, max: 32}, traffic: {1: 0.4, 4: 0.2, 8: 0.2, 32: 0.2}, memory_gib: 2}
 
 `traffic` weighs each batch size a service sends (sizes it leaves out weigh nothing; without it
-every size of the range weighs the same). The objective every plan is compared by is the
+every size of the range weighs the same). `memory_gib`, where given, caps the GPU memory a bucket
+plan's graphs may hold (each bucket's CUDA-graph pool, as measured where the export builds it). The objective every plan is compared by is the
 traffic-weighted mean latency (`weighted_mean`): what an average request waits.
 
 A bucket plan serves a size on the smallest bucket at least as large (`next_bucket`), padding the
 batch up and slicing the outputs back; `padded_latency` is what a size then costs, and
 `choose_buckets` picks the set that minimises the traffic-weighted padded latency from latencies
-measured at candidate buckets, under a cap on how many graphs the plan may hold.
+measured at candidate buckets, under a cap on how many graphs the plan may hold or on the memory
+they hold.
 
 This module imports nothing outside the standard library.
 """
@@ -39,6 +41,8 @@ class ServingProfile:
     min: int
     max: int
     traffic: tuple[tuple[int, float], ...]
+    memory_gib: float | None = None
+    """The most GPU memory a bucket plan's graphs may hold (None: no cap)."""
 
     @classmethod
     def uniform(cls, low: int, high: int) -> ServingProfile:
@@ -60,13 +64,20 @@ class ServingProfile:
         else:
             weights = {int(s): float(w) for s, w in raw.items() if float(w) > 0}
         total = sum(weights.values())
-        return cls(low, high, tuple(sorted((s, w / total) for s, w in weights.items())))
+        memory = data.get("memory_gib")
+        return cls(
+            low,
+            high,
+            tuple(sorted((s, w / total) for s, w in weights.items())),
+            None if memory is None else float(memory),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as `from_dict` reads it (sizes as strings: JSON keys), for rows and presets."""
         return {
             "batch": {"min": self.min, "max": self.max},
             "traffic": {str(s): round(w, 12) for s, w in self.traffic},
+            **({"memory_gib": self.memory_gib} if self.memory_gib is not None else {}),
         }
 
     def sizes(self) -> list[int]:
@@ -84,7 +95,8 @@ class ServingProfile:
             spread = "uniform"
         else:
             spread = ", ".join(f"{s}: {w:.0%}" for s, w in self.traffic)
-        return f"batch {self.min}..{self.max}, traffic {spread}"
+        cap = f", bucket memory at most {self.memory_gib:g} GiB" if self.memory_gib is not None else ""
+        return f"batch {self.min}..{self.max}, traffic {spread}{cap}"
 
 
 def profile_problems(data: Any) -> list[str]:
@@ -92,10 +104,17 @@ def profile_problems(data: Any) -> list[str]:
     key; [] when it is usable."""
     if not isinstance(data, Mapping):
         return ["`serving` must be a mapping such as {batch: {min: 1, max: 32}}"]
-    unknown = sorted(set(map(str, data)) - {"batch", "traffic"})
+    unknown = sorted(set(map(str, data)) - {"batch", "traffic", "memory_gib"})
     problems = (
-        [f"`serving` has unknown key(s) {', '.join(unknown)} (it takes batch and traffic)"] if unknown else []
+        [f"`serving` has unknown key(s) {', '.join(unknown)} (it takes batch, traffic and memory_gib)"]
+        if unknown
+        else []
     )
+    memory = data.get("memory_gib")
+    if memory is not None and (
+        isinstance(memory, bool) or not isinstance(memory, (int, float)) or not memory > 0
+    ):
+        problems.append(f"`serving.memory_gib` must be a number of GiB > 0, not {memory!r}")
     batch = data.get("batch")
     if not isinstance(batch, Mapping) or set(map(str, batch)) != {"min", "max"}:
         return [*problems, "`serving.batch` must be {min: N, max: M}, the batch sizes the service sends"]
@@ -175,11 +194,17 @@ def padded_latency(
     return out
 
 
-def choose_buckets(at_size: Mapping[int, float], profile: ServingProfile, max_buckets: int) -> list[int]:
+def choose_buckets(
+    at_size: Mapping[int, float],
+    profile: ServingProfile,
+    max_buckets: int,
+    memory: Mapping[int, float] | None = None,
+) -> list[int]:
     """The bucket set, at most `max_buckets` of the sizes measured in `at_size` (latency per size;
     it must hold a size >= the profile's max), that minimises the traffic-weighted padded latency.
     Exact: dynamic programming over the measured sizes in order (each bucket serves the sizes
-    above the bucket before it)."""
+    above the bucket before it). With the profile's `memory_gib` and `memory` (GiB each bucket
+    holds), the set must also fit the cap (`_choose_under_memory`)."""
     candidates = sorted(s for s in at_size if s >= profile.min)
     if not candidates or candidates[-1] < profile.max:
         raise ValueError(f"no measured size reaches the profile's max {profile.max}: {candidates}")
@@ -188,6 +213,9 @@ def choose_buckets(at_size: Mapping[int, float], profile: ServingProfile, max_bu
 
     def cost(lower: int, bucket: int) -> float:  # the sizes in (lower, bucket], served by `bucket`
         return sum(w for s, w in weights.items() if lower < s <= bucket) * at_size[bucket]
+
+    if profile.memory_gib is not None and memory is not None:
+        return _choose_under_memory(candidates, cost, memory, profile.memory_gib)
 
     n, k_max = len(candidates), max(1, max_buckets)
     inf = float("inf")
@@ -205,6 +233,49 @@ def choose_buckets(at_size: Mapping[int, float], profile: ServingProfile, max_bu
     while j >= 0 and k >= 1:
         chosen.append(candidates[j])
         j, k = back[j][k], k - 1
+    return sorted(chosen)
+
+
+MEMORY_STEPS = 1000
+"""The memory cap's resolution in `_choose_under_memory`: each bucket's memory is rounded up to a
+thousandth of the cap, so a chosen set never exceeds it."""
+
+
+def _choose_under_memory(
+    candidates: list[int], cost: Any, memory: Mapping[int, float], cap: float
+) -> list[int]:
+    """The bucket set of least traffic-weighted padded latency (`cost(lower, bucket)`) whose
+    buckets' memory sums to at most `cap` (ties to fewer buckets): dynamic programming over the
+    candidates in order and the memory used, in `MEMORY_STEPS` steps of the cap. Where even the
+    largest bucket alone does not fit, that bucket alone (every plan needs it)."""
+    import math
+
+    units = {c: math.ceil(memory[c] / cap * MEMORY_STEPS - 1e-9) for c in candidates}
+    inf = (float("inf"), 0)
+    # best[j][m]: (cost, buckets) serving the sizes up to candidates[j], with candidates[j] a
+    # bucket and m steps of memory used; back[j][m] the bucket before it (-1: none)
+    best = [dict[int, tuple[float, int]]() for _ in candidates]
+    back: list[dict[int, int]] = [{} for _ in candidates]
+    for j, c in enumerate(candidates):
+        if units[c] <= MEMORY_STEPS:
+            best[j][units[c]], back[j][units[c]] = (cost(0, c), 1), -1
+        for i in range(j):
+            for m, (value, count) in best[i].items():
+                used = m + units[c]
+                if used > MEMORY_STEPS:
+                    continue
+                option = (value + cost(candidates[i], c), count + 1)
+                if option < best[j].get(used, inf):
+                    best[j][used], back[j][used] = option, i
+    last = len(candidates) - 1
+    if not best[last]:
+        return [candidates[last]]
+    m = min(best[last], key=lambda used: best[last][used])
+    chosen, j = [], last
+    while j >= 0:
+        chosen.append(candidates[j])
+        i = back[j][m]
+        m, j = m - units[candidates[j]], i
     return sorted(chosen)
 
 

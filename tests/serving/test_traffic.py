@@ -87,6 +87,36 @@ def test_choose_buckets_is_the_exact_optimum_of_the_weighted_padded_latency():
         choose_buckets({s: 1.0 for s in range(1, 9)}, profile, 3)
 
 
+def test_under_a_memory_cap_choose_buckets_is_the_exact_optimum_of_the_sets_that_fit():
+    traffic = {1: 5, 3: 1, 7: 2, 12: 3}
+    at = {s: 0.4 + 0.05 * s + (0.3 if s in (5, 9) else 0.0) for s in range(1, 13)}
+    memory = {s: 0.1 + 0.02 * s for s in range(1, 13)}  # GiB a bucket's graph pool holds
+    for cap in (0.35, 0.6, 0.9, 1.5, 100.0):
+        profile = ServingProfile.from_dict(
+            {"batch": {"min": 1, "max": 12}, "traffic": traffic, "memory_gib": cap}
+        )
+        chosen = choose_buckets(at, profile, 12, memory)
+        assert chosen[-1] == 12 and sum(memory[b] for b in chosen) <= cap + 1e-9, (cap, chosen)
+        fits = [
+            [*c, 12]
+            for n in range(12)
+            for c in itertools.combinations(range(1, 12), n)
+            if sum(memory[b] for b in (*c, 12)) <= cap * (1 - 1e-3)  # the cap's rounding: a step of it
+        ]
+        best = min(weighted_mean(padded_latency(f, at, profile), profile) for f in fits)
+        assert weighted_mean(padded_latency(chosen, at, profile), profile) <= best + 1e-12, (cap, chosen)
+    unbounded = ServingProfile.from_dict({"batch": {"min": 1, "max": 12}, "traffic": traffic})
+    assert choose_buckets(at, profile, 12, memory) == choose_buckets(at, unbounded, 12)  # 100 GiB: no limit
+    tight = ServingProfile.from_dict({"batch": {"min": 1, "max": 12}, "memory_gib": 0.2})
+    assert choose_buckets(at, tight, 12, memory) == [12]  # below the largest bucket: that bucket alone
+    assert "bucket memory at most 0.2 GiB" in tight.describe()
+    assert (
+        ServingProfile.from_dict(tight.to_dict()).memory_gib == 0.2
+        and "memory_gib" not in unbounded.to_dict()
+    )
+    assert any("memory_gib" in p for p in profile_problems({"batch": {"min": 1, "max": 2}, "memory_gib": -1}))
+
+
 def test_the_export_drops_a_bucket_whose_sizes_the_next_one_up_serves_as_fast():
     from workers.bench.serving import bucket_set
 

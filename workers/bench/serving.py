@@ -93,7 +93,10 @@ def prepare_serving(
             prep = served.prepare()
         else:
             prep = served.preparation
-        plans[plan] = plan_record(served, prep, example, profile, cuda, buckets if plan == "buckets" else [])
+        memory = {b: built[b]["memory_gib"] for b in built} if built and cuda and plan == "buckets" else None
+        plans[plan] = plan_record(
+            served, prep, example, profile, cuda, buckets if plan == "buckets" else [], memory
+        )
         if built and plan == "buckets":
             plans[plan]["from"] = "packages"
         served = prep = None  # the next plan's memory is measured without this one's
@@ -112,10 +115,19 @@ def prepare_serving(
     run.result["serving"] = record
 
 
-def plan_record(served: Any, prep: Any, example: tuple, profile: Any, cuda: bool, buckets: list[int]) -> dict:
+def plan_record(
+    served: Any,
+    prep: Any,
+    example: tuple,
+    profile: Any,
+    cuda: bool,
+    buckets: list[int],
+    memory: dict[int, float] | None = None,
+) -> dict:
     """A prepared plan's record: its latency at every size of the traffic (`time_sizes`) and their
     traffic-weighted mean, what preparing it cost (`prep`, a `Preparation`), and for a buckets
-    plan (`buckets`) the set chosen from them (`bucket_set`)."""
+    plan (`buckets`) the set chosen from them (`bucket_set`; under the profile's memory cap where
+    `memory` says what each bucket holds, GiB)."""
     from compiler.serving.traffic import weighted_mean
 
     at_size, at_bucket = time_sizes(served, example, profile, cuda, buckets)
@@ -129,7 +141,7 @@ def plan_record(served: Any, prep: Any, example: tuple, profile: Any, cuda: bool
         "ms": {str(s): at_size[s] for s in sorted(at_size)},
     }
     if buckets:
-        record.update(bucket_set(at_bucket, profile))
+        record.update(bucket_set(at_bucket, profile, memory))
     return record
 
 
@@ -301,6 +313,11 @@ def packaged_buckets(
                 package.with_name(info["file"]), model, info["inputs"], info["cudagraphs"], unused
             )
             packaged.capture(b_args, b_kwargs)
+            if cuda:  # what this bucket holds: its graph's pool and what it folded at load
+                torch.cuda.synchronize()
+                info["memory_gib"] = (torch.cuda.memory_reserved() - reserved) / 2**30 - sum(
+                    built[x].get("memory_gib", 0.0) for x in loaded
+                )
             with torch.no_grad():
                 want, got = model(*b_args, **b_kwargs), packaged(*b_args, **b_kwargs)
             cmp = compare_outputs(aoti.tensors(want), aoti.tensors(got), run.job.dtype)
@@ -445,20 +462,27 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0][:300] if str(exc) else ""
 
 
-def bucket_set(at_bucket: dict[int, float], profile: Any) -> dict[str, Any]:
+def bucket_set(
+    at_bucket: dict[int, float], profile: Any, memory: dict[int, float] | None = None
+) -> dict[str, Any]:
     """The buckets plan's set, chosen from the ladder's buckets by their measured latencies
     (`compiler.serving.traffic.choose_buckets`: the least traffic-weighted padded latency, ties to
-    fewer buckets; a bucket is dropped where the next one up serves its sizes as fast), and that set's
+    fewer buckets; a bucket is dropped where the next one up serves its sizes as fast; with the
+    profile's `memory_gib` and `memory`, GiB per bucket, the best set that fits), and that set's
     weighted latency, which the plans are compared by (`weighted_ms`; the full ladder's, as
-    measured, is `ladder_weighted_ms`)."""
+    measured, is `ladder_ms`; each bucket's memory `bucket_gib`)."""
     from compiler.serving.traffic import choose_buckets, padded_latency, weighted_mean
 
-    chosen = choose_buckets(at_bucket, profile, len(at_bucket))
-    return {
+    chosen = choose_buckets(at_bucket, profile, len(at_bucket), memory)
+    record = {
         "buckets": chosen,
         "ladder_ms": {str(b): at_bucket[b] for b in sorted(at_bucket)},
         "weighted_ms": weighted_mean(padded_latency(chosen, at_bucket, profile), profile),
     }
+    if memory is not None:
+        record["bucket_gib"] = {str(b): memory[b] for b in sorted(memory)}
+        record["memory_gib"] = sum(memory[b] for b in chosen)
+    return record
 
 
 def time_sizes(
