@@ -49,6 +49,7 @@ from compiler.serving.signature import SIGNATURE, write_signature
 from compiler.serving.traffic import ServingProfile
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
 from orchestrator.tune.sweep_models import (
+    config_miss,
     model_specs,
     packaged_plan,
     serving_line,
@@ -285,6 +286,7 @@ def _export(
         key=key,
         specs=specs,
         profiles=profiles,
+        rows=[r for r in read_results(out).to_pylist() if r["hardware"] == hardware] if profiles else [],
         threads=threads or max(1, os.cpu_count() or 1),
         scratch_root=scratch_root,
         packages=packages,
@@ -351,6 +353,7 @@ class _Run:
     specs: dict[str, ModelSpec]
     profiles: dict[str, ServingProfile]
     """Each model's serving profile (`orchestrator.tune.sweep_models`): its preset gets a plan."""
+    rows: list[dict[str, Any]]  # the class's result rows where a model has a profile (`config_miss`)
     threads: int
     scratch_root: str | None
     packages: bool
@@ -428,7 +431,10 @@ def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
         entry["bundle_compile_s"] = result.get("compile_s")
         entry["bundle_artifacts"] = result.get("bundle_artifacts")
         if result.get("serving"):
-            entry["serving"] = packaged_plan(result["serving"], PACKAGES)
+            entry["serving"] = {
+                **packaged_plan(result["serving"], PACKAGES),
+                "config_miss": config_miss(run.rows, entry),
+            }
         run.log(
             f"[{i}/{run.total}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
             f"{result.get('compile_s', 0):.1f} s"

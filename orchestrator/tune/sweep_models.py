@@ -69,7 +69,8 @@ def serving_line(serving: dict[str, Any] | None) -> str:
         build = serving.get("package_build") or {}
         packed = (
             f", a package per bucket ({build['buckets']} built in {build['wall_s']:.0f} s by "
-            f"{build['processes']} processes on {build['gpus'] or 'no'} GPUs)"
+            f"{_count(build['processes'], 'process', 'processes')} on "
+            f"{_count(build['gpus'], 'GPU', 'GPUs') if build['gpus'] else 'the CPU'})"
             if build.get("wall_s") is not None
             else f", a package per bucket ({sum(p.get('compile_s') or 0 for p in packages.values()):.0f} s)"
         )
@@ -90,7 +91,46 @@ def serving_line(serving: dict[str, Any] | None) -> str:
         against = f"; the stock user not measured ({stock['error'][:200]})"
     else:
         against = ""
+    miss = serving.get("config_miss") or {}
+    if len(miss) > 1 or any(m["ratio"] > 1 for m in miss.values()):
+        against += "; its config at the swept sizes: " + ", ".join(
+            f"bs{bs} {m['ratio']:.2f}x the fastest ({m['best']})" for bs, m in miss.items()
+        )
     return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed}){packed}{against}"
+
+
+def config_miss(rows: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What serving a whole range with the preset's one config misses against the per-size optimum,
+    at the sizes the tune measured (its representative sizes): per batch size of the preset's
+    model and dtype in `rows` (ok rows of its class) where its config ran, the fastest config
+    there, both median latencies, and `ratio`, the preset's config's over the fastest's (1.0
+    where it is the fastest). The buckets between those sizes run the same config unmeasured."""
+    import statistics
+
+    cells: dict[int, dict[str, list[float]]] = {}
+    for r in rows:
+        if (
+            r.get("status") == "ok"
+            and r.get("model") == entry.get("model")
+            and r.get("dtype") == entry.get("dtype")
+            and r.get("compiled_ms") is not None
+        ):
+            cells.setdefault(int(r["batch_size"]), {}).setdefault(r["config"], []).append(
+                float(r["compiled_ms"])
+            )
+    out = {}
+    for bs in sorted(cells):
+        medians = {c: statistics.median(v) for c, v in cells[bs].items()}
+        if entry.get("config") not in medians:
+            continue
+        best = min(medians, key=lambda c: medians[c])
+        out[str(bs)] = {
+            "best": best,
+            "best_ms": medians[best],
+            "preset_ms": medians[entry["config"]],
+            "ratio": medians[entry["config"]] / medians[best],
+        }
+    return out
 
 
 STOCK_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -111,3 +151,7 @@ def packaged_plan(serving: dict[str, Any], folder: str) -> dict[str, Any]:
     if not packages:
         return serving
     return {**serving, "packages": {b: {**p, "file": f"{folder}/{p['file']}"} for b, p in packages.items()}}
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

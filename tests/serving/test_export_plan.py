@@ -163,7 +163,7 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
     assert serving_line(packed).endswith(", a package per bucket (22 s)")
     build = {"buckets": 16, "wall_s": 172.4, "processes": 8, "gpus": 1}
     assert serving_line({**packed, "package_build": build}).endswith(
-        ", a package per bucket (16 built in 172 s by 8 processes on 1 GPUs)"
+        ", a package per bucket (16 built in 172 s by 8 processes on 1 GPU)"
     )
     stock = {"mode": "reduce-overhead", "dtype": "fp32", "weighted_ms": 0.5, "stall_s": 31.2}
     assert serving_line({**buckets, "stock": stock, "vs_stock": 2.5}).endswith(
@@ -173,6 +173,52 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
     assert serving_line({**buckets, "package_error": "bucket 4: boom"}).endswith(
         ", no bucket packages (bucket 4: boom)"
     )
+
+
+def test_the_export_says_what_one_config_for_the_range_misses_at_the_other_swept_sizes():
+    from orchestrator.tune.sweep_models import config_miss, serving_line
+
+    def row(bs, config, ms, **kw):
+        return {
+            "model": "m",
+            "dtype": "bf16",
+            "batch_size": bs,
+            "config": config,
+            "compiled_ms": ms,
+            "status": "ok",
+            **kw,
+        }
+
+    rows = [
+        *(row(1, "ro", ms) for ms in (0.50, 0.52, 0.51)),
+        *(row(1, "default", ms) for ms in (0.60, 0.61)),
+        *(row(4, "ro", ms) for ms in (0.70, 0.72)),
+        *(row(4, "max-autotune", ms) for ms in (0.60, 0.64)),
+        row(16, "ro", 1.2),
+        row(16, "default", 9.0, status="timeout"),  # not ok: not a candidate
+        row(16, "default", 1.1, dtype="fp32"),  # another dtype
+        row(32, "default", 2.0),  # the preset's config never ran there: nothing to say
+    ]
+    miss = config_miss(rows, {"model": "m", "dtype": "bf16", "config": "ro"})
+    assert sorted(miss) == ["1", "16", "4"], miss
+    assert miss["1"]["best"] == "ro" and miss["1"]["ratio"] == 1.0
+    assert miss["4"]["best"] == "max-autotune" and miss["4"]["ratio"] == pytest.approx(0.71 / 0.62)
+    assert miss["16"] == {"best": "ro", "best_ms": 1.2, "preset_ms": 1.2, "ratio": 1.0}
+    plans = {"buckets": {"weighted_ms": 1.0}}
+    line = serving_line(
+        {
+            "profile": {"batch": {"min": 1, "max": 8}},
+            "plan": "buckets",
+            "buckets": [8],
+            "padding": {"ok": True},
+            "plans": plans,
+            "config_miss": miss,
+        }
+    )
+    assert line.endswith(
+        "its config at the swept sizes: bs1 1.00x the fastest (ro), bs4 1.15x the fastest "
+        "(max-autotune), bs16 1.00x the fastest (ro)"
+    ), line
 
 
 def test_rows_record_each_models_profile_and_job_ids_do_not_depend_on_it():
