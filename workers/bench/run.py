@@ -207,7 +207,7 @@ class JobRun(JobRecord):
     def run_serving_stock(self, spec: dict) -> None:
         """The stock user under a serving profile's traffic (`workers.bench.serving.serve_stock`),
         in this process of its own: `spec` is the profile, the torch.compile mode and the dtype."""
-        from workers.bench.serving import serve_stock
+        from workers.bench.serving_stock import serve_stock
 
         self.imports()
         try:

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from workers.bench.record import JobRecord
+from workers.bench.serving_stock import TIMED_CALLS, stock_under_traffic
 
 TIMED_SIZES = 64
 """At most this many sizes are timed per plan; a wider traffic is timed on the bucket ladder,
 each size costed at the next timed size up."""
-TIMED_CALLS = 5
-"""Timed calls per size (after one untimed call), their median the size's latency."""
 
 
 def prepare_serving(
@@ -166,95 +165,6 @@ def keep_packages(
     for b, info in built.items():
         if b not in keep:
             package.with_name(info["file"]).unlink(missing_ok=True)
-
-
-def stock_under_traffic(run: JobRecord, profile: Any, stock: dict[str, Any]) -> dict[str, Any]:
-    """The stock user (`stock`: its torch.compile mode and dtype) under `profile`'s traffic, timed
-    in a fresh process (`python -m workers.bench --serving-stock`, `serve_stock`): its figures,
-    or `error` saying why there are none."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
-
-    from workers.affinity import AHEAD_AFFINITY_ENV
-    from workers.bench import PARENT_PID_ENV
-    from workers.bench.gate import GATE_FD_ENV
-
-    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
-    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV):
-        env.pop(name, None)
-    with tempfile.TemporaryDirectory(prefix="serving-stock-") as scratch:
-        env["TORCHINDUCTOR_CACHE_DIR"] = f"{scratch}/inductor"  # a stock user compiles cold
-        job_file, result_file = Path(scratch) / "job.json", Path(scratch) / "result.json"
-        job_file.write_text(json.dumps(run.job.to_dict()))
-        spec = json.dumps({**stock, "profile": profile.to_dict()})
-        done = subprocess.run(
-            [sys.executable, "-m", "workers.bench", "--serving-stock", spec, str(job_file), str(result_file)],
-            env=env,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-        )
-        result = json.loads(result_file.read_text()) if result_file.exists() else {}
-    if result.get("status") != "ok":
-        said = result.get("error") or done.stderr[-2000:].strip() or f"exit {done.returncode}"
-        return {**stock, "error": said.splitlines()[0][:300]}
-    return {**stock, **result["serving_stock"]}
-
-
-def serve_stock(run: JobRecord, spec: dict[str, Any]) -> None:
-    """In a process of its own: the model built in `spec["dtype"]` (the stock user's: the model's
-    own), compiled with plain `torch.compile` in `spec["mode"]`, and called at every size of
-    `spec["profile"]`'s traffic in a seeded order, as a service would first see them: each size's
-    first call (its stall: a compile where Dynamo recompiles) and then its latency, timed as the
-    plans are (`time_sizes`). `run.result["serving_stock"]`: the traffic-weighted latency (stalls
-    excluded), the stalls, the Dynamo graphs compiled and the latency per size."""
-    import random
-
-    import torch
-
-    from compiler.aoti import split_inputs
-    from compiler.measure import time_calls
-    from compiler.serving.padding import resize_batch
-    from compiler.serving.served import graph_count
-    from compiler.serving.traffic import ServingProfile, weighted_mean
-
-    profile = ServingProfile.from_dict(spec["profile"])
-    model, input_sets, _ = run.build(keep_fp32_copy=False, precision=spec.get("dtype") or None)
-    example = split_inputs(input_sets[0])
-    mode = spec.get("mode") or None
-    compiled = torch.compile(model, mode=None if mode == "default" else mode)
-    cuda = run.job.device == "cuda"
-    sizes = [s for s, _ in profile.traffic]
-    order = random.Random(0).sample(sizes, len(sizes))
-    graphs0 = graph_count()
-    ms: dict[int, float] = {}
-    stalls: dict[int, float] = {}
-    with torch.no_grad():
-        for size in order:
-            args, kwargs = resize_batch(*example, size)
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            compiled(*args, **kwargs)
-            if cuda:
-                torch.cuda.synchronize()
-            stalls[size] = time.perf_counter() - t0
-            compiled(*args, **kwargs)
-            times = time_calls(
-                lambda a=args, k=kwargs: compiled(*a, **k), TIMED_CALLS, "cuda" if cuda else "cpu"
-            )
-            ms[size] = statistics.median(times)
-    graphs = graph_count()
-    run.result["serving_stock"] = {
-        "weighted_ms": weighted_mean(ms, profile),
-        "stall_s": sum(stalls.values()),
-        "max_first_call_s": max(stalls.values()),
-        "graphs": None if graphs is None or graphs0 is None else graphs - graphs0,
-        "order": order,
-        "ms": {str(s): ms[s] for s in sorted(ms)},
-    }
 
 
 def discard_packages(run: JobRecord, package: Path | None) -> None:
