@@ -48,8 +48,23 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time `__getattr__` im
     from store.schema import read_results
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, as pip recorded it), or
+    `0+unknown` where this checkout runs without being installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("compile-orchestrator")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (PEP 562)."""
+    """A public name, imported from its module on first use (PEP 562); `__version__`, the
+    distribution's version."""
+    if name == "__version__":
+        globals()[name] = _version()
+        return globals()[name]
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

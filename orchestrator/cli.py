@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="orchestrate", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    import orchestrator
+
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {orchestrator.__version__}",
+        help="print the version and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # in this order: `orchestrate --help` lists the commands as they are added
     for group in (spec, sweep, report, nightly, presets, tune, export, kernels, jobs):

@@ -49,6 +49,17 @@ def job_count(stdout: str) -> int:
 # --- validate -------------------------------------------------------------------------------------
 
 
+def test_version_is_the_projects(capsys):
+    import tomllib
+
+    import orchestrator
+
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"orchestrate {want}" and orchestrator.__version__ == want
+    assert (REPO / "LICENSE").read_text().split()[:3] == ["Apache", "License", "Version"]
+
+
 def test_validate_ok(capsys):
     assert main(["validate", str(SMOKE)]) == 0
     out = capsys.readouterr().out
