@@ -4,7 +4,8 @@
 `clickhouse_db_schema/oss_ci_benchmark_v3/schema.sql`), so the numbers drop into the dashboards
 that read it.
 
-A JSON list with one record per cell and metric:
+A JSON list with one record per cell and metric (or, to a `.jsonl` file, JSON Lines: a record a
+line, as PyTorch's own writer emits them):
 
     {"benchmark": {"name", "mode", "dtype", "extra_info": {str: str}},
      "model": {"name", "type", "backend", "origins": [str], "extra_info": {str: str}},
@@ -14,9 +15,12 @@ A JSON list with one record per cell and metric:
 
 The metric names and units are those of PyTorch's own TorchInductor records
 (`benchmarks/dynamo/common.py`: `output_json`): `speedup` (eager / compiled, its 95% interval
-in `extra_info`), `abs_latency` (compiled, ms: every timed call), `compilation_latency` (the cold
-compile, s), `eager_peak_mem` and `dynamo_peak_mem` (GB, 1e9 bytes) and `compression_ratio`
-(eager peak memory / compiled); and `eager_latency` (eager, ms: every timed call). Every
+in `extra_info`), `abs_latency` (compiled, ms), `compilation_latency` (the cold compile, s),
+`eager_peak_mem` and `dynamo_peak_mem` (GB, 1e9 bytes) and `compression_ratio` (eager peak memory
+/ compiled); and `eager_latency` (eager, ms). Each record carries one value, as PyTorch's do: a
+latency's is its median, with every timed call (`samples`, a JSON list) and the median's 95%
+interval (`ci_low`, `ci_high`) in `extra_info`, so a consumer that averages the values reads the
+median, not the mean of the calls. Every
 `extra_info` value is a string (the schema's `Map(String, String)`); `target_value` is 0, the
 schema's value for none. The records of a CI job's metadata (repo, commit, workflow, job) are
 added by the uploader (test-infra's `upload_benchmark_results.py`), not here. Only ok cells
@@ -33,8 +37,12 @@ from reports.run_cells import RunCell
 
 BENCHMARK_NAME = "compile-orchestrator"
 """`benchmark.name` of every record."""
-RECORDS_START = ('[{"benchmark": {"name": "' + BENCHMARK_NAME + '"', "[]")
-"""How a records file this tool wrote begins (`to_records_text`: records, or none)."""
+RECORDS_START = (
+    '[{"benchmark": {"name": "' + BENCHMARK_NAME + '"',
+    "[]",
+    '{"benchmark": {"name": "' + BENCHMARK_NAME + '"',
+)
+"""How a records file this tool wrote begins (`to_records_text`: records, none, or JSON Lines)."""
 
 ORIGINS = {"hf": "huggingface", "python": "python", "timm": "timm", "torchvision": "torchvision"}
 
@@ -130,10 +138,18 @@ def _metrics(cell: RunCell) -> list[dict[str, Any]]:
         )
     sizes = r.get("samples_per_repeat")
     for name, side in (("abs_latency", "compiled"), ("eager_latency", "eager")):
-        samples = r.get(f"{side}_samples_ms") or ([r[f"{side}_ms"]] if r.get(f"{side}_ms") else [])
-        if samples:
+        if r.get(f"{side}_ms") is not None:
             found.append(
-                _metric(name, samples, unit="ms", median_ms=r.get(f"{side}_ms"), samples_per_repeat=sizes)
+                _metric(
+                    name,
+                    [r[f"{side}_ms"]],
+                    unit="ms",
+                    statistic="median",
+                    ci_low=r.get(f"{side}_ci_low"),
+                    ci_high=r.get(f"{side}_ci_high"),
+                    samples=r.get(f"{side}_samples_ms"),
+                    samples_per_repeat=sizes,
+                )
             )
     if r.get("compile_s") is not None:
         found.append(
@@ -168,6 +184,9 @@ def benchmark_records(cells: list[RunCell]) -> list[dict[str, Any]]:
     return records
 
 
-def to_records_text(records: list[dict[str, Any]]) -> str:
-    """The records as one JSON list (compact: a cell's latency samples are hundreds of numbers)."""
+def to_records_text(records: list[dict[str, Any]], lines: bool = False) -> str:
+    """The records as one JSON list, or with `lines` as JSON Lines (a record a line); compact: a
+    cell's latency samples are hundreds of numbers."""
+    if lines:
+        return "".join(json.dumps(r, default=str) + "\n" for r in records)
     return json.dumps(records, default=str)

@@ -146,8 +146,15 @@ def test_report_json_pytorch_writes_a_record_per_cell_and_metric_in_the_v3_shape
         assert (float(info["ci_low"]), float(info["ci_high"])) == (iv.low, iv.high) and info[
             "processes"
         ] == "3"
-        assert by[(*cell, "abs_latency")]["metric"]["benchmark_values"] == row["compiled_samples_ms"]
-        assert by[(*cell, "eager_latency")]["metric"]["benchmark_values"] == row["eager_samples_ms"]
+        for metric, side in (("abs_latency", "compiled"), ("eager_latency", "eager")):
+            latency = by[(*cell, metric)]["metric"]  # one value, the median, as PyTorch's records carry
+            assert latency["benchmark_values"] == [row[f"{side}_ms"]], latency
+            info = latency["extra_info"]
+            assert json.loads(info["samples"]) == row[f"{side}_samples_ms"] and info["statistic"] == "median"
+            assert (float(info["ci_low"]), float(info["ci_high"])) == (
+                row[f"{side}_ci_low"],
+                row[f"{side}_ci_high"],
+            )
         assert by[(*cell, "compilation_latency")]["metric"]["benchmark_values"] == [row["compile_s"]]
         assert by[(*cell, "dynamo_peak_mem")]["metric"]["benchmark_values"] == [row["peak_mem_bytes"] / 1e9]
         ratio = row["eager_peak_mem_bytes"] / row["peak_mem_bytes"]
@@ -167,6 +174,11 @@ def test_report_json_pytorch_writes_a_record_per_cell_and_metric_in_the_v3_shape
     assert first["dependencies"]["torch"] == {"repo": "pytorch/pytorch", "version": "2.13.0"}
     cpu = next(r for r in records if r["benchmark"]["extra_info"]["hardware"] == "cpu")
     assert cpu["runners"][0]["name"] == cpu["benchmark"]["extra_info"]["device"] == "cpu"
+    # JSON Lines to a .jsonl file: the same records, one a line
+    lines = tmp_path / "records.jsonl"
+    assert main(["report", str(out), "--json", str(lines), "--json-format", "pytorch"]) == 0
+    assert [json.loads(x) for x in lines.read_text().splitlines()] == records
+    assert main(["report", str(out), "--json", str(lines), "--json-format", "pytorch"]) == 0  # replaced
     # the next run's records replace these; the default with --baseline is still the comparison
     assert main(["report", str(out), "--json", str(target), "--json-format", "pytorch"]) == 0
     assert main(["report", str(out), "--baseline", str(out), "--json", str(target)]) == 0

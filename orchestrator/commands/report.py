@@ -64,7 +64,8 @@ def add_parsers(sub) -> None:
         help="what --json writes: comparison (the default with --baseline/--history: every cell compared) or "
         "pytorch (PyTorch's benchmark-record format, the OSS benchmark database's v3 records: a list of "
         '{"benchmark", "model", "metric", "runners", "dependencies"}, one per cell and metric: speedup with its '
-        "95%% interval, latency samples in ms, compile time, peak memory; works on one run)",
+        "95%% interval, the median latency in ms with its samples, compile time, peak memory; to a FILE "
+        "ending .jsonl, JSON Lines, a record a line; works on one run)",
     )
     p.add_argument(
         "--html",
@@ -193,7 +194,9 @@ def _one_run(args, out, table) -> int:
     if args.html:
         pages.append((args.html, render_run_html(table, f"Speedup report: {args.out}", cells), "--html"))
     if args.json:
-        pages.append((args.json, to_records_text(benchmark_records(cells)), "--json"))
+        pages.append(
+            (args.json, to_records_text(benchmark_records(cells), args.json.endswith(".jsonl")), "--json")
+        )
     try:
         path = write_report(out, table)  # before printing: a closed pipe must not cost the files
     except OSError as exc:  # a read-only output can still be reported on
@@ -248,7 +251,7 @@ def _compare_runs(args, out, table) -> int:
         from reports.benchmark_records import benchmark_records, to_records_text
         from reports.run_cells import run_cells
 
-        json_text = to_records_text(benchmark_records(run_cells(table)))
+        json_text = to_records_text(benchmark_records(run_cells(table)), args.json.endswith(".jsonl"))
     else:
         json_text = to_json_text(comparison) if args.json else ""
     pages = [
