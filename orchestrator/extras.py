@@ -16,6 +16,7 @@ exported preset (`compiler.serving.compile_tuned`). The rest comes with the role
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable
 
 DISTRIBUTION = "compile-orchestrator"
 
@@ -32,6 +33,20 @@ COMMAND_NEEDS: dict[str, tuple[str, ...]] = {
     command: ("ray",) for command in ("sweep", "tune", "nightly", "submit", "status", "logs")
 }
 """`orchestrate` command -> the modules it cannot start without (checked before it writes anything)."""
+
+
+MODEL_NEEDS = {"hf": "transformers", "timm": "timm", "torchvision": "torchvision"}
+"""A model id's scheme -> the module building such a model imports."""
+
+
+def models_need(model_ids: Iterable[str]) -> str | None:
+    """One line naming the extra that building these models needs and lacks (the first model that
+    needs one), or None: what a command that builds models checks before it compiles anything."""
+    for model_id in sorted({str(m) for m in model_ids}):
+        module = MODEL_NEEDS.get(model_id.split(":", 1)[0])
+        if module and not _installed(module):
+            return _line(module, f"building {model_id} ")
+    return None
 
 
 def install_command(extra: str) -> str:

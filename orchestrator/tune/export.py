@@ -47,6 +47,7 @@ from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, ExportError, sha256_file
 from compiler.serving.signature import SIGNATURE, write_signature
 from compiler.serving.traffic import ServingProfile
+from orchestrator.tune.export_lines import bundle_caveat, package_line
 from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
 from orchestrator.tune.sweep_models import (
     config_miss,
@@ -67,19 +68,6 @@ PACKAGES = "packages"
 PROGRESS = ".progress.json"
 
 
-def bundle_caveat(config: CompileConfig, artifacts: dict[str, int]) -> str:
-    """What a bundle will not save where it is applied, for the export's line: without an
-    AOTAutograd entry (torch does not cache one with freezing) the applying process traces and
-    re-runs AOTAutograd, and its start is only somewhat shorter than a cold compile."""
-    if artifacts.get("aot_autograd"):
-        return ""
-    why = " (freezing: torch does not cache it)" if config.freezing else ""
-    return (
-        f"; no AOTAutograd entry{why}: applying it re-runs AOTAutograd, so it starts only somewhat "
-        "faster than a cold compile (1.0-1.7x for freezing presets on an H200)"
-    )
-
-
 def _bundle_name(entry: dict[str, Any], folder: str = BUNDLES, suffix: str = ".bin") -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in entry["model"])
     return f"{folder}/{safe}-bs{entry['batch_size']}-{entry['dtype']}{suffix}"
@@ -88,7 +76,7 @@ def _bundle_name(entry: dict[str, Any], folder: str = BUNDLES, suffix: str = ".b
 def _bundle_outcome(result: dict[str, Any], bundle: Path) -> dict[str, Any]:
     """The bundle job's result, with a job that timed out or crashed while building the package
     (after its bundle was written) counted as a made bundle and a package error."""
-    made = result.get("phase") in ("package", "serving_packages") and result.get("bundle_bytes")
+    made = result.get("phase") == "package" and result.get("bundle_bytes")
     if result.get("status") != "ok" and made and bundle.exists() and bundle.stat().st_size == made:
         first = (result.get("error") or "").splitlines()[0][:300] if result.get("error") else ""
         return {**result, "status": "ok", "package_error": f"{result['status']}: {first}"}
@@ -97,28 +85,6 @@ def _bundle_outcome(result: dict[str, Any], bundle: Path) -> dict[str, Any]:
 
 def _cell(entry: dict[str, Any]) -> str:
     return f"{entry['model']}/bs{entry['batch_size']}/{entry['dtype']}/{entry['config']}"
-
-
-def _package_line(
-    entry: dict[str, Any], package: str | None, result: dict[str, Any], crashed: str = ""
-) -> str:
-    """Record the package's outcome in `entry`; the export line's words for it."""
-    if package is None:
-        if crashed:  # an earlier preset's package crashed its loader: none is built on this stack
-            entry["package"] = None
-            entry["package_error"] = f"not built: an earlier package of this export failed: {crashed}"
-            return ", no package (this stack crashed loading an earlier one)"
-        return ""
-    if result.get("package_bytes"):
-        entry["package"] = package
-        for key in ("package_inputs", "package_cudagraphs", "package_compile_s"):
-            entry[key] = result.get(key)
-        return (
-            f", package {result['package_bytes'] / 1e6:.1f} MB in {result.get('package_compile_s', 0):.1f} s"
-        )
-    entry["package"] = None
-    entry["package_error"] = result.get("package_error") or "the export process made no package"
-    return f", no package ({entry['package_error'][:200]})"
 
 
 def plan_export(
@@ -195,10 +161,18 @@ def _tuned_plan(
 def check_supported(
     entries: list[dict[str, Any]], defaults: dict[str, Any], hardware: str, caps: Any = None
 ) -> None:
-    """Refuse, before any compile, presets that this machine's device (`caps`, by default
+    """Refuse, before any compile, presets whose models need an extra this environment lacks
+    (`orchestrator.extras.models_need`), or that this machine's device (`caps`, by default
     `compiler.capabilities.from_device()`) cannot run: a class name that covers a smaller board
     than the one the tune ran on, or presets from before the planner knew the class's limits."""
     from compiler.capabilities import check_preset_supported, from_device
+    from orchestrator.extras import models_need
+
+    ids = [
+        e.get("model_id") or (e.get("model_spec") or {}).get("id") for e in entries if not is_eager_preset(e)
+    ]
+    if need := models_need(i for i in ids if i):
+        raise ExportError(f"{need}; nothing was compiled")
 
     caps = caps or from_device()
     cannot = [
@@ -438,7 +412,7 @@ def _bundle_preset(run: _Run, i: int, entry: dict[str, Any]) -> None:
         run.log(
             f"[{i}/{run.total}] {cell}: bundle {result.get('bundle_bytes', 0) / 1e6:.1f} MB, cold compile "
             f"{result.get('compile_s', 0):.1f} s"
-            + _package_line(entry, package, result, run.crashed if package is None else "")
+            + package_line(entry, package, result, run.crashed if package is None else "")
             + serving_line(entry.get("serving"))
             + f" (elapsed {time.monotonic() - run.started:.0f} s)"
             + bundle_caveat(config, result.get("bundle_artifacts") or {})

@@ -9,6 +9,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ from compiler.serving import (
     sha256_file,
 )
 from compiler.serving.files import SERVING_FILE_BEFORE
-from orchestrator.tune.export import bundle_caveat, export, plan_export
+from orchestrator.tune.export import export, plan_export
+from orchestrator.tune.export_lines import bundle_caveat
 from orchestrator.tune.presets import class_defaults
 from store.rows import make_row
 from store.sink import ResultSink
@@ -116,6 +118,44 @@ def test_export_refuses_before_compiling(results_dir, tmp_path, table_jobs, make
         plan_export(results_dir, "cpu")
 
 
+HIDE_TRANSFORMERS = """
+import sys
+sys.modules["transformers"] = None  # as in an environment without the hf extra: nothing imports it
+from orchestrator.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_export_whose_models_need_a_missing_extra_refuses_before_compiling(results_dir, tmp_path):
+    """The resnet preset is an hf: model: without transformers the export says which extra to
+    install and exits 2 at once, before any bundle job (a real process without the package)."""
+    dest = tmp_path / "dest"
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            HIDE_TRANSFORMERS,
+            "export",
+            str(results_dir),
+            "--hardware",
+            "cpu",
+            "--dest",
+            str(dest),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert time.monotonic() - t0 < 30  # a start-up, no compile (the issue's 10 s, on a loaded 2-core machine)
+    said = done.stderr.strip().splitlines()[-1]
+    assert "building hf:microsoft/resnet-50 needs the hf extra" in said, said
+    assert "pip install 'compile-orchestrator[hf]'" in said and "nothing was compiled" in said, said
+    assert not list(dest.glob("bundles/*")), list(dest.rglob("*"))
+
+
 def test_an_interrupted_export_resumes_without_compiling_what_it_finished(
     results_dir, tmp_path, table_jobs, make_result
 ):
@@ -199,18 +239,18 @@ def test_a_bundle_job_killed_while_packaging_keeps_its_bundle(tmp_path):
 
 
 def test_after_a_package_crashed_its_loader_the_export_builds_no_more():
-    from orchestrator.tune.export import _package_line
+    from orchestrator.tune.export_lines import package_line
 
     crash = "PackageError: loading it killed a fresh process (SIGSEGV): the AOTInductor loader crashes on this stack"
     entry: dict = {}
-    assert _package_line(entry, "packages/a.pt2", {"package_error": crash}) == f", no package ({crash})"
+    assert package_line(entry, "packages/a.pt2", {"package_error": crash}) == f", no package ({crash})"
     assert entry == {"package": None, "package_error": crash}
     later: dict = {}
-    assert "crashed loading an earlier one" in _package_line(later, None, {}, crashed=crash)
+    assert "crashed loading an earlier one" in package_line(later, None, {}, crashed=crash)
     assert later["package"] is None and later["package_error"].endswith(crash)
     made: dict = {}
     result = {"package_bytes": 2e6, "package_compile_s": 12.0, "package_inputs": [[[4], "float32", "cpu"]]}
-    assert _package_line(made, "packages/b.pt2", result) == ", package 2.0 MB in 12.0 s"
+    assert package_line(made, "packages/b.pt2", result) == ", package 2.0 MB in 12.0 s"
     assert made["package"] == "packages/b.pt2" and made["package_inputs"] == [[[4], "float32", "cpu"]]
 
 
