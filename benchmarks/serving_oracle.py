@@ -17,7 +17,8 @@ from compiler.env import project_pythonpath
 from compiler.serving.traffic import ServingProfile
 
 
-def _config(args: argparse.Namespace):
+def compile_config(args: argparse.Namespace):
+    """The config `--mode` names, as the served plan and the oracle compile it."""
     from compiler.config import CompileConfig
 
     return CompileConfig(name=args.mode, mode=None if args.mode == "default" else args.mode)
@@ -39,7 +40,11 @@ def build_oracle_packages(args: argparse.Namespace, profile: ServingProfile, des
     }
     hardware = "cpu" if args.device == "cpu" else "gpu"
     run = JobRun.for_preset(
-        "serving-traffic", hardware, {"model_spec": spec, "batch_size": args.max}, _config(args), args.dtype
+        "serving-traffic",
+        hardware,
+        {"model_spec": spec, "batch_size": args.max},
+        compile_config(args),
+        args.dtype,
     )
     os.environ["PYTHONPATH"] = project_pythonpath(os.environ.get("PYTHONPATH"))
     reused = _export_packages(args, dest) if args.export else {}
@@ -54,26 +59,29 @@ def build_oracle_packages(args: argparse.Namespace, profile: ServingProfile, des
 
 def _export_packages(args: argparse.Namespace, dest: Path) -> dict[int, dict]:
     """The export's bucket packages of `--name` (each one size's exact package, as the oracle
-    needs), copied to `dest` once their bytes match the export's manifest, by size: the oracle
-    builds only the sizes they miss. A file that does not match is not used."""
-    import shutil
+    needs), copied to `dest` once their bytes match the export's manifest
+    (`compiler.serving.files.open_export`, `verified`), by size: the oracle builds only the sizes
+    they miss. A file that does not match is not used."""
+    from compiler.serving.files import ExportError, open_export
 
-    from compiler.serving import MANIFEST, SERVING_FILE
-    from compiler.serving.files import sha256_file
-
-    export = Path(args.export)
-    hashes = json.loads((export / MANIFEST).read_text())["files"]
-    presets = json.loads((export / SERVING_FILE).read_text())["presets"]
+    export = open_export(args.export)
     entry = next(
-        (p for p in presets if p["model"] == args.name and (p.get("serving") or {}).get("packages")), None
+        (
+            p
+            for p in export.presets["presets"]
+            if p["model"] == args.name and (p.get("serving") or {}).get("packages")
+        ),
+        None,
     )
     reused = {}
     for size, info in ((entry or {}).get("serving") or {}).get("packages", {}).items():
-        source = export / info["file"]
-        if hashes.get(info["file"]) != sha256_file(source):
+        try:
+            data = export.verified(info["file"])
+        except ExportError:
             continue
-        shutil.copyfile(source, dest / Path(info["file"]).name)
-        reused[int(size)] = {**info, "file": Path(info["file"]).name}
+        name = Path(info["file"]).name
+        (dest / name).write_bytes(data)
+        reused[int(size)] = {**info, "file": name}
     return reused
 
 

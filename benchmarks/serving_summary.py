@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+from compiler.hardware import software_stack
 from compiler.serving.traffic import ServingProfile
 
 
@@ -25,22 +26,14 @@ def add_to_summary(path: Path, args: argparse.Namespace, profile: ServingProfile
     if found is None:
         found = {"budget": args.budget, "traffic": traffic, "models": []}
         summaries.append(found)
+    stack = software_stack()
     found.update(
         gpu=torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
-        torch=torch.__version__,
-        cuda=torch.version.cuda,
-        triton=_version("triton"),
+        torch=stack["torch"],
+        cuda=stack["cuda"],
+        triton=stack["triton"],
         requests=args.requests,
         seed=args.seed,
     )
     found["models"] = [m for m in found["models"] if m["model"] != entry["model"]] + [entry]
     path.write_text(json.dumps(summaries, indent=1) + "\n")
-
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None

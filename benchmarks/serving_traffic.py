@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving_oracle import build_oracle_packages, load_oracle_packages, run_oracle  # noqa: E402  (beside this file)
+from serving_oracle import build_oracle_packages, compile_config, load_oracle_packages, run_oracle  # noqa: E402  (beside this file)
 from serving_summary import add_to_summary  # noqa: E402
 
 from compiler.env import project_pythonpath  # noqa: E402
@@ -106,9 +106,7 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
             model, example[1] or example[0], args.export, model_name=args.name, serving=profile.to_dict()
         )
         return served, time.perf_counter() - t0, applied.to_dict()
-    from compiler.config import CompileConfig
-
-    config = CompileConfig(name=args.mode, mode=mode)
+    config = compile_config(args)
     entry = {"precision": args.dtype}
     if (
         side == "oracle" and args.oracle_dir

@@ -57,41 +57,12 @@ from compiler.serving.choice import (
     unsupported_here,
 )
 from compiler.serving.files import ExportError, ExportFiles, open_export, preset_config, warn_caller
-from compiler.serving.served import BucketPackages, exported_plan_applies, serve_range
+from compiler.serving.served import BucketPackages, DeviceClock, exported_plan_applies, serve_range
 from compiler.serving.settings import ProcessSettings
 from compiler.serving.signature import SignatureError, named_key, verify
 from compiler.serving.traffic import ServingProfile, as_profile
 
 __all__ = ["compile_tuned"]
-
-
-class _DeviceClock:
-    """Time and CUDA memory from its creation (where `example` is on a GPU): what loading a
-    plan's packages and preparing it cost, as `Preparation` reports a plan's preparation."""
-
-    def __init__(self, example: Any):
-        import torch
-
-        from compiler.serving.padding import leaves
-
-        self.device = next((t.device for t in leaves(example) if getattr(t, "is_cuda", False)), None)
-        if self.device is not None:
-            torch.cuda.synchronize(self.device)
-            self.allocated = torch.cuda.memory_allocated(self.device)
-            self.reserved = torch.cuda.memory_reserved(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.t0 = time.perf_counter()
-
-    def since(self) -> dict[str, Any]:
-        import torch
-
-        out: dict[str, Any] = {"prepare_s": time.perf_counter() - self.t0}
-        if self.device is not None:
-            torch.cuda.synchronize(self.device)
-            out["memory_bytes"] = torch.cuda.memory_allocated(self.device) - self.allocated
-            out["peak_bytes"] = torch.cuda.max_memory_allocated(self.device) - self.allocated
-            out["reserved_bytes"] = torch.cuda.memory_reserved(self.device) - self.reserved
-        return out
 
 
 def _call(fn: Any, inputs: Any) -> Any:
@@ -374,7 +345,7 @@ class _Tuning:
             return torch.compile(self.model, **{**kwargs, "dynamic": dynamic})
 
         packages = None
-        loading = _DeviceClock(example)
+        loading = DeviceClock.of(example)
         if use_package and exported_plan_applies(self.entry, self.profile):
             packages = self.artifacts.bucket_packages(self.model, *example, compile_preset)
         if packages is None:

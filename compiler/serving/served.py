@@ -61,6 +61,50 @@ class Preparation:
     reserved_bytes: int | None = None
 
 
+class DeviceClock:
+    """Time and CUDA memory from its creation on `device` (a CUDA device, or None: time only):
+    what preparing a plan cost, as `Preparation` reports it. `since()` gives `prepare_s` and, on
+    a CUDA device, the rise in allocated bytes (`memory_bytes`), their peak (`peak_bytes`, the
+    peak statistics reset at creation) and the rise in reserved bytes (`reserved_bytes`)."""
+
+    def __init__(self, device: Any):
+        import torch
+
+        self.device = device
+        if device is not None:
+            torch.cuda.synchronize(device)
+            self.allocated = torch.cuda.memory_allocated(device)
+            self.reserved = torch.cuda.memory_reserved(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        self.t0 = time.perf_counter()
+
+    @classmethod
+    def of(cls, example: Any) -> DeviceClock:
+        """A clock on the CUDA device `example`'s tensors are on, if any."""
+        return cls(cuda_device(example))
+
+    def since(self) -> dict[str, Any]:
+        import torch
+
+        out: dict[str, Any] = {"prepare_s": time.perf_counter() - self.t0}
+        if self.device is not None:
+            torch.cuda.synchronize(self.device)
+            out["memory_bytes"] = torch.cuda.memory_allocated(self.device) - self.allocated
+            out["peak_bytes"] = torch.cuda.max_memory_allocated(self.device) - self.allocated
+            out["reserved_bytes"] = torch.cuda.memory_reserved(self.device) - self.reserved
+        return out
+
+
+def cuda_device(example: Any) -> Any:
+    """The CUDA device of the first tensor of `example` on one, or None."""
+    import torch
+
+    for leaf in leaves(example):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
+            return leaf.device
+    return None
+
+
 def graph_count() -> int | None:
     """Dynamo's count of graphs compiled in this process, or None where its counters are not there
     as checked (`compiler.torch_private`)."""
@@ -139,41 +183,21 @@ class ServedModel:
         # one graph a size to prepare, beside what the process compiled of the model before (a
         # limit is per function, over every torch.compile of it): Dynamo must not stop at its limit
         torch._dynamo.config.recompile_limit += len(sizes) + 1
-        cuda = self._cuda_device()
-        if cuda is not None:
-            torch.cuda.synchronize(cuda)
-            before = torch.cuda.memory_allocated(cuda)
-            reserved = torch.cuda.memory_reserved(cuda)
-            torch.cuda.reset_peak_memory_stats(cuda)
+        clock = DeviceClock.of(self.example)
         graphs0 = graph_count()
-        t0 = time.perf_counter()
         calls = 3 if self.cudagraphs else 1
         for size in sizes:
             s_args, s_kwargs = (args, kwargs) if size == batch else resize_batch(args, kwargs, size, batch)
             with torch.no_grad():
                 for _ in range(calls):
                     self.compiled(*s_args, **s_kwargs)
-        if cuda is not None:
-            torch.cuda.synchronize(cuda)
-        prep = Preparation(sizes=sizes, prepare_s=time.perf_counter() - t0)
+        prep = Preparation(sizes=sizes, **clock.since())
         graphs1 = graph_count()
         if graphs0 is not None and graphs1 is not None:
             prep.graphs = graphs1 - graphs0
-        if cuda is not None:
-            prep.memory_bytes = torch.cuda.memory_allocated(cuda) - before
-            prep.peak_bytes = torch.cuda.max_memory_allocated(cuda) - before
-            prep.reserved_bytes = torch.cuda.memory_reserved(cuda) - reserved
         self.preparation = prep
         self._graphs_after = graphs1
         return prep
-
-    def _cuda_device(self) -> Any:
-        import torch
-
-        for leaf in leaves(self.example):
-            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
-                return leaf.device
-        return None
 
     @property
     def compiles_after_prepare(self) -> int | None:

@@ -17,6 +17,7 @@ buckets, the padding check, and per plan what preparing cost here and its weight
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import shutil
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.bench.record import JobRecord
-from workers.bench.serving_stock import TIMED_CALLS, stock_under_traffic
+from workers.bench.serving_stock import TIMED_CALLS, helper_process, stock_under_traffic
 
 TIMED_SIZES = 64
 """At most this many sizes are timed per plan; a wider traffic is timed on the bucket ladder,
@@ -199,21 +200,17 @@ def packaged_buckets(
     from compiler import aoti
     from compiler.measure import compare_outputs
     from compiler.serving.padding import resize_batch
-    from compiler.serving.served import BucketPackages, ServedModel
+    from compiler.serving.served import BucketPackages, DeviceClock, ServedModel
 
     built, build, why = package_buckets(run, buckets, package)
     if why:
         return None, {}, build, why
-    cuda = run.job.device == "cuda"
 
     def unused() -> Any:
         raise RuntimeError("a bucket's package was called with another input signature")
 
-    if cuda:
-        torch.cuda.synchronize()
-        before, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    clock = DeviceClock.of(example)
+    reserved = clock.reserved if clock.device is not None else 0
     loaded = {}
     try:
         for b in buckets:
@@ -223,11 +220,10 @@ def packaged_buckets(
                 package.with_name(info["file"]), model, info["inputs"], info["cudagraphs"], unused
             )
             packaged.capture(b_args, b_kwargs)
-            if cuda:  # what this bucket holds: its graph's pool and what it folded at load
+            if clock.device is not None:  # what this bucket holds: its graph's pool and folded weights
                 torch.cuda.synchronize()
-                info["memory_gib"] = (torch.cuda.memory_reserved() - reserved) / 2**30 - sum(
-                    built[x].get("memory_gib", 0.0) for x in loaded
-                )
+                now = torch.cuda.memory_reserved()
+                info["memory_gib"], reserved = (now - reserved) / 2**30, now
             with torch.no_grad():
                 want, got = model(*b_args, **b_kwargs), packaged(*b_args, **b_kwargs)
             cmp = compare_outputs(aoti.tensors(want), aoti.tensors(got), run.job.dtype)
@@ -238,14 +234,9 @@ def packaged_buckets(
         for info in built.values():
             package.with_name(info["file"]).unlink(missing_ok=True)
         return None, {}, build, f"bucket {b}: {type(exc).__name__}: {_first_line(exc)}"
-    load_s = time.perf_counter() - t0
     served = ServedModel(lambda dynamic: BucketPackages(loaded), profile, "buckets", buckets, example)
-    prep = served.prepare()
-    prep.prepare_s += load_s
-    if cuda:
-        prep.memory_bytes = torch.cuda.memory_allocated() - before
-        prep.peak_bytes = torch.cuda.max_memory_allocated() - before
-        prep.reserved_bytes = torch.cuda.memory_reserved() - reserved
+    served.prepare()
+    served.preparation = dataclasses.replace(served.preparation, **clock.since())  # loading included
     return served, built, build, ""
 
 
@@ -262,25 +253,17 @@ def package_buckets(
     bucket its file name, input signature, CUDA graphs, compile seconds and build columns; the
     build's wall time, processes and GPUs; "") or ({}, that, why not) after the first failure,
     the other builds stopped and every file removed."""
-    import json
     import subprocess
     import sys
     import tempfile
-
-    from workers.affinity import AHEAD_AFFINITY_ENV
-    from workers.bench import PARENT_PID_ENV
-    from workers.bench.gate import GATE_FD_ENV
 
     processes = build_processes(len(buckets))
     gpus = visible_gpus() if run.job.device == "cuda" else []
     threads = max(1, len(os.sched_getaffinity(0)) // processes)
     build = {"processes": processes, "gpus": len(gpus), "buckets": len(buckets)}
     scratch = Path(tempfile.mkdtemp(prefix="bucket-packages-"))
-    job_file = scratch / "job.json"
-    job_file.write_text(json.dumps(run.job.to_dict()))
-    env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
-    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV):
-        env.pop(name, None)
+    env, job_file = helper_process(run, scratch)
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
     pending, running, done = list(buckets), {}, {}
     error, started = "", 0
     t0 = time.perf_counter()

@@ -17,6 +17,24 @@ TIMED_CALLS = 5
 """Timed calls per size (after one untimed call), their median the size's latency."""
 
 
+def helper_process(run: JobRecord, scratch: Path) -> tuple[dict[str, str], Path]:
+    """(the environment, the job file in `scratch`) of a process this job starts to work on its
+    behalf (`--bucket-package`, `--serving-stock`): its parent is this process, and it neither
+    waits at this job's gate nor takes the cores of a process started ahead."""
+    import json
+
+    from workers.affinity import AHEAD_AFFINITY_ENV
+    from workers.bench import PARENT_PID_ENV
+    from workers.bench.gate import GATE_FD_ENV
+
+    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV):
+        env.pop(name, None)
+    job_file = scratch / "job.json"
+    job_file.write_text(json.dumps(run.job.to_dict()))
+    return env, job_file
+
+
 def stock_under_traffic(run: JobRecord, profile: Any, stock: dict[str, Any]) -> dict[str, Any]:
     """The stock user (`stock`: its torch.compile mode and dtype) under `profile`'s traffic, timed
     in a fresh process (`python -m workers.bench --serving-stock`, `serve_stock`): its figures,
@@ -26,17 +44,10 @@ def stock_under_traffic(run: JobRecord, profile: Any, stock: dict[str, Any]) -> 
     import sys
     import tempfile
 
-    from workers.affinity import AHEAD_AFFINITY_ENV
-    from workers.bench import PARENT_PID_ENV
-    from workers.bench.gate import GATE_FD_ENV
-
-    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
-    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV):
-        env.pop(name, None)
     with tempfile.TemporaryDirectory(prefix="serving-stock-") as scratch:
+        env, job_file = helper_process(run, Path(scratch))
         env["TORCHINDUCTOR_CACHE_DIR"] = f"{scratch}/inductor"  # a stock user compiles cold
-        job_file, result_file = Path(scratch) / "job.json", Path(scratch) / "result.json"
-        job_file.write_text(json.dumps(run.job.to_dict()))
+        result_file = Path(scratch) / "result.json"
         spec = json.dumps({**stock, "profile": profile.to_dict()})
         done = subprocess.run(
             [sys.executable, "-m", "workers.bench", "--serving-stock", spec, str(job_file), str(result_file)],
