@@ -78,3 +78,54 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     if before is None or after is None or after[1] <= before[1]:
         return None
     return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def cores_busy() -> tuple[float, dict[int, float]] | None:
+    """(now, per core busy seconds so far) for every core of /proc/stat (Linux; None elsewhere):
+    busy is every kind of CPU time but idle and iowait. With `own_cpu_s` around the timed rounds it
+    gives `other_share`: how much of the job's cores other processes took while it timed."""
+    import os
+    import time
+
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy: dict[int, float] = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *values = line.split()
+                if not name.startswith("cpu") or name == "cpu":
+                    if busy:
+                        break
+                    continue
+                ticks = [int(v) for v in values[:8]]
+                busy[int(name[3:])] = (sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)) / tick
+    except (OSError, ValueError):
+        return None
+    return time.monotonic(), busy
+
+
+def own_cpu_s() -> float:
+    """CPU time of this process so far, every thread, user and system, s."""
+    import os
+
+    t = os.times()
+    return t.user + t.system
+
+
+def other_share(
+    before: tuple[tuple[float, dict[int, float]] | None, float],
+    after: tuple[tuple[float, dict[int, float]] | None, float],
+    cores: Sequence[int],
+) -> float | None:
+    """Share of `cores`' time between two (`cores_busy`, `own_cpu_s`) readings that went to other
+    processes: their busy time less this process's own CPU time, over the wall time they spanned
+    times the number of cores (0 on an otherwise idle host, about 0.5 where a busy loop shares
+    each of them). None where /proc/stat says nothing or no time passed."""
+    (b, own_b), (a, own_a) = before, after
+    if b is None or a is None or not cores:
+        return None
+    wall = a[0] - b[0]
+    busy = sum(a[1].get(c, 0.0) - b[1].get(c, 0.0) for c in cores)
+    if wall <= 0.05:
+        return None
+    return min(1.0, max(0.0, (busy - (own_a - own_b)) / (wall * len(cores))))

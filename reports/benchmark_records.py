@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from compiler import statistics as cstats
 from compiler.hardware import CPU_CLASS
 from reports.run_cells import RunCell
 
@@ -66,9 +67,19 @@ def _common(row: dict[str, Any]) -> dict[str, Any]:
         "freezing": row.get("freezing"),
         "runtime": json.loads(row.get("runtime") or "{}"),
     }
-    runner = {"name": device, "type": str(row["hardware"])}
-    runner.update({"gpu_info": row.get("device_name") or "", "gpu_count": 1} if device == "cuda" else {})
+    runner: dict[str, Any] = {"name": device, "type": str(row["hardware"])}
+    gpus = row.get("host_gpus")
+    runner.update(
+        {"gpu_info": row.get("device_name") or "", "gpu_count": gpus or 1} if device == "cuda" else {}
+    )
     runner.update({"cpu_info": row.get("device_name") or ""} if device == "cpu" else {})
+    if row.get("host_cpus"):
+        runner["cpu_count"] = int(row["host_cpus"])
+    if row.get("host_mem_bytes"):
+        runner["mem_info"] = f"{row['host_mem_bytes'] / 2**30:.1f} GiB"
+        runner["avail_mem_in_gb"] = int(row["host_mem_bytes"] // 2**30)
+    if device == "cpu" and gpus is not None:
+        runner["gpu_count"] = int(gpus)
     runner["extra_info"] = _strings({"hostname": row.get("hostname"), "driver": row.get("driver_version")})
     dependencies = {
         name: {"repo": repo, "version": row.get(key)} if repo else {"version": row.get(key)}
@@ -134,6 +145,8 @@ def _metrics(cell: RunCell) -> list[dict[str, Any]]:
                 ci_level="0.95",
                 processes=str(s.processes),
                 ci_scope=s.scope,
+                reference="the cell's eager, pooled over its jobs",
+                reference_ms=cell.reference_ms,
             )
         )
     sizes = r.get("samples_per_repeat")
@@ -172,6 +185,10 @@ def benchmark_records(cells: list[RunCell]) -> list[dict[str, Any]]:
             continue
         common = _common(cell.row)
         for metric in _metrics(cell):
+            if cell.doubted:  # every metric of a doubted row says so, and why
+                metric["extra_info"].update(
+                    _strings({"timing_doubted": cstats.doubt_text(list(cell.doubts))})
+                )
             records.append(
                 {
                     "benchmark": common["benchmark"],

@@ -1,4 +1,5 @@
-"""Speedup report: per hardware class, a model x config table of compiled-over-eager speedups."""
+"""Speedup report: per hardware class, a model x config table of speedups over each cell's one eager
+reference, doubted timings marked, and each cell's fastest config."""
 
 from __future__ import annotations
 
@@ -9,36 +10,63 @@ from typing import Any
 import pyarrow as pa
 
 from analysis import efficiency
+from compiler import statistics as cstats
+from reports.run_cells import RunCell, run_cells
 from store.layout import REPORT_FILE
 from store.storage import Target, resolve
 
 
-def _cell(row: dict[str, Any] | None) -> str:
-    if row is None:
+def _cell(cell: RunCell | None) -> str:
+    if cell is None:
         return "-"
+    row, s = cell.row, cell.speedup
     if row["status"] != "ok":
         return str(row["status"])
-    return "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+    if s is None:
+        return "-"
+    text = f"{s.estimate:.2f}x" + (
+        f" [{s.low:.2f}, {s.high:.2f}]" if s.low is not None and s.high is not None else ""
+    )
+    return text + (f" {cstats.MARK}" if cell.doubted else "")
 
 
-def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]]]]:
-    """{hardware: (header, rows)}; one row per (model, batch size, dtype), one column per config."""
-    by_hw: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in table.to_pylist():
-        by_hw[row["hardware"]].append(row)
+def fastest(cells: list[RunCell]) -> str:
+    """The config a cell's rows show fastest (the highest speedup over the cell's one reference,
+    so the lowest compiled latency), or why none is: "undecided" where a row's timing is doubted
+    (its true latency is not known) or no row is ok."""
+    ok = [c for c in cells if c.row["status"] == "ok" and c.speedup is not None]
+    if not ok:
+        return "-"
+    if any(c.doubted for c in ok):
+        return f"undecided {cstats.MARK}"
+    return str(max(ok, key=lambda c: c.speedup.estimate).row["config"])
+
+
+def speedup_tables(table: pa.Table) -> dict[str, tuple[list[str], list[list[str]], list[str]]]:
+    """{hardware: (header, rows, doubts)}; one row per (model, batch size, dtype), one column per
+    config: its speedup over the cell's one eager reference (`reports.run_cells`) with its 95%
+    interval, marked where its timing is doubted, and the cell's fastest config; `doubts` lists
+    each doubted row with its reasons."""
+    by_hw: dict[str, list[RunCell]] = defaultdict(list)
+    for cell in run_cells(table):
+        by_hw[str(cell.row["hardware"])].append(cell)
     out = {}
-    for hw, rows in sorted(by_hw.items(), key=lambda kv: str(kv[0])):
-        configs = sorted({r["config"] for r in rows}, key=str)
-        cells: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
-        for r in rows:
-            cells[(r["model"], r["batch_size"], r["dtype"])][r["config"]] = r
-        header = ["model", "batch", "dtype", "eager ms", *map(str, configs)]
-        body = []
+    for hw, hw_cells in by_hw.items():
+        configs = sorted({c.row["config"] for c in hw_cells}, key=str)
+        cells: dict[tuple, dict[str, RunCell]] = defaultdict(dict)
+        for c in hw_cells:
+            cells[(c.row["model"], c.row["batch_size"], c.row["dtype"])][c.row["config"]] = c
+        header = ["model", "batch", "dtype", "eager ms", *map(str, configs), "fastest"]
+        body, doubts = [], []
         for (model, bs, dtype), by_cfg in sorted(cells.items(), key=lambda kv: tuple(map(str, kv[0]))):
-            eager = [r["eager_ms"] for r in by_cfg.values() if r["eager_ms"] is not None]
-            eager_s = f"{sorted(eager)[len(eager) // 2]:.3f}" if eager else "-"
-            body.append([str(model), str(bs), str(dtype), eager_s, *(_cell(by_cfg.get(c)) for c in configs)])
-        out[hw] = (header, body)
+            ref = next((c.reference_ms for c in by_cfg.values() if c.reference_ms is not None), None)
+            eager_s = "-" if ref is None else f"{ref:.3f}"
+            line = [str(model), str(bs), str(dtype), eager_s, *(_cell(by_cfg.get(c)) for c in configs)]
+            body.append([*line, fastest(list(by_cfg.values()))])
+            doubts += [
+                f"{c.label}: {cstats.doubt_text(list(c.doubts))}" for c in by_cfg.values() if c.doubted
+            ]
+        out[hw] = (header, body, doubts)
     return out
 
 
@@ -117,11 +145,20 @@ def render(table: pa.Table, markdown: bool = True) -> str:
     parts.append(
         f"{table.num_rows} results: "
         + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items(), key=lambda kv: str(kv[0])))
-        + ". Cells: median eager latency / median compiled latency; a status where the job did not succeed.\n"
+        + ". Cells: the cell's eager reference (median over its jobs' eager calls) / the config's median compiled "
+        "latency, with its 95% interval; a status where the job did not succeed. "
+        f"{cstats.MARK}: the row's timing is doubted (the reasons are listed below its table); a cell with one "
+        "is left undecided.\n"
     )
-    for hw, (header, rows) in speedup_tables(table).items():
+    for hw, (header, rows, doubts) in speedup_tables(table).items():
         parts.append(f"## {hw}\n" if markdown else f"[{hw}]")
         parts.append((_markdown_table if markdown else _text_table)(header, rows) + "\n")
+        if doubts:
+            parts.append(
+                f"{cstats.MARK} timing doubted ({len(doubts)} rows):\n"
+                + "\n".join(f"- {d}" for d in doubts)
+                + "\n"
+            )
     stock = stock_user_tables(table)
     if stock:
         parts.append("# Against a stock PyTorch user\n" if markdown else "Against a stock PyTorch user")

@@ -34,6 +34,9 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("device_name", pa.string(), "device the job ran on as the framework names it"),
     ("node_id", pa.string(), "Ray node id that ran the job"),
     ("hostname", pa.string(), "host that ran the job"),
+    ("host_cpus", pa.int32(), "cores of the host that ran the job (os.cpu_count)"),
+    ("host_mem_bytes", pa.int64(), "memory of the host that ran the job, bytes"),
+    ("host_gpus", pa.int32(), "GPUs the job's node offers Ray"),
     ("sweep", pa.string(), "sweep name"),
     ("job_name", pa.string(), "human-readable job name hardware/model/bs/dtype/config"),
     ("model", pa.string(), "model name in the sweep"),
@@ -374,6 +377,12 @@ RESULT_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "host_load_1m",
         pa.list_(pa.float64()),
         "per process: the host's 1-minute load average when its timing began",
+    ),
+    (
+        "host_other_share",
+        pa.list_(pa.float64()),
+        "per process: share of the job's cores' time that other processes took during its timed rounds "
+        "(their busy time less the job process's own CPU time; about 0.5 where a busy loop shares each core)",
     ),
     (
         "timing_gc_collections",

@@ -38,7 +38,7 @@ from store.storage import Location, Target, resolve
 
 PARTITION_COLUMNS = ("hardware",)
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 """Version of the tables' schemas, written into every Parquet file this project writes
 (`SCHEMA_VERSION_KEY` in the file's key-value metadata). Columns are only ever added, so a reader
 with a newer schema reads older files with the columns they lack as nulls (`read_table`).
@@ -80,6 +80,9 @@ with a newer schema reads older files with the columns they lack as nulls (`read
   with another key, or handed back by a compile that then failed and succeeded without the cache.
 - 15: results and `presets` gain `serving_profile`, the traffic the model's presets are to serve
   (the sweep file's `serving:`, `compiler.serving.traffic`).
+- 16: results gain `host_other_share`, per process the share of the job's cores other processes
+  took while it timed (what `compiler.statistics.trust` reads to doubt a row's timing), and the
+  size of the host that ran the job: `host_cpus`, `host_mem_bytes`, `host_gpus`.
 """
 FP32_MEANT_STRICT_BEFORE = 9
 """Schema versions below this wrote `fp32` for what is `fp32-strict` now."""

@@ -90,3 +90,17 @@ def test_job_process_pins_itself_from_the_environment():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     affinity_text, pinned, note = ast.literal_eval(out.stdout.strip())
     assert affinity_text == format_cpus(CPUS) and pinned is False and "could not pin to cores 999999" in note
+
+
+def test_held_cores_counts_the_cores_another_holder_has_locked(lock_dir):
+    """What a sweep checks at its start: cores another sweep's jobs hold; checking takes no lock."""
+    assert affinity.held_cores(lock_dir) == (0, len(os.sched_getaffinity(0)))
+    holder = reserve_cores(1, directory=lock_dir)  # another job's lease, held by its descriptors
+    try:
+        assert affinity.held_cores(lock_dir) == (1, len(os.sched_getaffinity(0)))
+        again = reserve_cores(len(os.sched_getaffinity(0)) - 1, directory=lock_dir)
+        assert again.pinned  # the check left every free core free
+        again.release()
+    finally:
+        holder.release()
+    assert affinity.held_cores(lock_dir)[0] == 0

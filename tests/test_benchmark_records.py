@@ -138,9 +138,21 @@ def test_report_json_pytorch_writes_a_record_per_cell_and_metric_in_the_v3_shape
         cell = (row["hardware"], row["model"], str(row["batch_size"]), row["dtype"], row["config"])
         assert {m for *c, m in by if tuple(c) == cell} == set(METRICS)
         speedup = by[(*cell, "speedup")]
-        iv = cstats.paired_speedup(
-            row["eager_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
-        )
+        # over the cell's one eager reference: every config's eager pooled (compiler.statistics.reference)
+        same = [
+            r
+            for r in ok
+            if (r["hardware"], r["model"], r["batch_size"], r["dtype"])
+            == (row["hardware"], row["model"], row["batch_size"], row["dtype"])
+        ]
+        iv = cstats.cell_reference(same).speedup(row)
+        assert (
+            iv.estimate
+            != cstats.paired_speedup(
+                row["eager_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
+            ).estimate
+            or len(same) == 1
+        )  # not the job's own eager
         assert speedup["metric"]["benchmark_values"] == [iv.estimate]
         info = speedup["metric"]["extra_info"]
         assert (float(info["ci_low"]), float(info["ci_high"])) == (iv.low, iv.high) and info[

@@ -14,7 +14,7 @@ import pytest
 
 from compiler import statistics as cstats
 from compiler.measure import split_busy
-from compiler.statistics.thresholds import _ADDED_IN_V2, _ADDED_IN_V3
+from compiler.statistics.thresholds import _ADDED_IN_V2, _ADDED_IN_V3, _ADDED_IN_V4
 from orchestrator.cli import main
 from reports.regression import compare, compare_history, to_markdown
 from store.rows import make_row
@@ -124,11 +124,12 @@ def test_a_borrowed_process_spread_widens_a_one_process_interval():
 
 def test_a_version_1_thresholds_file_reads_with_the_new_keys_defaulted(tmp_path):
     old = tmp_path / "t.json"
-    added = {**_ADDED_IN_V2, **_ADDED_IN_V3}
+    added = {**_ADDED_IN_V2, **_ADDED_IN_V3, **_ADDED_IN_V4}
     data = {k: v for k, v in vars(cstats.load_thresholds()).items() if k not in added}
     old.write_text(json.dumps({**data, "version": 1}))
     t = cstats.load_thresholds(old)
-    assert (t.version, t.host_bound_share, t.min_processes, t.accuracy_bf16) == (3, 0.25, 2, 5e-2)
+    assert (t.version, t.host_bound_share, t.min_processes, t.accuracy_bf16) == (4, 0.25, 2, 5e-2)
+    assert (t.doubt_other_share, t.doubt_interval_ratio) == (0.25, 4.0)
     old.write_text(json.dumps({**vars(cstats.load_thresholds()), "host_bound_share": 1.5}))
     with pytest.raises(ValueError, match="host_bound_share must be between 0 and 1"):
         cstats.load_thresholds(old)

@@ -94,6 +94,25 @@ def reserve_cores(n: int, prefer: Iterable[int] = (), directory: Path | None = N
     )
 
 
+def held_cores(directory: Path | None = None) -> tuple[int, int]:
+    """(cores of this process's affinity set whose lock another process holds now, cores in the set):
+    each core's lock taken and let go at once, never blocking. What a sweep checks at its start
+    (another sweep on this machine holds the cores it would pin its jobs to)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    directory = directory or lock_dir()
+    held = 0
+    for cpu in allowed:
+        path = directory / f"cpu{cpu}.lock"
+        if not path.exists():
+            continue
+        fd = try_lock(path)
+        if fd is None:
+            held += 1
+        else:
+            os.close(fd)
+    return held, len(allowed)
+
+
 def try_lock(path: Path) -> int | None:
     """An exclusive lock on `path` (created), never blocking: its descriptor (closing it drops
     the lock), or None where another process holds it or the file cannot be opened."""

@@ -279,10 +279,10 @@ def _merge_device(row: dict[str, Any], timed: list[dict[str, Any]]) -> None:
 
 def _merge_host(row: dict[str, Any], timed: list[dict[str, Any]]) -> None:
     """The clocks' summary over every timed process (`compiler.clocks.combine_summaries`), their
-    host probes, clocks, loads and garbage collections in process order, and the worst CPU steal."""
+    host probes, clocks, loads, other processes' shares of the cores and garbage collections in process order, and the worst CPU steal."""
     row.update(combine_summaries([{k: p.get(k) for k in CLOCK_KEYS} for p in timed]))
     row["host_probe_us"] = [x for p in timed for x in p.get("host_probe_us") or []]
-    for key in ("host_cpu_mhz", "host_load_1m", "timing_gc_collections"):
+    for key in ("host_cpu_mhz", "host_load_1m", "host_other_share", "timing_gc_collections"):
         row[key] = [x for p in timed for x in p.get(key) or []]
     steal = [p["host_steal_share"] for p in timed if p.get("host_steal_share") is not None]
     row["host_steal_share"] = max(steal) if steal else None

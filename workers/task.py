@@ -143,4 +143,15 @@ def execute_job(
         return {"cancelled": True, **stop.kept}
     result["node_id"] = ray.get_runtime_context().get_node_id()
     result["hostname"] = socket.gethostname()
+    result.update(host_size())
     return result
+
+
+def host_size() -> dict[str, int | None]:
+    """The node a job ran on, for the records others ingest (`runners`): its cores, its memory and
+    the GPUs it offers Ray."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = None
+    return {"host_cpus": os.cpu_count(), "host_mem_bytes": memory, "host_gpus": _node_gpu_count()}

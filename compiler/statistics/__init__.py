@@ -19,6 +19,11 @@ them, so a caller imports one module (``from compiler import statistics as cstat
   `figure_verdict`, `once_per_run_verdict`, `undecided_reason`, `borrows_between`,
   `judged_figure`, `host_bound_share`, `family_level`.
 - `compiler.statistics.student_t`: `t_quantile`, Student's t without scipy.
+- `compiler.statistics.trust`: when a row's timing cannot be trusted, `timing_doubts` (host
+  load on its cores, cores held by another job, GPU slowdowns, a host-probe outlier, a wide
+  interval), `doubt_text` and the `MARK` every reader puts beside a doubted figure.
+- `compiler.statistics.reference`: one eager reference per cell (`cell_reference`, pooled over
+  the cell's trusted jobs) that every speedup of the cell is over.
 
 Each name has its one definition in those modules; nothing is defined here. Only numpy is
 needed; nothing here imports torch, Ray or the orchestrator.
@@ -35,6 +40,7 @@ from compiler.statistics.intervals import (
     paired_speedup,
     ratio_interval,
 )
+from compiler.statistics.reference import CellReference, cell_reference
 from compiler.statistics.samples import (
     LatencySummary,
     percentile,
@@ -45,6 +51,7 @@ from compiler.statistics.samples import (
 )
 from compiler.statistics.student_t import t_quantile
 from compiler.statistics.thresholds import THRESHOLDS_FILE, THRESHOLDS_VERSION, Thresholds, load_thresholds
+from compiler.statistics.trust import MARK, doubt_text, timing_doubts
 from compiler.statistics.verdicts import (
     borrows_between,
     family_level,
@@ -59,6 +66,8 @@ from compiler.statistics.verdicts import (
 
 __all__ = [
     "LEVEL",
+    "MARK",
+    "CellReference",
     "N_BOOT",
     "THRESHOLDS_FILE",
     "THRESHOLDS_VERSION",
@@ -66,6 +75,8 @@ __all__ = [
     "LatencySummary",
     "Thresholds",
     "beats",
+    "cell_reference",
+    "doubt_text",
     "borrows_between",
     "family_level",
     "figure_verdict",
@@ -84,5 +95,6 @@ __all__ = [
     "spread",
     "summarize",
     "t_quantile",
+    "timing_doubts",
     "undecided_reason",
 ]

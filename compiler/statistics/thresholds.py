@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 THRESHOLDS_FILE = Path(__file__).with_name("thresholds.json")
-THRESHOLDS_VERSION = 3
+THRESHOLDS_ENV = "ORCHESTRATE_THRESHOLDS"
+"""A site's own thresholds file, read instead of `THRESHOLDS_FILE` where no file is named (by every
+process of a run: the driver, the tuner, the reports). The test suite points it at a file that
+doubts no timing, so that a test about something else does not depend on an idle machine."""
+THRESHOLDS_VERSION = 4
 _MAX_THRESHOLDS_BYTES = 65536
 _ADDED_IN_V2 = {"host_bound_share": 0.25, "min_processes": 2, "noise_processes": 3}
 """Keys version 2 added, with the values a version-1 file is read with."""
@@ -30,6 +35,14 @@ _ADDED_IN_V3 = {
 }
 """Keys version 3 added (the accuracy budgets of `compiler.accuracy`), with the values an older
 file is read with."""
+_ADDED_IN_V4 = {
+    "doubt_other_share": 0.25,
+    "doubt_load_per_core": 2.0,
+    "doubt_probe_ratio": 3.0,
+    "doubt_interval_ratio": 4.0,
+}
+"""Keys version 4 added (when a row's timing is doubted, `compiler.statistics.trust`), with the
+values an older file is read with."""
 
 
 @dataclass(frozen=True)
@@ -92,12 +105,27 @@ class Thresholds:
     candidate measured at least this much faster than what it must beat, but its interval did not
     lie above 1 (`orchestrator.tune.search.run_extend`): few processes of a launch-bound cell give
     wide intervals."""
+    doubt_other_share: float = 0.25
+    """A row's timing is doubted where other processes took more than this share of the job's
+    cores while one of its processes timed (`host_other_share`; an idle host gives a few percent,
+    a busy loop on each core about 0.5): `compiler.statistics.trust`."""
+    doubt_load_per_core: float = 2.0
+    """...or, for a row without `host_other_share` (written before schema 16), where the host's
+    1-minute load when a process began timing exceeded this many per core the job ran on."""
+    doubt_probe_ratio: float = 3.0
+    """...or where the host dispatch probe after one timed round was this many times slower than
+    after another (the host slowed down mid-measurement)."""
+    doubt_interval_ratio: float = 4.0
+    """...or where the speedup interval's high end is more than this many times its low end (the
+    samples spread too widely for the figure to mean anything)."""
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:
-    """The thresholds in `path` (default `thresholds.json` here); a bad file raises ValueError
-    naming the file and the key."""
-    path = Path(path) if path is not None else THRESHOLDS_FILE
+    """The thresholds in `path` (default: the file `ORCHESTRATE_THRESHOLDS` names, else
+    `thresholds.json` here); a bad file raises ValueError naming the file and the key."""
+    if path is None:
+        path = os.environ.get(THRESHOLDS_ENV) or THRESHOLDS_FILE
+    path = Path(path)
     try:
         if not path.is_file():  # a FIFO or device would block or never end
             raise ValueError("not a regular file")
@@ -115,7 +143,9 @@ def load_thresholds(path: str | Path | None = None) -> Thresholds:
     if data.get("version") == 1:
         data = {**_ADDED_IN_V2, **data, "version": 2}
     if data.get("version") == 2:
-        data = {**_ADDED_IN_V3, **data, "version": THRESHOLDS_VERSION}
+        data = {**_ADDED_IN_V3, **data, "version": 3}
+    if data.get("version") == 3:
+        data = {**_ADDED_IN_V4, **data, "version": THRESHOLDS_VERSION}
     names = [f.name for f in dataclasses.fields(Thresholds)]
     missing = [n for n in names if n not in data]
     unknown = sorted(set(data) - set(names))

@@ -116,8 +116,9 @@ def cmd_presets(args) -> int:
         )
     for m in data["no_preset"]:
         within = f" within the {m['budget']} budget" if m.get("budget") else ""
+        what = f"undecided, {m['undecided']}" if m.get("undecided") else "no ok config"
         print(
-            f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: no ok config{within} {m['statuses']}"
+            f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}: {what}{within} {m['statuses']}"
         )
     for hardware, by_dtype in data["defaults"].items():
         for dtype, d in by_dtype.items():

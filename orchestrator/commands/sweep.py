@@ -79,6 +79,20 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
+def doubted_for_run(args, out, run_id: str) -> str:
+    """The end of a sweep's word on its doubted timings (`reports.run_cells.doubted_summary`), with
+    the command that measures them again into a new output; "" where the rows cannot be read."""
+    from reports.run_cells import doubted_summary
+    from store.schema import read_results
+
+    try:
+        table = read_results(out)
+    except Exception:  # a damaged or unreachable output: the sweep has said what it saved
+        return ""
+    again = shlex.quote(f"{str(out).rstrip('/')}-again")
+    return doubted_summary(table, run_id, f"orchestrate sweep {shlex.quote(str(args.sweep))} --out {again}")
+
+
 def cmd_sweep(args) -> int:
     from analysis import efficiency
     from orchestrator.fleet.driver import run_sweep
@@ -111,9 +125,11 @@ def cmd_sweep(args) -> int:
         return code
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary.counts.items())) or "nothing to run"
     time_went = efficiency.for_run(out, summary.run_id)  # where this run's time went
+    doubted = doubted_for_run(args, out, summary.run_id)
     print(
         f"done in {format_duration(summary.wall_s)}: {counts}; {summary.skipped} skipped as already done.\n"
         + (time_went + "\n" if time_went else "")
+        + (doubted + "\n" if doubted else "")
         + f"results: {results_path(out)}  (next: orchestrate report {shlex.quote(str(out))}; "
         f"orchestrate presets {shlex.quote(str(out))})"
     )

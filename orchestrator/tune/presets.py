@@ -218,7 +218,21 @@ def derive_presets(
     thresholds = cstats.load_thresholds()
     for (hardware, model, bs, dtype), rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         figures = acc.figures_of_rows(rows, dtype)
+        doubted = _doubted(rows, thresholds, limits)
         for budget in accuracy or (None,):
+            if doubted:  # never decided on a timing that cannot be trusted: undecided, with the reason
+                missing.append(
+                    {
+                        "hardware": hardware,
+                        "model": model,
+                        "batch_size": bs,
+                        "dtype": dtype,
+                        **({"budget": budget.name} if budget else {}),
+                        "undecided": "timing doubted",
+                        "statuses": doubted,
+                    }
+                )
+                continue
             judgement = acc.judge(budget, figures, thresholds) if budget else None
             fits = [
                 r
@@ -258,6 +272,24 @@ def derive_presets(
     return data
 
 
+def _doubted(
+    rows: list[dict[str, Any]], thresholds: cstats.Thresholds, limits: Limits
+) -> dict[str, str] | None:
+    """Where a cell's ok row has a doubted timing (`compiler.statistics.timing_doubts`): every
+    config's status, the doubted ones with their reasons; None where every timing is trusted."""
+    doubts = {id(r): cstats.timing_doubts(r, thresholds) for r in rows if r["status"] == "ok"}
+    if not any(doubts.values()):
+        return None
+    return {
+        f"{r['config']}@{r['dtype']}": (
+            f"ok, timing doubted {cstats.MARK}: {cstats.doubt_text(doubts[id(r)])}"
+            if doubts.get(id(r))
+            else _status(r, limits)
+        )
+        for r in rows
+    }
+
+
 def _own_policy(rows: list[dict[str, Any]]) -> str:
     """The cells' own precision in a sweep with accuracy budgets: the stock policy where its rows are
     there, else the one precision the rows share."""
@@ -292,6 +324,9 @@ def _swept(
     if entry["source"] == "eager" and default:  # medians of two rows, as for a compiled preset
         entry["speedup_vs_default"] = default["compiled_ms"] / entry["eager_ms"]
     entry["dtype"] = dtype
+    ref = cstats.cell_reference([r for r in rows if r["dtype"] == best["dtype"]])
+    if entry["source"] != "eager" and ref.median_ms and best["compiled_ms"]:  # the report's one reference
+        entry["speedup_vs_eager"] = ref.median_ms / best["compiled_ms"]
     user = stock_user(rows, dtype)
     if user is not None:
         entry.update(versus(user, best, "eager" if entry["source"] == "eager" else "compiled"))

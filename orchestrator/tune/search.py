@@ -408,7 +408,14 @@ def run_decide(ctx: TuneContext, runs: dict[Cell, CellRun], confirmed: dict[str,
     preset (`decide_cell`), with its model entry and how many candidates were over a limit.
     Produces the decisions; each cell's log gets its first budget's preset."""
     found = Decided()
+    thresholds = cstats.load_thresholds()
     for run in runs.values():
+        doubted = decide.doubted_cell(run, confirmed, thresholds)
+        if doubted is not None:  # never decided on a timing that cannot be trusted
+            found.missing.append(doubted)
+            found.decisions[run.cell.name] = f"undecided: timing doubted {cstats.MARK}"
+            run.log["undecided"] = doubted["statuses"]
+            continue
         decided = decide_cell(
             run, ctx.budgets, confirmed, ctx.opts.limits, ctx.opts.eager_presets, ctx.stock_names
         )

@@ -70,7 +70,8 @@ class CellChange:
 
     @property
     def undecided(self) -> bool:
-        """A `watch` for too few processes per side (`statistics.undecided_reason`)."""
+        """A `watch` for too few processes per side (`statistics.undecided_reason`) or a doubted
+        timing (`statistics.timing_doubts`)."""
         return self.verdict == "watch" and any(r.startswith("undecided:") for r in self.reasons)
 
 
@@ -101,8 +102,14 @@ class Comparison:
         n = self.undecided()
         if not n:
             return ""
+        doubted = sum(c.undecided and any("timing doubted" in r for r in c.reasons) for c in self.cells)
+        marked = (
+            f" ({doubted} of them {cstats.MARK}: a timing doubted, listed with its reasons)"
+            if doubted
+            else ""
+        )
         return (
-            f"{n} cell{'s' if n != 1 else ''} left undecided (watch): a figure measured once a run (a latency "
+            f"{n} cell{'s' if n != 1 else ''} left undecided (watch){marked}: a figure measured once a run (a latency "
             f"from one process per cell, a cold compile time) cannot show how much it moves between runs; "
             f"set measure.repeats: 3 in the sweep file for latencies, and compare against a window of runs "
             f"(--history, nightly) for compile times"

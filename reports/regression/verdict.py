@@ -61,10 +61,18 @@ def _compare_latency(
 ) -> None:
     """The latency verdict: wall time always, device time too where the cell is host-bound
     (`statistics.judged_figure`); a regression on either counts, and a comparison with too few
-    processes per side is only a `watch` (`statistics.undecided_reason`)."""
+    processes per side, or a side whose timing is doubted (`statistics.timing_doubts`), is only a
+    `watch`."""
     current, reference = sample_groups(now), sample_groups(before) + older
     history = bool(older)
     undecided = cstats.undecided_reason(len(current), len(reference), t, history=history)
+    doubts = [
+        f"{side}: {cstats.doubt_text(found)}"
+        for side, row in (("current", now), ("baseline", before))
+        if (found := cstats.timing_doubts(row, t))
+    ]
+    if doubts:  # a timing that cannot be trusted decides nothing: a watch, with the reasons
+        undecided = f"undecided: timing doubted {cstats.MARK} ({'; '.join(doubts)})"
     borrow = history and undecided is None and cstats.borrows_between(len(current), len(reference), t)
     c.processes = (len(reference), len(current))
     dev_now, dev_ref = device_groups(now), device_groups(before) + older_device

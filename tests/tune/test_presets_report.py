@@ -7,6 +7,8 @@ from contextlib import closing
 
 import pytest
 
+from compiler import statistics as cstats
+from compiler.statistics.thresholds import THRESHOLDS_ENV
 from orchestrator.tune.presets import PRESET_FORMAT, derive_presets, write_presets
 from reports.speedup import REPORT_FILE, render, speedup_tables, write_report
 from store.rows import make_row
@@ -205,10 +207,11 @@ def test_render_shows_status_instead_of_number_for_failed_cells(table):
         "2.00x",
         "2.50x",
         "accuracy_fail",
+        "ro",  # the fastest config, which presets picks
     ]
     assert "5.00x" not in secs["A100"]  # the failed tuned cell's would-be speedup is not shown
-    assert table_line(secs["A100"], "resnet", 4)[4:] == ["timeout", "oom", "compile_error"]
-    assert table_line(secs["A100"], "mlp", 1)[4:] == ["crash", "runtime_error", "3.00x"]
+    assert table_line(secs["A100"], "resnet", 4)[4:] == ["timeout", "oom", "compile_error", "-"]
+    assert table_line(secs["A100"], "mlp", 1)[4:] == ["crash", "runtime_error", "3.00x", "tuned"]
     assert table_line(secs["cpu"], "resnet", 1) == [
         "resnet",
         "1",
@@ -217,8 +220,18 @@ def test_render_shows_status_instead_of_number_for_failed_cells(table):
         "1.25x",
         "1.11x",
         "2.00x",
+        "tuned",
     ]
-    assert table_line(secs["cpu"], "mlp", 4) == ["mlp", "4", "fp32", "5.000", "1.00x", "0.83x", "-"]
+    assert table_line(secs["cpu"], "mlp", 4) == [
+        "mlp",
+        "4",
+        "fp32",
+        "5.000",
+        "1.00x",
+        "0.83x",
+        "-",
+        "default",
+    ]
     for status in ("accuracy_fail", "timeout", "oom", "crash"):
         assert status not in secs["cpu"]
 
@@ -235,9 +248,36 @@ def test_render_plain_text(table):
 def test_speedup_tables(table):
     tables = speedup_tables(table)
     assert list(tables) == ["A100", "cpu"]
-    header, body = tables["cpu"]
-    assert header == ["model", "batch", "dtype", "eager ms", "default", "ro", "tuned"]
+    header, body, doubts = tables["cpu"]
+    assert header == ["model", "batch", "dtype", "eager ms", "default", "ro", "tuned", "fastest"]
     assert [r[:2] for r in body] == [["mlp", "4"], ["resnet", "1"]]
+    assert doubts == []
+
+
+def test_a_cells_speedups_share_one_eager_reference_and_doubted_rows_are_marked(
+    table_jobs, make_result, monkeypatch
+):
+    """Two configs of one cell timed their own eager at 20 and 40 ms (a busy host for the second):
+    both speedups are over one reference, so the faster config shows the higher speedup, and the
+    doubted row (other processes took its cores) is marked, listed with its reason, and leaves the
+    cell undecided; the same rows trusted decide it."""
+    monkeypatch.delenv(THRESHOLDS_ENV)  # the project's limits, not the suite's trusting ones
+    fast = make_row(table_jobs["cpu/resnet/bs1/fp32/default"], make_result("ok", 40.0, 10.0), run_id="r")
+    slow = make_row(table_jobs["cpu/resnet/bs1/fp32/ro"], make_result("ok", 20.0, 8.0), run_id="r")
+    fast["host_other_share"], slow["host_other_share"] = [0.6], [0.01]
+    fast["speedup_ci_low"] = fast["speedup_ci_high"] = slow["speedup_ci_low"] = slow["speedup_ci_high"] = None
+    header, body, doubts = speedup_tables(rows_to_table([fast, slow]))["cpu"]
+    line = dict(zip(header, body[0], strict=True))
+    # reference 20 ms: the trusted job's eager alone (the doubted one's is left out of the pool)
+    assert line["eager ms"] == "20.000"
+    assert line["default"] == f"2.00x {cstats.MARK}" and line["ro"] == "2.50x"
+    assert line["fastest"] == f"undecided {cstats.MARK}"
+    assert doubts == ["resnet bs1 fp32 default: other processes took 60% of its cores while it timed"]
+    fast["host_other_share"] = [0.02]
+    header, body, doubts = speedup_tables(rows_to_table([fast, slow]))["cpu"]
+    line = dict(zip(header, body[0], strict=True))
+    assert line["eager ms"] == "30.000" and line["default"] == "3.00x" and line["ro"] == "3.75x"
+    assert line["fastest"] == "ro" and doubts == []
 
 
 def test_write_report(tmp_path, table, rows):

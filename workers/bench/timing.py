@@ -114,6 +114,7 @@ def _host_before() -> dict[str, Any]:
     steal = host_state.cpu_steal_ticks()
     cores = sorted(os.sched_getaffinity(0))
     return {
+        "busy": (host_state.cores_busy(), host_state.own_cpu_s()),
         "steal": steal,
         "cores": cores,
         "load": os.getloadavg()[0],
@@ -124,14 +125,16 @@ def _host_before() -> dict[str, Any]:
 
 def _host_fields(before: dict[str, Any]) -> dict[str, Any]:
     """The host columns of the rounds since `before`: the share of CPU time stolen (where the
-    kernel counts it), the mean core clock before and after, the load, and the garbage
-    collections during timing."""
+    kernel counts it), the share of the job's cores other processes took, the mean core clock
+    before and after, the load, and the garbage collections during timing."""
     from compiler import host_state
 
     fields: dict[str, Any] = {}
     steal = host_state.steal_share(before["steal"], host_state.cpu_steal_ticks())
     if steal is not None:
         fields["host_steal_share"] = steal
+    after = (host_state.cores_busy(), host_state.own_cpu_s())
+    fields["host_other_share"] = [host_state.other_share(before["busy"], after, before["cores"])]
     mhz = [m for m in (*before["mhz"], host_state.cpu_mhz(before["cores"])) if m is not None]
     fields.update(
         host_cpu_mhz=[statistics.fmean(mhz) if mhz else None],

@@ -1,0 +1,104 @@
+"""When a row's timing cannot be trusted: `timing_doubts` gives the reasons, from what the row
+recorded about its host and its samples while it timed. Every reader marks such a row (the sweep's
+closing summary, `report`, `presets`, `tune`, the nightly and the benchmark records) and the
+tuner never decides on one. Part of the one statistics module (`compiler.statistics`); its limits
+are the thresholds' `doubt_*` keys.
+
+A row is doubted where, while one of its processes timed:
+
+- other processes took more than `doubt_other_share` of the job's cores (`host_other_share`: their
+  busy time less the job process's own CPU time); for a row written before that column, where the
+  host's 1-minute load exceeded `doubt_load_per_core` per core the job ran on;
+- it ran unpinned because the cores it wanted were held by other jobs (another sweep's core
+  locks: its samples shared cores with whatever ran there);
+- the GPU slowed its clocks for heat or a hardware event (`throttle_reasons`);
+- the host dispatch probe after one round was `doubt_probe_ratio` times slower than after another;
+- its speedup interval's high end is more than `doubt_interval_ratio` times its low end.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from compiler.statistics.thresholds import Thresholds, load_thresholds
+
+SLOWDOWN_REASONS = frozenset(
+    {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+"""NVML clock-event reasons that slow the GPU below what it runs at on a healthy node (power
+capping, `sw_power_cap`, is how a GPU runs heavy kernels, and idling is no slowdown)."""
+
+HELD_CORES = "cores this job wants were free"
+"""The words of the note a job writes when another job held the cores it wanted
+(`workers.affinity.reserve_cores`)."""
+
+MARK = "!"
+"""The mark every reader puts beside a doubted figure."""
+
+
+def _core_count(affinity: Any) -> int:
+    """The number of cores in "0-3,8" (1 where the row does not say)."""
+    count = 0
+    for part in str(affinity or "").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit():
+            count += int(hi) - int(lo) + 1 if hi.isdigit() else 1
+    return max(1, count)
+
+
+def _numbers(values: Any) -> list[float]:
+    return [float(v) for v in values or [] if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _host_doubts(row: Mapping[str, Any], t: Thresholds) -> list[str]:
+    reasons = []
+    other = _numbers(row.get("host_other_share"))
+    if other:
+        if max(other) > t.doubt_other_share:
+            reasons.append(f"other processes took {max(other):.0%} of its cores while it timed")
+    else:
+        loads, cores = _numbers(row.get("host_load_1m")), _core_count(row.get("cpu_affinity"))
+        if loads and max(loads) / cores > t.doubt_load_per_core:
+            reasons.append(f"host load {max(loads):.1f} on its {cores} cores while it timed")
+    notes = str(row.get("notes") or "")
+    if row.get("cpu_pinned") is False and HELD_CORES in notes:
+        held = next(n.strip() for n in notes.split(";") if HELD_CORES in n)
+        reasons.append(f"ran unpinned: {held}")
+    slowed = sorted(SLOWDOWN_REASONS.intersection(row.get("throttle_reasons") or []))
+    if slowed:
+        reasons.append(f"GPU clocks slowed ({', '.join(slowed)})")
+    probes = [p for p in _numbers(row.get("host_probe_us")) if p > 0]
+    if len(probes) > 1 and max(probes) / min(probes) > t.doubt_probe_ratio:
+        reasons.append(f"host dispatch probe varied {max(probes) / min(probes):.1f}x between rounds")
+    return reasons
+
+
+def timing_doubts(
+    row: Mapping[str, Any],
+    thresholds: Thresholds | None = None,
+    interval: tuple[float | None, float | None] | None = None,
+) -> list[str]:
+    """Why `row`'s timing cannot be trusted ([] where it can, or the row has no timing). The
+    speedup interval judged is `interval` where given (a reader's own, over its cell's reference),
+    else the row's stored `speedup_ci_low`/`speedup_ci_high`."""
+    if row.get("status") != "ok":
+        return []
+    t = thresholds or load_thresholds()
+    reasons = _host_doubts(row, t)
+    lo, hi = interval if interval is not None else (row.get("speedup_ci_low"), row.get("speedup_ci_high"))
+    if (
+        isinstance(lo, (int, float))
+        and isinstance(hi, (int, float))
+        and lo > 0
+        and hi / lo > t.doubt_interval_ratio
+    ):
+        reasons.append(f"its speedup interval [{lo:.2f}, {hi:.2f}] spans {hi / lo:.1f}x")
+    return reasons
+
+
+def doubt_text(reasons: list[str]) -> str:
+    """The reasons as one clause for a table's footnote or a note ("" where there are none)."""
+    return "; ".join(reasons)
