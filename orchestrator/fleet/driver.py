@@ -220,7 +220,8 @@ def _run_locked(
         # Ctrl-C, SIGTERM, --deadline (all KeyboardInterrupt), a full or read-only disk
         except (KeyboardInterrupt, WriteRefused) as exc:
             raise _stop(exc, ray, scheduler, recorder, run, out, resume, t_dispatch) from None
-        progress.close()
+        finally:
+            progress.close()  # the live view ends (and the terminal's cursor is back) whatever happened
         dispatch_s = time.monotonic() - t_dispatch
     return _finish(out, run, recorder, resume, dispatch_s, t_start)
 
@@ -285,6 +286,37 @@ def _announce(
     )
     for _, notes in sorted(run.triage.notes.items()):
         print("".join(f"note: {n}\n" for n in notes), end="", file=stream)
+    if opts.address in (None, "", "local"):
+        held = held_cores_warning(run)
+        if held:
+            print(held, file=stream, flush=True)
+
+
+def held_cores_warning(run: _Plan) -> str:
+    """On the embedded local Ray: a warning where other jobs (another sweep on this machine) hold
+    the cores this run's jobs pin themselves to, with how many of its jobs would run unpinned if
+    they kept them (`workers.affinity.held_cores`); "" where enough cores are free."""
+    from workers.affinity import held_cores, lock_dir
+
+    held, cores = held_cores()
+    if not held:
+        return ""
+    free = cores - held
+    cpu = [run.classes[n] for n in run.used if run.classes[n].device != "cuda"]
+    want = max((hw.cpus_per_job for hw in cpu), default=1)
+    pinned_at_once = free // want
+    todo = len(run.todo)
+    unpinned = todo if pinned_at_once == 0 else 0
+    what = (
+        f"all {todo} jobs will run unpinned while they are held"
+        if unpinned
+        else f"at most {pinned_at_once} job(s) at a time can pin {want} free core(s); the rest run unpinned"
+    )
+    return (
+        f"warning: {held} of this machine's {cores} cores are held by other jobs (another sweep; core "
+        f"locks in {lock_dir()}): {what}, sharing cores with that work, and their timings will be marked as "
+        "doubted. Wait for it to end for timings you can trust."
+    )
 
 
 def _scheduler(
@@ -320,6 +352,7 @@ def _dispatch(
     lock is kept fresh, and a passed --deadline raises `DeadlineReached`."""
 
     def tick() -> None:
+        recorder.progress.tick()
         recorder.sink.tick()
         lock.refresh()
         check_deadline(deadline)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +38,18 @@ def _short(exc: BaseException, limit: int = 2000) -> str:
     (its head and its tail)."""
     text = plain(f"{type(exc).__name__}: {exc}")
     return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2 :]
+
+
+def _with_job(started: Callable[..., None]) -> Callable[[Job], None]:
+    """`started` as a callback of the job that was sent: one that takes no argument (an older
+    caller's) is called without it."""
+    try:
+        inspect.signature(started).bind(None)
+    except TypeError:
+        return lambda job: started()
+    except ValueError:  # no signature to read (a builtin): given the job
+        pass
+    return started
 
 
 @dataclass
@@ -86,7 +99,10 @@ class Scheduler:
     def _in_flight(self, name: str) -> int:
         return sum(1 for r in self.running.values() if r.job.hardware == name)
 
-    def fill(self, started: Callable[[], None]) -> None:
+    def fill(self, started: Callable[[Job], None] | Callable[[], None]) -> None:
+        """Send queued jobs while their class has room; `started(job)` is called for each job sent
+        (`started()` where it takes no argument)."""
+        announce = _with_job(started) if any(self.queues.values()) else started
         for name, queue in self.queues.items():
             if name in self.lost:
                 continue
@@ -105,7 +121,7 @@ class Scheduler:
                 )
                 self.running[ref] = _Running(job, time.monotonic(), attempt)
                 free -= 1
-                started()
+                announce(job)
 
     def _sent(self, name: str) -> dict[str, int]:
         """Where the class's tasks wait in a node's queue for a GPU (`workers.lanes`): the send
@@ -174,7 +190,7 @@ class Scheduler:
                 job, attempt = self.queues[name].popleft()
                 self.emit(self._failure(_Running(job, 0.0, attempt), "hardware_lost", error, None), job, None)
 
-    def run(self, ray, started: Callable[[], None], tick: Callable[[], None]) -> None:
+    def run(self, ray, started: Callable[[Job], None] | Callable[[], None], tick: Callable[[], None]) -> None:
         last_check = time.monotonic()
         while self.busy():
             self.fill(started)
