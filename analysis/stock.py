@@ -54,6 +54,10 @@ class StockUser:
     timed beside the stock config, where it was the faster)."""
     choice: str = "compile"
     """`eager` or `compile`: what the stock user would run (eager where it beat stock compile)."""
+    reference: cstats.CellReference | None = None
+    """A sweep's stock user: the cell's one eager reference (`compiler.statistics.cell_reference`,
+    pooled over its jobs), which its stock eager is, as every speedup of the cell is over it; None
+    for a tune's, whose eager was timed in the stock user's own processes."""
 
     @property
     def compile_config(self) -> str:
@@ -65,6 +69,8 @@ class StockUser:
 
     @property
     def eager_ms(self) -> float | None:
+        if self.reference is not None and self.reference.median_ms is not None:
+            return self.reference.median_ms
         return self.row.get("eager_ms")
 
     @property
@@ -82,14 +88,20 @@ class StockUser:
         return "stock eager" if self.choice == "eager" else f"stock {self.compile_config}"
 
     def groups(self, side: str) -> list[list[float]]:
-        """The samples of `row`'s `side`, per process."""
+        """The samples of `row`'s `side`, per process (of the cell's reference for eager, where the
+        user has one)."""
+        if side == "eager" and self.reference is not None and self.reference.groups:
+            return [list(g) for g in self.reference.groups]
         return cstats.row_groups(self.row, side)
 
 
 def stock_user(rows: list[dict[str, Any]], own: str = STOCK) -> StockUser | None:
     """The stock user of one cell's rows, or None where no stock mode was timed there."""
     stock = [r for r in rows if is_stock_row(r, own)]
-    return StockUser(min(stock, key=lambda r: r["compiled_ms"])) if stock else None
+    if not stock:
+        return None
+    reference = cstats.cell_reference([r for r in rows if r.get("dtype") == own])
+    return StockUser(min(stock, key=lambda r: r["compiled_ms"]), reference=reference)
 
 
 def versus(user: StockUser, row: dict[str, Any], side: str = "compiled") -> dict[str, Any]:
@@ -106,12 +118,13 @@ def versus(user: StockUser, row: dict[str, Any], side: str = "compiled") -> dict
     mine = cstats.row_groups(row, side)
     same = row is user.row
     for key, stock_side in (("vs_stock_eager", "eager"), ("vs_stock_compile", "compiled")):
-        theirs = cstats.row_groups(user.row, stock_side)
-        ms = user.row.get(f"{stock_side}_ms")
-        if same and stock_side == side:
+        pooled = stock_side == "eager" and user.reference is not None  # the cell's one reference
+        theirs = user.groups(stock_side)
+        ms = user.eager_ms if stock_side == "eager" else user.row.get(f"{stock_side}_ms")
+        if same and stock_side == side and not pooled:
             iv = (1.0, 1.0, 1.0)
         elif mine and theirs:
-            interval = cstats.ratio_interval(theirs, mine, paired=same)
+            interval = cstats.ratio_interval(theirs, mine, paired=same and not pooled)
             iv = (interval.estimate, interval.low, interval.high)
         elif ms and row.get(f"{side}_ms"):
             iv = (ms / row[f"{side}_ms"], math.nan, math.nan)
