@@ -152,6 +152,31 @@ def _kept_choices(result: dict[str, Any]) -> dict[str, Any]:
 _stop_check: Callable[[], bool] | None = None
 """While a task runs a job under `stopping_when`: true once the driver stops the sweep."""
 
+_phase_report: Callable[[str], None] | None = None
+"""While a task runs a job under `reporting_phases`: told what the job is doing (its process's
+phase, or what it waits for), for the driver's live view."""
+
+PHASE_POLL_S = 1.0
+"""How often a running job's phase is read from its process's RESULT.json and reported."""
+
+
+@contextlib.contextmanager
+def reporting_phases(report: Callable[[str], None] | None) -> Iterator[None]:
+    """For the block, what the job does is told to `report` (`report_phase`)."""
+    global _phase_report
+    before, _phase_report = _phase_report, report
+    try:
+        yield
+    finally:
+        _phase_report = before
+
+
+def report_phase(text: str) -> None:
+    """Tell the reporter of `reporting_phases` what the job does now; never raises."""
+    if _phase_report is not None:
+        with contextlib.suppress(Exception):  # the view is a courtesy: it never fails a job
+            _phase_report(text)
+
 
 @contextlib.contextmanager
 def stopping_when(check: Callable[[], bool] | None) -> Iterator[None]:
@@ -190,10 +215,17 @@ def _wait(
 ) -> bool:
     """Wait for `proc` to end, calling `watch` at every poll; whether it ran out of its time
     (then it is killed, with its tree). A cancellation kills it too, and raises `JobCancelled`."""
+    reported, last = "", 0.0
     try:
         while proc.poll() is None:
             if time.monotonic() - started > timeout_s:
                 return True
+            if _phase_report is not None and time.monotonic() - last >= PHASE_POLL_S:
+                last = time.monotonic()
+                phase = str(_read_result(step.result_file).get("phase") or "start")
+                if phase != reported:
+                    reported = phase
+                    report_phase(phase)
             if _stop_check is not None and _stop_check():
                 raise KeyboardInterrupt  # the driver stops the sweep: handled as a cancellation
             if watch is not None:
@@ -289,6 +321,7 @@ def _hidden_behind_the_wait(first: dict[str, Any], waited_s: float) -> None:
 @contextlib.contextmanager
 def _hold(lane: Lane, waiting: Callable[[], object], ready: Callable[[], bool]) -> Iterator[Held]:
     """`lane.hold`, a stop while waiting being a cancellation (nothing ran: nothing to keep)."""
+    report_phase("waiting for a GPU")
     try:
         with lane.hold(_stop_check, waiting, ready) as held:
             yield held

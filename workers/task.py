@@ -23,7 +23,7 @@ from typing import Any
 from compiler.cache_access import CacheAccess
 from compiler.job import Job
 from workers.lanes import VISIBLE, Lane, node_gpus
-from workers.runner import JobCancelled, run_job, stopping_when
+from workers.runner import JobCancelled, reporting_phases, run_job, stopping_when
 
 RAYLET_POLL_S = 0.2
 STOP_POLL_S = 0.5
@@ -65,6 +65,33 @@ def stop_key(ray_job_id: str) -> bytes:
     task that is just ending, and a cancelled task replies by design. The tasks end as they would
     on a cancel, and Ray sees them return."""
     return f"stop:{ray_job_id}".encode()
+
+
+PHASE_NAMESPACE = "compile-orchestrator-phase"
+"""Namespace of Ray's internal key-value store where a running task says what its job does."""
+
+
+def phase_key(ray_job_id: str, job_id: str) -> bytes:
+    """The key (in `PHASE_NAMESPACE`) under which a task of driver `ray_job_id` says what its job
+    `job_id` does now (its process's phase, or what it waits for); the driver's live view reads it."""
+    return f"phase:{ray_job_id}:{job_id}".encode()
+
+
+def _phase_reporter(job_id: str) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """(report, forget): put what the job does under its `phase_key`; delete the key at its end."""
+    import ray
+    from ray.experimental import internal_kv
+
+    key = phase_key(ray.get_runtime_context().get_job_id(), job_id)
+
+    def report(text: str) -> None:
+        internal_kv._internal_kv_put(key, text.encode(), overwrite=True, namespace=PHASE_NAMESPACE)
+
+    def forget() -> None:
+        with contextlib.suppress(Exception):
+            internal_kv._internal_kv_del(key, namespace=PHASE_NAMESPACE)
+
+    return report, forget
 
 
 def _stop_requested() -> Callable[[], bool]:
@@ -127,8 +154,9 @@ def execute_job(
     lane = None
     if overlap and lanes and job.device == "cuda":  # one of `LANE_DEPTH` tasks per GPU
         lane = Lane(node_gpus(os.environ.get(VISIBLE), _node_gpu_count()), sent_ns=sent_ns)
+    report, forget = _phase_reporter(job.job_id)
     try:
-        with stopping_when(stopped):
+        with stopping_when(stopped), reporting_phases(report):
             result = run_job(
                 job,
                 threads=threads,
@@ -141,6 +169,8 @@ def execute_job(
             )
     except JobCancelled as stop:  # stopped by its driver (or `ray.cancel` without force): read
         return {"cancelled": True, **stop.kept}
+    finally:
+        forget()
     result["node_id"] = ray.get_runtime_context().get_node_id()
     result["hostname"] = socket.gethostname()
     result.update(host_size())

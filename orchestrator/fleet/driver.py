@@ -351,7 +351,10 @@ def _dispatch(
     """Run every job to its row, then write the last rows. Between results: the sink flushes, the
     lock is kept fresh, and a passed --deadline raises `DeadlineReached`."""
 
+    phases = job_phases(ray, scheduler, recorder.progress)
+
     def tick() -> None:
+        phases()
         recorder.progress.tick()
         recorder.sink.tick()
         lock.refresh()
@@ -360,6 +363,37 @@ def _dispatch(
     check_deadline(deadline)  # Ray's start may have taken what was left
     scheduler.run(ray, started=recorder.progress.started_job, tick=tick)
     recorder.sink.close()
+
+
+PHASE_POLL_S = 1.0
+"""How often the driver reads what its running jobs do (`workers.task.phase_key`)."""
+
+
+def job_phases(ray, scheduler: Scheduler, progress: Progress) -> Callable[[], None]:
+    """A check, at most every `PHASE_POLL_S` and only where the live view shows it, of what each
+    running job does (its task puts it in Ray's key-value store: its process's phase, or the GPU
+    it waits for), handed to `progress`; a store that cannot be read leaves the phases as they are."""
+    from ray.experimental import internal_kv
+
+    from workers.task import PHASE_NAMESPACE, phase_key
+
+    state = {"at": 0.0, "driver": None}
+
+    def poll() -> None:
+        now = time.monotonic()
+        if not progress.shows_phases or now - state["at"] < PHASE_POLL_S:
+            return
+        state["at"] = now
+        with contextlib.suppress(Exception):  # a courtesy of the view: never a reason to stop
+            driver = state["driver"] = state["driver"] or ray.get_runtime_context().get_job_id()
+            for running in list(scheduler.running.values()):
+                found = internal_kv._internal_kv_get(
+                    phase_key(driver, running.job.job_id), namespace=PHASE_NAMESPACE
+                )
+                if found:
+                    progress.set_phase(running.job.name, found.decode(errors="replace"))
+
+    return poll
 
 
 def _stop(

@@ -2,7 +2,8 @@
 where stderr is a terminal and rich is installed; else it redraws its one status line).
 
 The region at the bottom of the terminal holds the running jobs, oldest first, each with the time
-since the driver sent it, and the status line under them (counts, elapsed time, the ETA). It is
+since the driver sent it and what it does (its process's phase, or the GPU it waits for, as its
+task says through Ray's key-value store: `workers.task.phase_key`), and the status line under them (counts, elapsed time, the ETA). It is
 redrawn `REFRESH_HZ` times a second by a thread of its own, so the times move between results.
 Finished jobs and messages are printed above it, where they stay and scroll.
 
@@ -48,14 +49,14 @@ def terminal_console(stream: TextIO) -> Console | None:
 class LiveView:
     """The running jobs and the status line as a rich `Live` region on `console`.
 
-    `running()` returns the running jobs as (name, time running as text), oldest first; `status()`
+    `running()` returns the running jobs as (name, time running as text, what it does), oldest first; `status()`
     the status line. Both are called from the refresh thread: they must be safe to call from another
     thread than the one that records the jobs."""
 
     def __init__(
         self,
         console: Console,
-        running: Callable[[], list[tuple[str, str]]],
+        running: Callable[[], list[tuple[str, str, str]]],
         status: Callable[[], str],
         refresh_hz: float = REFRESH_HZ,
     ):
@@ -120,10 +121,11 @@ class LiveView:
         room = max(1, min(MAX_ROWS, self.console.size.height - 3))
         shown = running if len(running) <= room else running[: room - 1]
         rows = []
-        for name, elapsed in shown:
+        width = max((len(job[2]) for job in shown), default=7)
+        for name, elapsed, phase in shown:
             row = Text(no_wrap=True, overflow="ellipsis")
             row.append(f"{elapsed:>9}", style="cyan")
-            row.append("  running  ", style="dim")
+            row.append(f"  {phase:<{width}}  ", style="dim")
             row.append(name)
             rows.append(row)
         if len(shown) < len(running):

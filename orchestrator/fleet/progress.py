@@ -56,6 +56,8 @@ class Progress:
         self._jobs: dict[Any, tuple[str, float]] = {}
         """Running jobs: their key (the name, or a token for a job started without one) -> (name,
         when it started)."""
+        self._phases: dict[str, str] = {}
+        """What a running job does, by name, as its task last said (`set_phase`)."""
         self._view: LiveView | None = None
         if console is not None or (live is None and self.live):
             self._view = _live_view(self, console)
@@ -95,6 +97,23 @@ class Progress:
             jobs = sorted(self._jobs.values(), key=lambda job: job[1])
         return [(name, now - t0) for name, t0 in jobs]
 
+    def phase(self, name: str) -> str:
+        """What the running job `name` does, as its task last said ("running" until it says)."""
+        with self._lock:
+            return self._phases.get(name, "running")
+
+    def set_phase(self, name: str, phase: str) -> None:
+        """The running job `name` now does `phase` (its process's phase: imports, compile, timing,
+        ...; or what it waits for); ignored once it has finished."""
+        with self._lock:
+            if name in self._jobs:
+                self._phases[name] = phase
+
+    @property
+    def shows_phases(self) -> bool:
+        """Whether the jobs' phases are shown (the live view is): else nobody need read them."""
+        return self._view is not None
+
     def live_status(self) -> str:
         """The live view's status line: the counts, the jobs running and waiting, the elapsed time
         and an ETA, which before the first result says how long the first job has been running."""
@@ -121,10 +140,12 @@ class Progress:
         with self._lock:
             key = name if name is not None else object()
             self._jobs[key] = (name or "(a job)", time.monotonic())
+            self._phases.pop(name, None)
         self._draw()
 
     def finished_job(self, name: str, status: str, seconds: float | None) -> None:
         with self._lock:
+            self._phases.pop(name, None)
             if self._jobs.pop(name, None) is None:  # never shown by name: one started without it
                 unnamed = next((k for k in self._jobs if not isinstance(k, str)), None)
                 if unnamed is not None:
@@ -194,8 +215,8 @@ def _live_view(progress: Progress, console: Console | None) -> LiveView | None:
         if console is None:
             return None
 
-        def running() -> list[tuple[str, str]]:
-            return [(name, format_duration(s)) for name, s in progress.running_jobs()]
+        def running() -> list[tuple[str, str, str]]:
+            return [(name, format_duration(s), progress.phase(name)) for name, s in progress.running_jobs()]
 
         return LiveView(console, running, progress.live_status)
     except Exception:  # the view must never stop a sweep

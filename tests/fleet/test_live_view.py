@@ -106,11 +106,21 @@ def test_running_jobs_are_named_with_their_time_and_finished_ones_scroll_above()
         assert re.fullmatch(r" +\d+s  running  cpu/mlp/bs1/fp32/default", region[0])
         assert re.fullmatch(r" +\d+s  running  cpu/mlp/bs4/fp32/default", region[1])
         assert region[2].startswith("[0/4] no results yet | running 2 | queued 2 | elapsed ")
+        # what each does, as its task says (workers.task.phase_key, read by the driver)
+        assert p.shows_phases
+        p.set_phase("cpu/mlp/bs1/fp32/default", "compile")
+        p.set_phase("cpu/mlp/bs4/fp32/default", "waiting for a GPU")
+        p.set_phase("cpu/mlp/bs16/fp32/default", "timing")  # not running: ignored
+        assert wait_for(lambda: re.search(r"s  compile +cpu/mlp/bs1/", "\n".join(screen(buf.getvalue()))))
+        region = screen(buf.getvalue())[-3:]
+        assert re.fullmatch(r" +\d+s  compile            cpu/mlp/bs1/fp32/default", region[0]), region
+        assert re.fullmatch(r" +\d+s  waiting for a GPU  cpu/mlp/bs4/fp32/default", region[1]), region
 
         p.finished_job("cpu/mlp/bs1/fp32/default", "ok", 1.5)
         p.message("warning: cpu: clocks not locked")
         p.finished_job("cpu/mlp/bs4/fp32/default", "timeout", None)
         p.started_job(job(8))
+        assert p.phase("cpu/mlp/bs1/fp32/default") == "running"  # forgotten with its job
         assert wait_for(lambda: "running  cpu/mlp/bs8/fp32/default" in screen(buf.getvalue())[-2])
         shown = screen(buf.getvalue())
         assert shown[-5:-2] == [
