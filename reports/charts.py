@@ -1,33 +1,37 @@
-"""The charts and the frame of every HTML page the reports write: inline SVG drawn here, no
-plotting library and no script for the charts.
+"""The charts and the frame of every HTML page the reports write: inline SVG, no plotting library
+and no script for the charts. Here the geometry (axes, bars, whiskers, marks) is computed into
+plain values; the markup is `reports/templates/` (jinja2 with autoescaping: every string from
+the data, model names, run labels, errors and reasons, is escaped by the template engine, none
+by hand).
 
 Why hand-written SVG and not a plotting library (docs/reports.md): a page is kilobytes and opens
 offline in a browser, a CI artifact viewer or a mail client; hover text is each mark's SVG
-`<title>`, so the charts need no JavaScript; the page's Content-Security-Policy
-forbids every fetch (`default-src 'none'`) and allows the one inline script (the table sorter) by
-its hash; and the core install needs no new package. A library that writes self-contained HTML
-(plotly) inlines a JavaScript bundle of several megabytes into every page and needs scripts to
-draw anything.
+`<title>`, so the charts need no JavaScript; the page's Content-Security-Policy forbids every
+fetch (`default-src 'none'`) and allows the one inline script (the table sorter) by its hash.
 
-Every string from the data goes through `esc`: model names, run labels, errors and reasons are
-user-controlled text.
+The speedup charts (`interval_chart`) draw on a log axis with 1-2-5 ticks (or finer, at least
+four) and a dashed line at 1x; a bar grows from 1x to its value, its 95% interval a whisker. A
+doubted figure (`compiler.statistics.timing_doubts`) is drawn pale and hatched with the
+`compiler.statistics.MARK` beside it, and its reasons listed under the chart; an interval that
+holds 1x gets a "≈1x" mark. A row without a value is not drawn: it is listed under the chart.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
-STYLE = """
-body{font-family:system-ui,sans-serif;margin:24px;color:#1f2328}
-h1{font-size:20px} h2{font-size:16px;margin-top:28px} h3{font-size:13px;font-weight:600;margin:12px 0 0}
-table{border-collapse:collapse;font-size:13px} th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left}
-th{cursor:pointer;background:#f6f8fa} .chart{margin:8px 0 16px} .legend span{margin-right:12px}
-.grid{display:flex;flex-wrap:wrap;gap:4px 16px} .grid h3{max-width:330px;overflow-wrap:anywhere}
-"""
+import jinja2
+from markupsafe import Markup
+
+from compiler import statistics as cstats
+from compiler.hardware import CPU_CLASS
+from reports.axes import LogAxis, Tick, linear_ticks
 
 SORT_JS = """
 document.querySelectorAll('table.sortable th').forEach(function (th, col) {
@@ -54,150 +58,292 @@ CSP = (
 """No fetch of any kind; inline styles; the table sorter and no other script (by its hash)."""
 
 PAGE_START = "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-"""How every page begins (orchestrator/commands/targets.py replaces only a file that begins so)."""
+"""How every page begins (orchestrator/commands/targets.py replaces only a file that begins so;
+templates/page.html.j2 begins so)."""
 
+TEMPLATES = Path(__file__).with_name("templates")
 COLORS = {"baseline": "#9aa5b1", "current": "#1f6feb"}
 BAR_COLOR, WHISKER_COLOR, BAND_COLOR, LINE_COLOR = "#1f6feb", "#1f2328", "#b6d4fe", "#1f6feb"
+CROSSES = "\u22481x"
+"""The mark beside a figure whose 95% interval holds 1x."""
 
 
-def esc(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def page_head(title: str) -> str:
-    """A page's beginning up to its <h1>: the charset, the policy that keeps it offline, the style."""
-    return (
-        f"{PAGE_START}<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
-        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body><h1>{esc(title)}</h1>"
+@cache
+def environment() -> jinja2.Environment:
+    """The pages' template engine: autoescaping on every template, undefined names an error."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
+    env.globals.update(CSP=CSP, SORT_JS=Markup(SORT_JS), MARK=cstats.MARK, CROSSES=CROSSES)
+    env.globals.update(WHISKER_COLOR=WHISKER_COLOR, BAND_COLOR=BAND_COLOR, LINE_COLOR=LINE_COLOR)
+    return env
 
 
-def table_start(heads: tuple[str, ...]) -> str:
-    """A table the page's sorter sorts (`table.sortable`), up to its first row: its head of
-    `heads`; `TABLE_END` closes it."""
-    return (
-        "<table class='sortable'><thead><tr>"
-        + "".join(f"<th>{h}</th>" for h in heads)
-        + "</tr></thead><tbody>"
-    )
+def render(template: str, **context: object) -> str:
+    """A page from its template (`reports/templates/`), every value escaped by the engine."""
+    return environment().get_template(template).render(**context)
 
 
-TABLE_END = "</tbody></table>"
+def class_label(hardware: str, device_names: Iterable[str | None] = ()) -> str:
+    """A hardware class as what it is: "CPU: AMD EPYC 7B13" or "GPU: NVIDIA H100 80GB HBM3" (the
+    class's name added where the device's does not hold it, the class alone where no row names
+    its device)."""
+    kind = "CPU" if str(hardware) == CPU_CLASS else "GPU"
+    names = sorted({str(n).strip() for n in device_names if n and str(n).strip()})
+    if not names:
+        return kind if kind == "CPU" else f"GPU: {hardware}"
+    text = f"{kind}: {', '.join(names)}"
+    return text if kind == "CPU" or any(str(hardware) in n for n in names) else f"{text} (class {hardware})"
 
 
-def page_end() -> str:
-    """A page's end: the table sorter (the one script, allowed by its hash)."""
-    return f"<script>{SORT_JS}</script></body></html>"
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _finite(value: float | None) -> bool:
-    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+def fmt_x(value: float) -> str:
+    """A ratio as a chart labels it: 0.97, 4.95, 19.3, 193."""
+    return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+# --- bars with intervals ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Bar:
-    """One bar of an `interval_chart`: a value with its interval, or a note where there is none."""
+    """One bar of an `interval_chart`: a value with its interval, or a note where there is none
+    (the row is then listed under the chart, not drawn)."""
 
     label: str
     value: float | None
     low: float | None = None
     high: float | None = None
     note: str = ""
-    """Shown instead of the bar where there is no value (a failed cell: its status)."""
+    """Why there is no value (a failed cell: its status)."""
     detail: str = ""
     """Added to the hover text (how many processes the interval covers, ...)."""
+    doubts: tuple[str, ...] = ()
+    """Why the figure's timing is doubted (`compiler.statistics.timing_doubts`); empty: trusted."""
+    series: str = ""
+    """Which series of a chart of several (its legend name); "" for a chart of one."""
+    color: str = ""
+    """The bar's colour where not its series' (a verdict's)."""
 
 
-def bar_chart(
-    title: str,
-    labels: list[str],
-    series: dict[str, list[float | None]],
-    unit: str,
-    colors: dict[str, str] | None = None,
-) -> str:
-    """Grouped horizontal bars, one group per label, one bar per series; an inline <svg>."""
-    colors = colors or COLORS
-    bar, gap, label_w, plot_w = 12, 8, _label_width(labels), 420
-    n = len(series)
-    height = len(labels) * (n * bar + gap) + 30
-    top = max([v for vals in series.values() for v in vals if _finite(v)] or [1.0]) or 1.0
-    parts = [
-        f"<h3>{esc(title)} ({esc(unit)})</h3>",
-        f'<svg class="chart" role="img" width="{label_w + plot_w + 80}" height="{height}" '
-        f'xmlns="http://www.w3.org/2000/svg"><title>{esc(title)}</title>',
-    ]
-    for i, label in enumerate(labels):
-        y0 = i * (n * bar + gap) + 20
-        parts.append(f'<text x="0" y="{y0 + n * bar / 2 + 4}" font-size="12">{esc(_short(label))}</text>')
-        for j, (name, values) in enumerate(series.items()):
-            value = values[i]
-            if not _finite(value):
-                continue
-            w = max(1.0, plot_w * value / top)
-            y = y0 + j * bar
-            parts.append(
-                f'<rect class="bar" data-series="{esc(name)}" x="{label_w}" y="{y}" width="{w:.1f}" '
-                f'height="{bar - 2}" fill="{colors.get(name, "#555")}"><title>{esc(label)} {esc(name)}: '
-                f"{value:.3f} {esc(unit)}</title></rect>"
-                f'<text x="{label_w + w + 4:.1f}" y="{y + bar - 3}" font-size="10">{value:.2f}</text>'
-            )
-    parts.append("</svg>")
-    return "".join(parts)
+@dataclass(frozen=True)
+class DrawnBar:
+    series: str
+    x: float
+    y: float
+    width: float
+    height: float
+    color: str
+    hover: str
+    whisker: str
+    """The whisker's SVG path ("" where the bar has no interval)."""
+    text: str
+    text_x: float
+    text_y: float
+    doubted: bool
+    crosses: bool
 
 
-def interval_chart(title: str, bars: list[Bar], unit: str, reference: float = 1.0) -> str:
-    """Horizontal bars from 0 to each value, its interval drawn as a whisker with end caps, and a
-    dashed line at `reference` (1: no gain); an inline <svg>. Hovering a bar or its whisker shows
-    its label, value and interval; a bar without a value shows its note."""
-    bar, gap, label_w, plot_w, top_pad = 14, 6, _label_width([b.label for b in bars]), 420, 24
-    ends = [v for b in bars for v in (b.value, b.high) if _finite(v)]
-    top = max([*ends, reference]) * 1.08
-    height = top_pad + len(bars) * (bar + gap) + 24
+@dataclass(frozen=True)
+class Row:
+    label: str
+    short: str
+    y: float
+    text_y: float
+    bars: list[DrawnBar]
 
-    def x(v: float) -> float:
-        return label_w + plot_w * max(0.0, v) / top
 
-    parts = [
-        f"<h3>{esc(title)} ({esc(unit)})</h3>",
-        f'<svg class="chart interval" role="img" width="{label_w + plot_w + 90}" height="{height}" '
-        f'xmlns="http://www.w3.org/2000/svg"><title>{esc(title)}</title>',
-        f'<text x="{label_w}" y="12" font-size="10">0</text>'
-        f'<text x="{label_w + plot_w}" y="12" font-size="10" text-anchor="end">{top:.2f}{esc(unit)}</text>',
-    ]
-    for i, b in enumerate(bars):
-        y = top_pad + i * (bar + gap)
-        mid = y + (bar - 2) / 2
-        parts.append(f'<text x="0" y="{mid + 4:.1f}" font-size="12">{esc(_short(b.label))}</text>')
-        if not _finite(b.value):
-            parts.append(
-                f'<text class="missing" x="{label_w + 4}" y="{mid + 4:.1f}" font-size="11" fill="#cf222e">'
-                f"{esc(b.note or 'no value')}<title>{esc(b.label)}: {esc(b.note or 'no value')}</title></text>"
-            )
-            continue
-        interval = _finite(b.low) and _finite(b.high)
-        hover = f"{b.label}: {b.value:.3f}{unit}" + (f" [{b.low:.3f}, {b.high:.3f}]" if interval else "")
-        hover += f" {b.detail}" if b.detail else ""
-        parts.append(
-            f'<rect class="bar" x="{label_w}" y="{y}" width="{max(1.0, x(b.value) - label_w):.1f}" '
-            f'height="{bar - 2}" fill="{BAR_COLOR}" fill-opacity="0.75"><title>{esc(hover)}</title></rect>'
-        )
-        right = x(b.value)
-        if interval:
-            lo, hi = x(b.low), x(b.high)
-            right = max(right, hi)
-            parts.append(
-                f'<path class="whisker" d="M{lo:.1f},{mid:.1f}H{hi:.1f}M{lo:.1f},{y + 1}V{y + bar - 3}'
-                f'M{hi:.1f},{y + 1}V{y + bar - 3}" stroke="{WHISKER_COLOR}" stroke-width="1.5" fill="none">'
-                f"<title>{esc(hover)}</title></path>"
-            )
-        parts.append(f'<text x="{right + 4:.1f}" y="{mid + 4:.1f}" font-size="10">{b.value:.2f}</text>')
-    ref = x(reference)
-    parts.append(
-        f'<line class="reference" x1="{ref:.1f}" y1="{top_pad - 4}" x2="{ref:.1f}" y2="{height - 18}" '
-        f'stroke="#cf222e" stroke-dasharray="4 3"/><text x="{ref:.1f}" y="{height - 6}" font-size="10" '
-        f'text-anchor="middle">{reference:g}{esc(unit)}</text></svg>'
+@dataclass
+class Frame:
+    """What every chart with an axis has: its title and unit, its size, the plot's top and bottom,
+    and the axis ticks."""
+
+    title: str
+    unit: str
+    width: int
+    height: int
+    top: float
+    bottom: float
+    ticks: list[Tick]
+
+
+@dataclass
+class IntervalChart(Frame):
+    """An `interval_chart`'s geometry: what templates/charts.html.j2 draws."""
+
+    reference: float
+    reference_label: str
+    rows: list[Row]
+    hatch: str
+    legend: dict[str, str] = field(default_factory=dict)
+    doubted: list[tuple[str, str]] = field(default_factory=list)
+    """(label, reasons) of every doubted bar, listed under the chart."""
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    """(label, why) of every bar without a value, listed under the chart, not drawn."""
+    crosses: int = 0
+    """How many bars have an interval that holds 1x."""
+
+    @property
+    def bars(self) -> int:
+        return sum(len(r.bars) for r in self.rows)
+
+
+def _hover(b: Bar, unit: str, crosses: bool) -> str:
+    interval = _finite(b.low) and _finite(b.high)
+    text = f"{b.label}: {b.value:.3f}{unit}" + (
+        f" [{b.low:.3f}, {b.high:.3f}]" if interval else " (no interval)"
     )
-    return "".join(parts)
+    text += f" {b.detail}" if b.detail else ""
+    if crosses:
+        text += f"; {CROSSES}: the interval holds 1x"
+    if b.doubts:
+        text += f"; {cstats.MARK} timing doubted: {cstats.doubt_text(list(b.doubts))}"
+    return text
+
+
+def _drawn(b: Bar, axis: LogAxis, y: float, height: float, unit: str, colors: dict[str, str]) -> DrawnBar:
+    """One bar from 1x to its value, its whisker with end caps, and its value's text."""
+    one, at = axis.x(1.0), axis.x(b.value)
+    interval = _finite(b.low) and _finite(b.high) and b.low > 0
+    crosses = bool(interval and b.low <= 1.0 <= b.high)
+    whisker, right = "", max(at, one)
+    if interval:
+        lo, hi = axis.x(b.low), axis.x(b.high)
+        right = max(right, hi)
+        caps = f"V{y + height - 1:.1f}"  # each end's cap, top to bottom
+        whisker = f"M{lo},{y + height / 2:.1f}H{hi}M{lo},{y + 1:.1f}{caps}M{hi},{y + 1:.1f}{caps}"
+    return DrawnBar(
+        series=b.series,
+        x=min(one, at),
+        y=round(y, 1),
+        width=round(max(1.0, abs(at - one)), 1),
+        height=height,
+        color=b.color or colors.get(b.series, BAR_COLOR),
+        hover=_hover(b, unit, crosses),
+        whisker=whisker,
+        text=f"{fmt_x(b.value)}{unit}",
+        text_x=round(right + 4, 1),
+        text_y=round(y + height / 2 + 3.5, 1),
+        doubted=bool(b.doubts),
+        crosses=crosses,
+    )
+
+
+def interval_chart(
+    title: str, bars: list[Bar], unit: str = "x", legend: dict[str, str] | None = None
+) -> IntervalChart:
+    """Horizontal bars on a log axis, one row per label (bars of one label, one per series, in a
+    row), each from 1x to its value with its interval as a whisker; a dashed line at 1x (no gain).
+    Bars without a value are listed (`missing`), not drawn; a row is drawn where it has one."""
+    legend = legend or {}
+    drawn = [b for b in bars if _finite(b.value) and b.value > 0]
+    missing = [b for b in bars if not (_finite(b.value) and b.value > 0)]
+    labels = list(dict.fromkeys(b.label for b in drawn))
+    per_row = max(1, max((sum(b.label == label for b in drawn) for label in labels), default=1))
+    bar_h, gap, top, label_w, plot_w = 12, 8, 30.0, _label_width(labels), 440
+    axis = LogAxis.over([v for b in drawn for v in (b.value, b.low, b.high)], label_w + 8, plot_w)
+    rows, y = [], top
+    for label in labels:
+        mine = [b for b in drawn if b.label == label]
+        row_bars = [_drawn(b, axis, y + i * (bar_h + 2), bar_h, unit, legend) for i, b in enumerate(mine)]
+        rows.append(Row(label, _short(label), y, round(y + len(mine) * (bar_h + 2) / 2 + 3, 1), row_bars))
+        y += per_row * (bar_h + 2) + gap
+    bottom = y
+    return IntervalChart(
+        title=title,
+        unit=unit,
+        width=int(label_w + 8 + plot_w + 150),
+        height=int(bottom + 20),
+        top=top,
+        bottom=bottom,
+        ticks=axis.ticks(unit),
+        reference=axis.x(1.0),
+        reference_label=f"1{unit}",
+        rows=rows,
+        hatch="hatch-" + hashlib.sha1(title.encode()).hexdigest()[:10],
+        legend=legend,
+        doubted=[(_named(b), cstats.doubt_text(list(b.doubts))) for b in drawn if b.doubts],
+        missing=[(_named(b), b.note or "no value") for b in missing],
+        crosses=sum(d.crosses for r in rows for d in r.bars),
+    )
+
+
+def _named(b: Bar) -> str:
+    return f"{b.label} ({b.series})" if b.series else b.label
+
+
+# --- single measurements: dots ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dot:
+    series: str
+    cx: float
+    color: str
+    hover: str
+    ring: bool = False
+    """Drawn as a ring (the first series of several: a later dot on the same spot stays seen)."""
+
+
+@dataclass(frozen=True)
+class DotRow:
+    label: str
+    short: str
+    y: float
+    dots: list[Dot]
+    link: tuple[float, float] | None
+    """The line between a row's first and last dot (baseline to current), where it has two."""
+
+
+@dataclass
+class DotChart(Frame):
+    """A `dot_chart`'s geometry: once-a-run figures as dots, no interval."""
+
+    rows: list[DotRow]
+    legend: dict[str, str]
+    missing: list[tuple[str, str]]
+
+
+def dot_chart(
+    title: str, labels: list[str], series: dict[str, list[float | None]], unit: str, colors: dict[str, str]
+) -> DotChart:
+    """Figures measured once per cell (a compile time): a dot per series on a row per label, on a
+    linear axis from 0, with no interval to draw; a label with no figure is listed, not drawn."""
+    label_w, plot_w, top, step = _label_width(labels), 440, 26.0, 18
+    values = [v for vals in series.values() for v in vals if _finite(v)]
+    end, ticks = linear_ticks(max(values, default=1.0), unit, label_w + 8, plot_w)
+    rows, missing, y = [], [], top
+    for i, label in enumerate(labels):
+        dots = [
+            Dot(
+                name,
+                round(label_w + 8 + plot_w * vals[i] / end, 1),
+                colors.get(name, "#555"),
+                f"{label} {name}: {vals[i]:.2f} {unit}",
+                ring=n == 0 and len(series) > 1,
+            )
+            for n, (name, vals) in enumerate(series.items())
+            if _finite(vals[i])
+        ]
+        if not dots:
+            missing.append((label, "not measured"))
+            continue
+        link = (dots[0].cx, dots[-1].cx) if len(dots) > 1 else None
+        rows.append(DotRow(label, _short(label), round(y + step / 2, 1), dots, link))
+        y += step
+    return DotChart(
+        title, unit, int(label_w + 8 + plot_w + 40), int(y + 12), top, y, ticks, rows, colors, missing
+    )
+
+
+# --- trends -----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -209,11 +355,29 @@ class Point:
     high: float | None = None
 
 
-def trend_chart(title: str, runs: list[str], points: list[Point | None], unit: str) -> str:
+@dataclass
+class TrendChart:
+    title: str
+    unit: str
+    left: int
+    width: int
+    top: int
+    foot: int
+    plot_w: int
+    high_label: str
+    low_label: str
+    first_run: str
+    last_run: str
+    bands: list[str]
+    lines: list[str]
+    points: list[tuple[float, float, str]]
+    crosses: list[tuple[float, str]]
+
+
+def trend_chart(title: str, runs: list[str], points: list[Point | None], unit: str) -> TrendChart:
     """One figure over the runs (oldest left): a line with its interval as a band, a point per run
     whose hover text names the run, its value and interval, and a cross at the foot of the chart
-    for a run without a value, which cuts the line; an inline <svg>, small enough to sit beside
-    the others."""
+    for a run without a value, which cuts the line; small enough to sit beside the others."""
     left, plot_w, plot_h, top_pad = 44, 260, 90, 10
     ends = [v for p in points if p is not None for v in (p.value, p.low, p.high) if _finite(v)]
     lo, hi = (min(ends), max(ends)) if ends else (0.0, 1.0)
@@ -225,47 +389,41 @@ def trend_chart(title: str, runs: list[str], points: list[Point | None], unit: s
     def xy(i: int, v: float) -> tuple[float, float]:
         return left + i * step, top_pad + plot_h * (hi - v) / (hi - lo)
 
-    parts = [
-        f'<div><h3>{esc(title)}</h3><svg class="chart trend" role="img" width="{left + plot_w + 16}" '
-        f'height="{foot + 30}" xmlns="http://www.w3.org/2000/svg"><title>{esc(title)} ({esc(unit)})</title>',
-        f'<path d="M{left},{top_pad}V{foot}H{left + plot_w}" stroke="#999" fill="none"/>',
-        f'<text x="0" y="{top_pad + 8}" font-size="10">{hi:.2f}{esc(unit)}</text>',
-        f'<text x="0" y="{foot}" font-size="10">{lo:.2f}{esc(unit)}</text>',
-        f'<text x="{left}" y="{foot + 14}" font-size="10">{esc(_short(runs[0], 24))}</text>',
-        f'<text x="{left + plot_w}" y="{foot + 26}" font-size="10" text-anchor="end">'
-        f"{esc(_short(runs[-1], 24))}</text>",
-    ]
+    bands, lines = [], []
     for segment in _segments(points):
         band = [(i, p) for i, p in segment if _finite(p.low) and _finite(p.high)]
         if len(band) == len(segment):
             edge = [xy(i, p.high) for i, p in band] + [xy(i, p.low) for i, p in reversed(band)]
             if len(band) == 1:  # a run alone between gaps: its interval as a narrow box
-                (x0, top), (_, bottom) = edge
-                edge = [(x0 - 3, top), (x0 + 3, top), (x0 + 3, bottom), (x0 - 3, bottom)]
-            parts.append(
-                f'<polygon class="band" fill="{BAND_COLOR}" fill-opacity="0.6" stroke="none" '
-                f'points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in edge)}"/>'
-            )
-        line = " ".join("{:.1f},{:.1f}".format(*xy(i, p.value)) for i, p in segment)
-        parts.append(
-            f'<polyline class="line" fill="none" stroke="{LINE_COLOR}" stroke-width="1.5" points="{line}"/>'
-        )
+                (x0, up), (_, down) = edge
+                edge = [(x0 - 3, up), (x0 + 3, up), (x0 + 3, down), (x0 - 3, down)]
+            bands.append(" ".join(f"{a:.1f},{b:.1f}" for a, b in edge))
+        lines.append(" ".join("{:.1f},{:.1f}".format(*xy(i, p.value)) for i, p in segment))
+    drawn, crosses = [], []
     for i, (run, p) in enumerate(zip(runs, points, strict=True)):
         if p is None:
-            x0 = left + i * step
-            parts.append(
-                f'<path class="missing" d="M{x0 - 3:.1f},{foot - 3}l6,6m0,-6l-6,6" stroke="#cf222e">'
-                f"<title>{esc(run)}: no ok row</title></path>"
-            )
+            crosses.append((round(left + i * step, 1), f"{run}: no ok row"))
             continue
-        cx, cy = xy(i, p.value)
         interval = f" [{p.low:.3f}, {p.high:.3f}]" if _finite(p.low) and _finite(p.high) else ""
-        parts.append(
-            f'<circle class="point" cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="{LINE_COLOR}">'
-            f"<title>{esc(run)}: {p.value:.3f}{esc(unit)}{interval}</title></circle>"
-        )
-    parts.append("</svg></div>")
-    return "".join(parts)
+        cx, cy = xy(i, p.value)
+        drawn.append((round(cx, 1), round(cy, 1), f"{run}: {p.value:.3f}{unit}{interval}"))
+    return TrendChart(
+        title=title,
+        unit=unit,
+        left=left,
+        width=left + plot_w + 16,
+        top=top_pad,
+        foot=foot,
+        plot_w=plot_w,
+        high_label=f"{hi:.2f}{unit}",
+        low_label=f"{lo:.2f}{unit}",
+        first_run=_short(runs[0], 24),
+        last_run=_short(runs[-1], 24),
+        bands=bands,
+        lines=lines,
+        points=drawn,
+        crosses=crosses,
+    )
 
 
 def _segments(points: list[Point | None]) -> list[list[tuple[int, Point]]]:
@@ -278,6 +436,19 @@ def _segments(points: list[Point | None]) -> list[list[tuple[int, Point]]]:
         else:
             out[-1].append((i, p))
     return [s for s in out if s]
+
+
+# --- tables -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Td:
+    """One cell of a page's table: its text, the value it sorts by, its hover text, its colour."""
+
+    text: object = "-"
+    sort: object = None
+    title: str = ""
+    color: str = ""
 
 
 def _label_width(labels: list[str]) -> int:

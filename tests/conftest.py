@@ -71,6 +71,7 @@ TABLE_STACK = {"python": "3.11", "torch": "2.13.0", "triton": "absent", "transfo
 # counts as DEFAULT_FILE_S if it holds an integration test, else QUICK_TEST_S a test.
 FILE_S = {
     "tests/test_benchmarks.py": 500,
+    "tests/test_pages_browser.py": 15,  # one browser launch for every page: kept on one worker
     "tests/integration/test_tune.py": 154,
     "tests/integration/test_shared_cache.py": 60,  # its autotune test (124 s) is in the slow tier now
     "tests/integration/test_full_disk.py": 10,  # all but its tune test is in the slow tier now

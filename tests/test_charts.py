@@ -1,9 +1,11 @@
 """The report pages' charts on real outputs (rows measured as a job measures them, written by the
-result sink): `report OUT --html` of one run (per hardware class, each cell's speedup over eager
-with the 95% interval of `compiler.statistics` as whiskers, and its compile time), `presets OUT
---html` (the deployed gain over a stock PyTorch user, of a sweep's presets and of a tune's
-deployed.json), the flags' refusals, and the pages in headless Chromium: their charts in the DOM,
-no network request, no script the page's policy blocks."""
+result sink): `report OUT --html` of one run (per hardware class, each cell's speedup over its
+eager reference with the 95% interval of `compiler.statistics` as whiskers on a log axis, and its
+compile times as dots), `presets OUT --html` (the deployed gain over a stock PyTorch user, over
+stock eager and over stock torch.compile, of a sweep's presets and of a tune's deployed.json), the
+flags' refusals, and the pages in headless Chromium: their charts in the DOM, no network request,
+no script the page's policy blocks. What a person sees of the pages (layout, marks, pixels):
+tests/test_pages_browser.py."""
 
 from __future__ import annotations
 
@@ -14,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from compiler import statistics as cstats
 from orchestrator.cli import main
 from orchestrator.commands.targets import PAGE_STARTS
+from reports.run_cells import run_cells
 from reports.run_html import render_run_html
-from store.schema import rows_to_table
+from store.schema import read_results, rows_to_table
 from tests.pages import HOSTILE, load, measured_rows, write_output
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,27 +28,36 @@ FAILED = "A100/resnet/bs4/fp32/ro"
 
 
 class Marks(html.parser.HTMLParser):
-    """Counts of a page's chart marks, and the hover text of each."""
+    """Counts of a page's chart marks (by each of their classes), the hover text of each, and the
+    cells listed under a chart as not drawn."""
+
+    KINDS = ("bar", "whisker", "missing", "reference", "band", "point", "line", "dot", "tick", "badge")
 
     def __init__(self, page: str):
         super().__init__()
         self.charts: list[str] = []
         self.marks: dict[str, int] = {}
         self.titles: list[str] = []
-        self._tag = ""
+        self.listed: list[str] = []
+        self._tag, self._item = "", False
         self.feed(page)
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         if tag == "svg":
             self.charts.append(attrs.get("class", ""))
-        if attrs.get("class") in ("bar", "whisker", "missing", "reference", "band", "point", "line"):
-            self.marks[attrs["class"]] = self.marks.get(attrs["class"], 0) + 1
-        self._tag = tag
+        for kind in set((attrs.get("class") or "").split()) & set(self.KINDS):
+            self.marks[kind] = self.marks.get(kind, 0) + 1
+        self._tag, self._item = tag, tag == "li" and attrs.get("class") == "missing"
+
+    def handle_endtag(self, tag):
+        self._item = self._item and tag != "li"
 
     def handle_data(self, data):
         if self._tag == "title":
             self.titles.append(data)
+        elif self._item:
+            self.listed.append(data)
 
 
 @pytest.fixture(scope="module")
@@ -67,24 +78,24 @@ def test_report_html_of_one_run_draws_per_class_a_speedup_chart_with_its_interva
     text = page.read_text()
     assert text.encode().startswith(PAGE_STARTS["--html"])  # a later run may replace it
     marks = Marks(text)
-    # per class: the speedup chart with whiskers, the compile-time chart
-    assert marks.charts == ["chart interval", "chart", "chart interval", "chart"]
+    # per class: the speedup chart with whiskers, the compile times as dots (measured once)
+    assert marks.charts == ["chart interval", "chart dots", "chart interval", "chart dots"]
     ok = [r for r in rows if r["status"] == "ok"]
-    assert marks.marks["whisker"] == len(ok) and marks.marks["missing"] == 1  # the oom cell: its status
+    assert marks.marks["bar"] == marks.marks["whisker"] == len(ok)
+    assert marks.listed == ["not drawn: resnet bs4 fp32 ro: oom"]  # FAILED, on the A100 chart: listed
     compiled = [r for r in rows if r.get("compile_s") is not None]  # the oom cell's compile too
     warm = [r for r in rows if r.get("warm_compile_s") is not None]
     assert len(warm) == len(ok) < len(compiled) == len(rows)
-    assert marks.marks["bar"] == len(ok) + len(compiled) + len(warm)  # speedup, cold and warm compile
+    assert marks.marks["dot"] == len(compiled) + len(warm)  # cold and warm compile
     assert marks.marks["reference"] == 2  # 1x, on each speedup chart
-    for row in ok[:3] + ok[-3:]:  # the interval is the statistics module's, from the row's samples
-        iv = cstats.paired_speedup(
-            row["eager_samples_ms"], row["compiled_samples_ms"], row["samples_per_repeat"]
-        )
-        label = f"{row['model']} bs{row['batch_size']} {row['dtype']} {row['config']}"
-        hover = f"{label}: {iv.estimate:.3f}x [{iv.low:.3f}, {iv.high:.3f}] (95% interval over 3 processes)"
-        assert hover in marks.titles, hover
-        assert iv.low < iv.estimate < iv.high
-    assert "resnet bs4 fp32 ro: oom" in marks.titles  # FAILED, on the A100 chart
+    cells = run_cells(read_results(out))  # the interval is the statistics module's, over the cell's reference
+    shown = [c for c in cells if c.speedup is not None]
+    assert len(shown) == len(ok)
+    for c in shown[:3] + shown[-3:]:
+        s = c.speedup
+        hover = f"{c.label}: {s.estimate:.3f}x [{s.low:.3f}, {s.high:.3f}] (95% interval over 3 processes)"
+        assert any(t.startswith(hover) for t in marks.titles), hover
+        assert s.low < s.estimate < s.high
 
 
 def test_the_run_page_shows_text_from_the_data_as_text(table_jobs, make_result):
@@ -144,17 +155,21 @@ def test_presets_html_charts_each_presets_gain_over_the_stock_user_with_its_inte
     gains = [p for p in presets if p.get("vs_stock_compile") is not None]
     assert len(gains) == len(presets) == 8  # a cell per hardware class, model and batch size
     marks = Marks(page.read_text())
-    assert marks.charts == ["chart interval"]  # one budget: per precision swept
-    assert marks.marks["bar"] == marks.marks["whisker"] == len(gains)
+    assert marks.charts == ["chart interval"] * 2  # one budget (per precision swept), a chart per class
+    assert marks.marks["bar"] == marks.marks["whisker"] == 2 * len(gains)  # over stock eager and compile
     for p in gains:
-        cell = f"{p['hardware']}/{p['model']}/bs{p['batch_size']}/{p['dtype']}"
-        hover = (
-            f"{cell} {p['config']}: {p['vs_stock_compile']:.3f}x [{p['vs_stock_compile_ci_low']:.3f}, "
-            f"{p['vs_stock_compile_ci_high']:.3f}] over stock torch.compile ({p['stock_compile_config']}), "
-            f"precision {p['precision']}"
-        )
-        assert hover in marks.titles, hover
+        label = f"{p['model']}/bs{p['batch_size']}/{p['dtype']} {p['config']}"
+        for key, over in (
+            ("vs_stock_compile", f"stock torch.compile ({p['stock_compile_config']})"),
+            ("vs_stock_eager", "stock eager"),
+        ):
+            hover = (
+                f"{label}: {p[key]:.3f}x [{p[key + '_ci_low']:.3f}, {p[key + '_ci_high']:.3f}] over {over}, "
+                f"precision {p['precision']}"
+            )
+            assert any(t.startswith(hover) for t in marks.titles), hover
     assert any(p["vs_stock_compile_ci_low"] > 1 for p in gains)  # a tuned config beat the stock user
+    assert all(p["vs_stock_eager_ci_low"] > 1 for p in gains)  # and every preset, stock eager
 
 
 def test_presets_html_of_a_tune_output_charts_its_deployed_json_and_writes_nothing_there(tmp_path, capsys):
@@ -169,15 +184,17 @@ def test_presets_html_of_a_tune_output_charts_its_deployed_json_and_writes_nothi
     assert "stock budget: 20 cells, geomean 1.296x over stock torch.compile" in printed
     assert sorted(p.name for p in tune.iterdir()) == ["deployed.json"]
     marks = Marks(page.read_text())
-    assert marks.charts == ["chart interval"] * len(deployed["budgets"])  # a chart per budget
-    assert marks.marks["bar"] == len(deployed["cells"]) == 40
-    assert marks.marks["whisker"] == sum(c["vs_stock_compile_ci"][0] is not None for c in deployed["cells"])
+    assert marks.charts == ["chart interval"] * len(deployed["budgets"])  # a chart per budget (one class)
+    assert marks.marks["bar"] == 2 * len(deployed["cells"]) == 80  # over stock eager and torch.compile
+    assert marks.marks["whisker"] == sum(
+        c[f"{key}_ci"][0] is not None
+        for c in deployed["cells"]
+        for key in ("vs_stock_eager", "vs_stock_compile")
+    )
     first = deployed["cells"][0]
     low, high = first["vs_stock_compile_ci"]
-    assert (
-        f"{first['cell']} {first['preset']}: {first['vs_stock_compile']:.3f}x [{low:.3f}, {high:.3f}]"
-        in " ".join(marks.titles)
-    )
+    label = f"{first['cell'].split('/', 1)[1]} {first['preset']}"
+    assert f"{label}: {first['vs_stock_compile']:.3f}x [{low:.3f}, {high:.3f}]" in " ".join(marks.titles)
     for flags, says in (
         ([], "Give --html FILE (alone)"),
         (["--html", str(page), "--accuracy", "bf16"], "--accuracy"),
@@ -209,7 +226,7 @@ def test_the_run_page_renders_in_headless_chromium_and_fetches_nothing(
     assert requests == []
     assert "Content Security Policy" not in log  # the table sorter is the script its hash allows
     assert dom.count('class="chart interval"') == 2 and dom.count('class="whisker"') == len(rows) - 1
-    assert dom.count("<svg") == 4 and dom.count('class="reference"') == 2
+    assert dom.count("<svg") == 4 and dom.count('class="reference"') == 2 and dom.count('class="dot"') > 0
 
 
 def test_the_presets_page_renders_in_headless_chromium_and_fetches_nothing(
@@ -222,4 +239,4 @@ def test_the_presets_page_renders_in_headless_chromium_and_fetches_nothing(
     assert main(["presets", str(tune), "--html", str(page)]) == 0
     dom, requests, log = load(page, tmp_path)
     assert requests == [] and "Content Security Policy" not in log
-    assert dom.count('class="chart interval"') == 2 and dom.count('class="bar"') == 40
+    assert dom.count('class="chart interval"') == 2 and dom.count('<rect class="bar') == 80

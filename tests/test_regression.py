@@ -213,7 +213,7 @@ def test_history_html_draws_a_trend_chart_per_cell_with_its_band_and_every_night
         def handle_starttag(self, tag, attrs):
             self.trends += tag == "svg" and ("class", "chart trend") in attrs
             self.lines += tag == "polyline"
-            self.points += tag == "circle"
+            self.points += tag == "circle" and ("class", "point") in attrs
             self.bands += tag == "polygon" and ("class", "band") in attrs
             self.crosses += tag == "path" and ("class", "missing") in attrs
             self.tag = tag
@@ -237,25 +237,35 @@ def test_history_html_draws_a_trend_chart_per_cell_with_its_band_and_every_night
 def test_html_report_escapes_every_string_and_draws_its_charts(table_jobs, make_result):
     import html.parser
 
-    page = render_html(hostile_comparison(table_jobs, make_result))
+    from markupsafe import escape
+
+    comparison = hostile_comparison(table_jobs, make_result)
+    page = render_html(comparison)
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "<img" not in page and "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in page
+    assert "<img" not in page and str(escape('<img src=x onerror="alert(2)">')) in page
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing fetched
-    assert page.count("<svg") == 4  # speedup and compile time, for each of the 2 classes
+    assert page.count("<svg") == 4  # latency ratio and compile time, for each of the 2 classes
     assert page.count("<script>") == 1  # the table sorter, and nothing from the data
 
     class Count(html.parser.HTMLParser):
         def __init__(self):
             super().__init__()
-            self.rects, self.rows = 0, 0
+            self.rects, self.whiskers, self.dots, self.rows, self.listed = 0, 0, 0, 0, 0
 
         def handle_starttag(self, tag, attrs):
-            self.rects += tag == "rect" and ("class", "bar") in attrs
+            classes = (dict(attrs).get("class") or "").split()
+            self.rects += tag == "rect" and "bar" in classes
+            self.whiskers += tag == "path" and "whisker" in classes
+            self.dots += tag == "circle" and "dot" in classes
+            self.listed += tag == "li" and "missing" in classes
             self.rows += tag == "tr"
 
     counted = Count()
     counted.feed(page)
-    assert counted.rects == 4 * len(table_jobs)  # 2 series x 2 charts x cells
+    # a bar with its whisker per cell with both latencies; the crashed cell is listed, not drawn
+    ratios = [c for c in comparison.cells if c.latency_ratio is not None]
+    assert counted.rects == counted.whiskers == len(ratios) == len(table_jobs) - 1 and counted.listed == 1
+    assert counted.dots == 2 * len(table_jobs)  # the cold compile, baseline and current
     assert counted.rows == 1 + len(table_jobs) + 1 + 2  # header + cells, header + 2 models
 
 
@@ -272,8 +282,8 @@ def test_html_report_renders_in_headless_chromium(table_jobs, make_result, tmp_p
     page.write_text(render_html(hostile_history(table_jobs, make_result)))
     dom, requests, log = load(page, tmp_path)
     assert requests == [] and "Content Security Policy" not in log
-    # speedup and compile time per class, a trend per cell
-    assert dom.count("<svg") == 4 + len(table_jobs) and 'class="bar"' in dom
+    # latency ratio and compile time per class, a trend per cell
+    assert dom.count("<svg") == 4 + len(table_jobs) and '<rect class="bar' in dom
     assert (
         dom.count('class="chart trend"') == len(table_jobs) and dom.count("<polyline") == len(table_jobs) + 1
     )

@@ -215,7 +215,7 @@ def _one_run(args, out, table) -> int:
 def _compare_runs(args, out, table) -> int:
     from compiler.statistics import load_thresholds
     from reports.regression import compare, to_json_text, to_markdown
-    from reports.regression.html import render_html
+    from reports.regression.html import render_html, row_facts
     from store.schema import read_results, read_table, results_path
     from store.storage import StorageError, checked
 
@@ -235,8 +235,9 @@ def _compare_runs(args, out, table) -> int:
             print(f"error: --history: no dated run with result rows under {baseline}", file=sys.stderr)
             return EXIT_BAD_INPUT
         comparison = compare_with_history(out, runs, thresholds)
+        baseline_rows = read_results(runs[-1])  # the latest run of the window: its doubted timings
     else:
-        before = read_results(baseline)
+        before = baseline_rows = read_results(baseline)
         if before.num_rows == 0:
             print(f"error: --baseline: no result rows under {results_path(baseline)}", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -257,7 +258,11 @@ def _compare_runs(args, out, table) -> int:
     pages = [
         (args.md, to_markdown(comparison) if args.md else "", "--md"),
         (args.json, json_text, "--json"),
-        (args.html, render_html(comparison) if args.html else "", "--html"),
+        (
+            args.html,
+            render_html(comparison, facts=row_facts(table, baseline_rows)) if args.html else "",
+            "--html",
+        ),
     ]
     failed = write_pages(pages)  # before printing: a closed pipe must not cost the files
     if failed is not None:

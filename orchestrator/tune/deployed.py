@@ -264,6 +264,7 @@ def summary_row(entry: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "cell": cell,
+        "device_name": entry.get("device_name"),
         "budget": entry.get("budget"),
         "preset": entry["config"],
         "policy": entry.get("precision"),

@@ -112,11 +112,13 @@ def row_stack(row: dict[str, Any]) -> dict[str, Any]:
 
 def class_defaults(rows: list[dict[str, Any]], limits: Limits | None = None) -> dict[str, dict[str, Any]]:
     """Per dtype: the config that is eligible (ok, within the limits) on the most cells, ties
-    broken by the best geometric mean of its speedup over eager on those cells."""
+    broken by the best geometric mean of its speedup over eager on those cells; rows whose timing
+    is doubted (`compiler.statistics.timing_doubts`) decide nothing."""
     limits = limits or Limits()
+    thresholds = cstats.load_thresholds()
     by_dtype: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if eligible(r, limits) and (r["eager_ms"] or 0) > 0:
+        if eligible(r, limits) and (r["eager_ms"] or 0) > 0 and not cstats.timing_doubts(r, thresholds):
             by_dtype[r["dtype"]][r["config"]].append(r)
     defaults = {}
     for dtype, configs in sorted(by_dtype.items()):
@@ -268,7 +270,8 @@ def derive_presets(
             checks.append(check)
             presets.append(entry)
     data = preset_document(presets, missing, all_rows, limits)
-    data["what_won"] = what_won(presets, eager.add_effects(setting_effects(all_rows), checks))
+    trusted = [r for r in all_rows if not cstats.timing_doubts(r, thresholds)]  # what won, on trusted timings
+    data["what_won"] = what_won(presets, eager.add_effects(setting_effects(trusted), checks))
     return data
 
 

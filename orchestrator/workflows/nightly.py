@@ -23,7 +23,7 @@ from compiler.statistics import load_thresholds
 from orchestrator.fleet.driver import SweepOptions, SweepSummary, run_sweep
 from orchestrator.spec.sweep import SweepSpec
 from reports.regression import Comparison, compare_history, to_json_text, to_markdown
-from reports.regression.html import render_html
+from reports.regression.html import render_html, row_facts
 from store.integrity import DamagedOutputError, OutputWarning
 from store.schema import read_results, read_table
 from store.storage import Location
@@ -105,5 +105,8 @@ def run_nightly(
         comparison = compare_with_history(run, earlier, thresholds)
         run.join(REPORT_MD).write_text(to_markdown(comparison))
         run.join(REPORT_JSON).write_text(to_json_text(comparison))
-        run.join(REPORT_HTML).write_text(render_html(comparison, f"Nightly {name} against {previous}"))
+        facts = row_facts(read_results(run), read_results(previous))  # the marks of doubted timings
+        run.join(REPORT_HTML).write_text(
+            render_html(comparison, f"Nightly {name} against {previous}", facts=facts)
+        )
     return NightlyResult(run, previous, summary, comparison)

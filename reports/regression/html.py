@@ -1,21 +1,28 @@
 """The regression report as one self-contained HTML file: no script or style from the network,
-charts drawn as inline SVG (`reports.charts`), a table sortable by a few lines of inline
-JavaScript, and every string from the data escaped (model names, errors and reasons are
-user-controlled text).
+charts drawn as inline SVG (geometry: `reports.charts`; markup: `reports/templates/
+regression.html.j2`, autoescaped), and a table sortable by a few lines of inline JavaScript.
 
-Per hardware class a bar chart of the compiled speedup over eager per cell, baseline beside
-current, and one of the cold compile times; in history mode a trend chart per cell (model, batch
+Per hardware class (labelled by what it is: "GPU: NVIDIA H100 ...", "CPU: AMD EPYC ...") a chart
+of every cell's compiled latency, current over baseline, with its 95% interval as whiskers on a
+log axis, coloured by verdict (a cell without both latencies is listed under it, not drawn), and
+the cold compile times, baseline and current; in history mode a trend chart per cell (model, batch
 size, precision, config) with its interval band, every run named on hover; then the cells with
-their verdicts and reasons.
+their verdicts and reasons. Doubted timings (`compiler.statistics.timing_doubts` of either run's
+row, `row_facts`) are marked where the caller hands in the runs' rows.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
-from reports.charts import COLORS, TABLE_END, Point, bar_chart, page_end, page_head, table_start, trend_chart
-from reports.charts import esc as _e
+import pyarrow as pa
+
+from compiler import statistics as cstats
+from reports.charts import COLORS, CROSSES, Bar, Point, Td, class_label, dot_chart, interval_chart, render
+from reports.charts import trend_chart as _trend_chart
 from reports.regression.cells import CellChange, Comparison
+from reports.regression.match import latest_by_cell
 
 VERDICT_COLORS = {
     "regression": "#cf222e",
@@ -25,151 +32,176 @@ VERDICT_COLORS = {
     "new": "#8250df",
     "missing": "#bc4c00",
 }
+HEADS = (
+    "cell",
+    "verdict",
+    "compiled ms",
+    "current / baseline",
+    "95% CI",
+    "device ms",
+    "device ratio [95% CI]",
+    "speedup over eager",
+    "judged on",
+    "reasons",
+)
 
 
-def render_html(comparison: Comparison, title: str = "Regression report") -> str:
-    """The page: its head and counts, the environment that changed, the cross-GPU view, the charts
-    per hardware class, the trend (history mode) and the table of cells."""
-    return "".join(
-        [
-            *_head(comparison, title),
-            *_environment(comparison),
-            *_across_classes(comparison),
-            *_class_charts(comparison),
-            *_trend(comparison),
-            *_cells_table(comparison),
-        ]
+@dataclass(frozen=True)
+class RowFacts:
+    """What the page reads from the runs' rows where its caller has them: per cell name why its
+    timing is doubted, and per hardware class the devices its rows name."""
+
+    doubts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def row_facts(current: pa.Table, baseline: pa.Table | None = None) -> RowFacts:
+    """The doubts (`compiler.statistics.timing_doubts`) of each cell's latest row in `current`
+    and in `baseline`, each reason naming its run, and the device names per class."""
+    t = cstats.load_thresholds()
+    doubts: dict[str, list[str]] = defaultdict(list)
+    devices: dict[str, set[str]] = defaultdict(set)
+    for side, table in (("current", current), ("baseline", baseline)):
+        for key, row in latest_by_cell(table).items() if table is not None else ():
+            name = CellChange(*key).name
+            doubts[name] += [f"{side}: {reason}" for reason in cstats.timing_doubts(row, t)]
+            if row.get("device_name"):
+                devices[str(row["hardware"])].add(str(row["device_name"]))
+    return RowFacts(
+        {k: tuple(v) for k, v in doubts.items() if v}, {k: tuple(sorted(v)) for k, v in devices.items()}
     )
 
 
-def _head(comparison: Comparison, title: str) -> list[str]:
-    """The page's head (title, policy, style), the counts per verdict and the thresholds used."""
-    counts = comparison.counts()
-    return [
-        page_head(title),
-        "<p>" + ", ".join(f"<b>{n}</b> {_e(v)}" for v, n in counts.items() if n) + "</p>",
-        f"<p>Thresholds v{comparison.thresholds.version}: a latency change counts beyond "
-        f"{comparison.thresholds.latency_change:.0%} at {comparison.thresholds.level:.0%} confidence.</p>",
-    ]
+def render_html(
+    comparison: Comparison, title: str = "Regression report", facts: RowFacts | None = None
+) -> str:
+    """The page: its head and counts, the environment that changed, the cross-GPU view, the charts
+    per hardware class, the trend (history mode) and the table of cells. `facts`: `row_facts` of
+    the runs compared, for the doubted timings and the device names (without: none marked, and
+    each class named by its name)."""
+    facts = facts or RowFacts()
+    env = comparison.environment
+    return render(
+        "regression.html.j2",
+        title=title,
+        counts=[(v, n) for v, n in comparison.counts().items() if n],
+        doubted=sum(bool(_doubts(c, facts)) for c in comparison.cells),
+        thresholds=comparison.thresholds,
+        environment=[
+            (hw, k, ", ".join(was) or "-", ", ".join(now) or "-")
+            for hw, ks in env.items()
+            for k, (was, now) in ks.items()
+        ],
+        across=[
+            [Td(model), Td(", ".join(d["regression"]) or "-"), Td(", ".join(d["improvement"]) or "-")]
+            for model, d in comparison.by_model().items()
+        ],
+        classes=_class_charts(comparison, facts),
+        trend=_trend(comparison, facts),
+        heads=HEADS,
+        rows=[_cell_row(c, _doubts(c, facts)) for c in comparison.cells],
+    )
 
 
-def _environment(comparison: Comparison) -> list[str]:
-    """The versions (and clocks) that differ per hardware class, where any do."""
-    if not comparison.environment:
-        return []
-    out = ["<h2>Environment changes</h2><ul>"]
-    for hw, keys in comparison.environment.items():
-        for key, (was, now) in keys.items():
-            out.append(
-                f"<li>{_e(hw)} {_e(key)}: {_e(', '.join(was) or '-')} &rarr; {_e(', '.join(now) or '-')}</li>"
-            )
-    out.append("</ul>")
-    return out
+def _doubts(c: CellChange, facts: RowFacts) -> tuple[str, ...]:
+    """Why a cell's timing is doubted: its rows' (`facts`), else what its reasons say (the verdict
+    notes a doubted timing where it left a figure undecided)."""
+    return facts.doubts.get(c.name) or tuple(r for r in c.reasons if "timing doubted" in r)
 
 
-def _across_classes(comparison: Comparison) -> list[str]:
-    """The cross-GPU view: per model, the classes it regressed and improved on."""
-    view = comparison.by_model()
-    if not view:
-        return []
-    out = ["<h2>Across hardware classes</h2><table><thead><tr><th>model</th><th>regressed on</th>"]
-    out.append("<th>improved on</th></tr></thead><tbody>")
-    for model, d in view.items():
-        out.append(
-            f"<tr><td>{_e(model)}</td><td>{_e(', '.join(d['regression']) or '-')}</td>"
-            f"<td>{_e(', '.join(d['improvement']) or '-')}</td></tr>"
-        )
-    out.append("</tbody></table>")
-    return out
+def _devices(comparison: Comparison, facts: RowFacts, hw: str) -> list[str]:
+    """The device names of a class: the rows' (`facts`), else the environment's where it changed."""
+    if hw in facts.devices:
+        return list(facts.devices[hw])
+    was, now = comparison.environment.get(hw, {}).get("device_name", ([], []))
+    return [*was, *now]
 
 
-def _class_charts(comparison: Comparison) -> list[str]:
-    """Per hardware class, baseline beside current: the speedup over eager and the cold compile
-    time of every cell."""
-    by_class = defaultdict(list)
+def latency_bar(c: CellChange, doubts: tuple[str, ...] = ()) -> Bar:
+    """A cell's bar: its compiled latency current / baseline (the device time's where the verdict
+    is judged on it) with its interval, coloured by verdict; or, without one, why."""
+    label = f"{c.model} bs{c.batch_size} {c.dtype} {c.config}"
+    device = c.judged_on == "device" and c.device_ratio is not None
+    value, (low, high) = (c.device_ratio, c.device_ci) if device else (c.latency_ratio, c.latency_ci)
+    if value is None:
+        why = c.reasons[0] if c.reasons else " -> ".join(str(s) for s in c.status)
+        return Bar(label, None, note=why if why.startswith(f"{c.verdict}:") else f"{c.verdict}: {why}")
+    processes = f"{c.processes[0]} baseline and {c.processes[1]} current processes"
+    detail = f"{c.verdict}; {'device' if device else 'wall'} time, 95% interval over {processes}"
+    return Bar(label, value, low, high, detail=detail, doubts=doubts, color=VERDICT_COLORS[c.verdict])
+
+
+def _class_charts(comparison: Comparison, facts: RowFacts) -> list[dict]:
+    """Per hardware class: the latency ratio of every cell and the cold compile times, baseline
+    and current."""
+    by_class: dict[str, list[CellChange]] = defaultdict(list)
     for c in comparison.cells:
         by_class[c.hardware].append(c)
-    legend = "".join(f'<span style="color:{color}">&#9632; {name}</span>' for name, color in COLORS.items())
     out = []
     for hw, cells in sorted(by_class.items()):
-        labels = [f"{c.model} bs{c.batch_size} {c.dtype} {c.config}" for c in cells]
-        out.append(f"<h2>{_e(hw)}</h2><div class='legend'>{legend}</div>")
+        label = class_label(hw, _devices(comparison, facts, hw))
+        bars = [latency_bar(c, _doubts(c, facts)) for c in cells]
+        drawn = dict.fromkeys(c.verdict for c, b in zip(cells, bars, strict=True) if b.value is not None)
+        verdicts = {v: VERDICT_COLORS[v] for v in drawn}
+        compile_s = {"baseline": [c.compile_s[0] for c in cells], "current": [c.compile_s[1] for c in cells]}
         out.append(
-            bar_chart(
-                f"{hw}: speedup over eager",
-                labels,
-                {"baseline": [c.speedup[0] for c in cells], "current": [c.speedup[1] for c in cells]},
-                "x",
-            )
-        )
-        out.append(
-            bar_chart(
-                f"{hw}: cold compile time",
-                labels,
-                {"baseline": [c.compile_s[0] for c in cells], "current": [c.compile_s[1] for c in cells]},
-                "s",
-            )
+            {
+                "label": label,
+                "latency": interval_chart(
+                    f"{label}: compiled latency, current / baseline", bars, "x", verdicts
+                ),
+                "compile": dot_chart(
+                    f"{label}: cold compile time", [b.label for b in bars], compile_s, "s", COLORS
+                ),
+            }
         )
     return out
 
 
-def _trend(comparison: Comparison) -> list[str]:
+def _trend(comparison: Comparison, facts: RowFacts) -> dict | None:
     """History mode: per hardware class, one small chart per cell (model, batch size, precision,
     config) of its speedup over the runs compared, with its 95% interval as a band; hovering a
     point names its run."""
     if not comparison.trend:
-        return []
+        return None
     runs = [label for label, _ in next(iter(comparison.trend.values()))]
-    out = [
-        f"<h2>Trend over the last {len(runs)} runs</h2><p>Speedup over eager per cell and run, "
-        "the band its 95% interval; hover a point for its run, a cross marks a run where the cell "
-        "was not ok.</p>"
+    by_hw: dict[str, list] = defaultdict(list)
+    for name, series in comparison.trend.items():
+        bands = comparison.trend_ci.get(name) or [(None, None)] * len(runs)
+        points = [
+            None if v is None else Point(v, lo, hi) for (_, v), (lo, hi) in zip(series, bands, strict=True)
+        ]
+        by_hw[name.split("/", 1)[0]].append(_trend_chart(name.split("/", 1)[1], runs, points, "x"))
+    labelled = [
+        (class_label(hw, _devices(comparison, facts, hw)), charts) for hw, charts in sorted(by_hw.items())
     ]
-    by_hw: dict[str, list[str]] = defaultdict(list)
-    for name in comparison.trend:
-        by_hw[name.split("/", 1)[0]].append(name)
-    for hw, names in sorted(by_hw.items()):
-        out.append(f"<h3>{_e(hw)}</h3><div class='grid'>")
-        for name in names:
-            bands = comparison.trend_ci.get(name) or [(None, None)] * len(runs)
-            points = [
-                None if v is None else Point(v, lo, hi)
-                for (_, v), (lo, hi) in zip(comparison.trend[name], bands, strict=True)
-            ]
-            out.append(trend_chart(name.split("/", 1)[1], runs, points, "x"))
-        out.append("</div>")
-    return out
+    return {"runs": len(runs), "classes": labelled}
 
 
-def _cells_table(comparison: Comparison) -> list[str]:
-    """Every cell with its verdict, latencies, ratios and reasons, in a sortable table; the page's
-    end."""
-    heads = (
-        "cell",
-        "verdict",
-        "compiled ms",
-        "current / baseline",
-        "95% CI",
-        "device ms",
-        "device ratio [95% CI]",
-    )
-    out = ["<h2>Cells</h2>", table_start((*heads, "judged on", "reasons"))]
-    out += [_cell_row(c) for c in comparison.cells]
-    out.append(TABLE_END + page_end())
-    return out
+def _pair(values: tuple[float | None, float | None], fmt: str) -> str:
+    return " \u2192 ".join("-" if v is None else format(v, fmt) for v in values)
 
 
-def _cell_row(c: CellChange) -> str:
+def _cell_row(c: CellChange, doubts: tuple[str, ...]) -> list[Td]:
     """One cell's row of the table."""
     ratio = "" if c.latency_ratio is None else f"{c.latency_ratio:.3f}"
-    ci = "" if c.latency_ci[0] is None else f"[{c.latency_ci[0]:.3f}, {c.latency_ci[1]:.3f}]"
-    ms = " &rarr; ".join("-" if v is None else f"{v:.3f}" for v in c.compiled_ms)
-    dms = " &rarr; ".join("-" if v is None else f"{v:.3f}" for v in c.device_ms)
-    dratio = (
-        "" if c.device_ratio is None else f"{c.device_ratio:.3f} [{c.device_ci[0]:.3f}, {c.device_ci[1]:.3f}]"
+    low, high = c.latency_ci
+    crosses = low is not None and high is not None and low <= 1.0 <= high
+    ci = (
+        "" if low is None or high is None else f"[{low:.3f}, {high:.3f}]" + (f" {CROSSES}" if crosses else "")
     )
-    return (
-        f"<tr><td>{_e(c.name)}</td><td style='color:{VERDICT_COLORS[c.verdict]}'>{_e(c.verdict)}</td>"
-        f"<td>{ms}</td><td data-v='{ratio}'>{ratio}</td><td>{ci}</td><td>{dms}</td><td>{dratio}</td>"
-        f"<td>{_e(c.judged_on or '')}</td><td>{_e('; '.join(c.reasons))}</td></tr>"
-    )
+    dratio = ""
+    if c.device_ratio is not None and None not in c.device_ci:
+        dratio = f"{c.device_ratio:.3f} [{c.device_ci[0]:.3f}, {c.device_ci[1]:.3f}]"
+    return [
+        Td(c.name + (f" {cstats.MARK}" if doubts else ""), title=cstats.doubt_text(list(doubts))),
+        Td(c.verdict, color=VERDICT_COLORS[c.verdict]),
+        Td(_pair(c.compiled_ms, ".3f")),
+        Td(ratio, ratio),
+        Td(ci),
+        Td(_pair(c.device_ms, ".3f")),
+        Td(dratio),
+        Td(_pair(c.speedup, ".2f")),
+        Td(c.judged_on or ""),
+        Td("; ".join(c.reasons)),
+    ]
