@@ -65,8 +65,8 @@ def _host_doubts(row: Mapping[str, Any], t: Thresholds) -> list[str]:
             reasons.append(f"host load {max(loads):.1f} on its {cores} cores while it timed")
     notes = str(row.get("notes") or "")
     if row.get("cpu_pinned") is False and HELD_CORES in notes:
-        held = next(n.strip() for n in notes.split(";") if HELD_CORES in n)
-        reasons.append(f"ran unpinned: {held}")
+        held = next(n for n in notes.split(";") if HELD_CORES in n)
+        reasons.append(f"ran unpinned: {held.split('not pinned to cores:', 1)[-1].strip()}")
     slowed = sorted(SLOWDOWN_REASONS.intersection(row.get("throttle_reasons") or []))
     if slowed:
         reasons.append(f"GPU clocks slowed ({', '.join(slowed)})")

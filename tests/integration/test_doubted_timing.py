@@ -23,6 +23,7 @@ from compiler import statistics as cstats
 from compiler.statistics.thresholds import THRESHOLDS_ENV
 from store.schema import read_results
 from tests.integration.conftest import ROOT, orchestrate
+from workers.affinity import LOCK_DIR_ENV, reserve_cores
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -106,3 +107,27 @@ def test_busy_cores_mark_every_cell_and_presets_leave_them_undecided(tmp_path: P
             assert cell in undecided and cell not in picked, (cell, data["no_preset"])
         else:
             assert picked.get(cell) == config, (cell, picked, fastest)
+
+
+def test_cores_held_by_another_sweep_are_warned_of_and_its_jobs_doubted(tmp_path: Path, monkeypatch):
+    """Another sweep's jobs hold every core of this machine (their core locks, held here): the sweep
+    says so before it runs anything, its job runs unpinned, and its timing is doubted for it."""
+    monkeypatch.delenv(THRESHOLDS_ENV)
+    locks = tmp_path / "core-locks"
+    monkeypatch.setenv(LOCK_DIR_ENV, str(locks))  # this test's own node-wide lock directory
+    held = reserve_cores(len(os.sched_getaffinity(0)), directory=locks)
+    assert held.pinned
+    try:
+        out = tmp_path / "held"
+        sweep = orchestrate("sweep", str(SMOKE), "--out", str(out), "--only", "*/mlp/bs1/fp32/default")
+    finally:
+        held.release()
+    cores = len(os.sched_getaffinity(0))
+    assert f"warning: {cores} of this machine's {cores} cores are held by other jobs" in sweep.stderr, (
+        sweep.stderr
+    )
+    assert "all 1 jobs will run unpinned" in sweep.stderr
+    (row,) = read_results(out).to_pylist()
+    assert row["status"] == "ok" and row["cpu_pinned"] is False and "were free" in row["notes"]
+    assert any(d.startswith("ran unpinned: only 0 of the") for d in cstats.timing_doubts(row)), row["notes"]
+    assert f"{cstats.MARK} cpu/mlp/bs1/fp32/default: " in sweep.stdout and "ran unpinned" in sweep.stdout
