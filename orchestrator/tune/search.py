@@ -413,7 +413,8 @@ def run_decide(ctx: TuneContext, runs: dict[Cell, CellRun], confirmed: dict[str,
         doubted = decide.doubted_cell(run, confirmed, thresholds)
         if doubted is not None:  # never decided on a timing that cannot be trusted
             found.missing.append(doubted)
-            found.decisions[run.cell.name] = f"undecided: timing doubted {cstats.MARK}"
+            why = "; ".join(f"{job} {text.split(': ', 1)[-1]}" for job, text in doubted["statuses"].items())
+            found.decisions[run.cell.name] = f"undecided: timing doubted {cstats.MARK} ({why})"
             run.log["undecided"] = doubted["statuses"]
             continue
         decided = decide_cell(

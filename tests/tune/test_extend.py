@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from compiler.job import MeasureSpec
+from compiler.statistics.thresholds import THRESHOLDS_ENV
 from orchestrator.fleet.options import SweepOptions
 from orchestrator.tune import confirm, rung0, rung1, search
 from orchestrator.tune import knobs as knobs_stage
@@ -149,3 +150,31 @@ def test_a_conclusive_or_small_refusal_is_not_extended(monkeypatch):
     assert search.run_extend(ctx, {CELL: run}, confirmed) == confirmed  # bf16 is sure; fp32's 1.0x is no gain
     ctx.opts = TuneOptions(SweepOptions(out_dir="o"), extend_repeats=0)
     assert search.run_extend(ctx, {CELL: run}, confirmed) is confirmed
+
+
+def test_a_cell_whose_confirmation_timing_is_doubted_is_left_undecided(monkeypatch):
+    """A confirmation row timed while other processes took its cores decides nothing: the cell goes
+    to `no_preset`, undecided, with the job and its reason; the same rows trusted decide it."""
+    monkeypatch.delenv(THRESHOLDS_ENV)  # the project's limits, not the suite's trusting ones
+    run, jobs = _cell_run()
+    user, bf16 = "H100/resnet/bs16/fp32/ro/vs/default", "H100/resnet/bs16/bf16/ro+freezing/vs/ro"
+    own = "H100/resnet/bs16/fp32/ro+freezing/vs/ro"
+    rows = {
+        user: spread_row(jobs[user], [9.0, 9.1, 8.9], [12.0] * 3, [10.0] * 3),
+        own: spread_row(jobs[own], [9.0] * 3, [12.0] * 3, [9.0] * 3),
+        bf16: spread_row(jobs[bf16], [3.5, 3.6, 3.4], [6.0] * 3, [4.0] * 3),
+    }
+    for row in rows.values():
+        row["host_other_share"] = [0.02] * 3
+    rows[bf16]["host_other_share"] = [0.02, 0.61, 0.02]
+    confirmed = {jobs[n].job_id: r for n, r in rows.items()}
+    ctx = SimpleNamespace(opts=TuneOptions(SweepOptions(out_dir="o")), budgets=BUDGETS, stock_names=NAMES)
+    found = search.run_decide(ctx, {CELL: run}, confirmed)
+    assert found.entries == []
+    ((missing,),) = [found.missing]
+    assert missing["undecided"] == "timing doubted" and list(missing["statuses"]) == [bf16]
+    assert "other processes took 61% of its cores" in missing["statuses"][bf16]
+    assert found.decisions[CELL.name].startswith("undecided: timing doubted !")
+    rows[bf16]["host_other_share"] = [0.02] * 3
+    found = search.run_decide(ctx, {CELL: run}, confirmed)
+    assert found.missing == [] and found.entries and "undecided" not in run.log.get("preset", {})
