@@ -161,5 +161,11 @@ def doubted_summary(table: pa.Table, run_id: str | None = None, rerun: str = "")
     lines += [f"  {cstats.MARK} {c.name}: {cstats.doubt_text(list(c.doubts))}" for c in doubted]
     if rerun:
         names = ",".join(sorted({str(c.row.get("job_name") or c.name) for c in doubted}))
-        lines.append(f"measure them again on a quiet host:\n  {rerun} --only '{names}'")
+        spread_only = all(d.startswith(cstats.SPREAD_DOUBT) for c in doubted for d in c.doubts)
+        how = (
+            "with more calls or processes (measure.iterations, measure.repeats in the sweep file)"
+            if spread_only  # a quiet host would not narrow an interval of too few samples
+            else "on a quiet host"
+        )
+        lines.append(f"measure them again {how}:\n  {rerun} --only '{names}'")
     return "\n".join(lines)

@@ -51,7 +51,7 @@ from compiler.statistics.samples import (
 )
 from compiler.statistics.student_t import t_quantile
 from compiler.statistics.thresholds import THRESHOLDS_FILE, THRESHOLDS_VERSION, Thresholds, load_thresholds
-from compiler.statistics.trust import MARK, doubt_text, timing_doubts
+from compiler.statistics.trust import MARK, SPREAD_DOUBT, doubt_text, timing_doubts
 from compiler.statistics.verdicts import (
     borrows_between,
     family_level,
@@ -67,6 +67,7 @@ from compiler.statistics.verdicts import (
 __all__ = [
     "LEVEL",
     "MARK",
+    "SPREAD_DOUBT",
     "CellReference",
     "N_BOOT",
     "THRESHOLDS_FILE",

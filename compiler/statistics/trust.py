@@ -35,6 +35,9 @@ HELD_CORES = "cores this job wants were free"
 """The words of the note a job writes when another job held the cores it wanted
 (`workers.affinity.reserve_cores`)."""
 
+SPREAD_DOUBT = "its speedup interval"
+"""How the doubt of a too-wide interval begins (the one a quiet host does not cure: more samples do)."""
+
 MARK = "!"
 """The mark every reader puts beside a doubted figure."""
 
@@ -95,7 +98,7 @@ def timing_doubts(
         and lo > 0
         and hi / lo > t.doubt_interval_ratio
     ):
-        reasons.append(f"its speedup interval [{lo:.2f}, {hi:.2f}] spans {hi / lo:.1f}x")
+        reasons.append(f"{SPREAD_DOUBT} [{lo:.2f}, {hi:.2f}] spans {hi / lo:.1f}x")
     return reasons
 
 
