@@ -21,7 +21,7 @@ them, so a caller imports one module (``from compiler import statistics as cstat
 - `compiler.statistics.student_t`: `t_quantile`, Student's t without scipy.
 - `compiler.statistics.trust`: when a row's timing cannot be trusted, `timing_doubts` (host
   load on its cores, cores held by another job, GPU slowdowns, a host-probe outlier, a wide
-  interval), `doubt_text` and the `MARK` every reader puts beside a doubted figure.
+  interval), `doubt_text`, `doubted_status` and the `MARK` every reader puts beside a doubted figure.
 - `compiler.statistics.reference`: one eager reference per cell (`cell_reference`, pooled over
   the cell's trusted jobs) that every speedup of the cell is over.
 
@@ -51,7 +51,7 @@ from compiler.statistics.samples import (
 )
 from compiler.statistics.student_t import t_quantile
 from compiler.statistics.thresholds import THRESHOLDS_FILE, THRESHOLDS_VERSION, Thresholds, load_thresholds
-from compiler.statistics.trust import MARK, SPREAD_DOUBT, doubt_text, timing_doubts
+from compiler.statistics.trust import MARK, SPREAD_DOUBT, UNDECIDED, doubt_text, doubted_status, timing_doubts
 from compiler.statistics.verdicts import (
     borrows_between,
     family_level,
@@ -68,6 +68,7 @@ __all__ = [
     "LEVEL",
     "MARK",
     "SPREAD_DOUBT",
+    "UNDECIDED",
     "CellReference",
     "N_BOOT",
     "THRESHOLDS_FILE",
@@ -78,6 +79,7 @@ __all__ = [
     "beats",
     "cell_reference",
     "doubt_text",
+    "doubted_status",
     "borrows_between",
     "family_level",
     "figure_verdict",

@@ -55,7 +55,7 @@ def cell_reference(rows: Iterable[Row], thresholds: Thresholds | None = None) ->
     timing is doubted only where every row is)."""
     t = thresholds or load_thresholds()
     ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("eager_ms"), (int, float))]
-    trusted = [r for r in ok if not timing_doubts(r, t, interval=(None, None))]
+    trusted = [r for r in ok if not timing_doubts(r, t, spread=False)]
     pool = trusted or ok
     groups = tuple(tuple(g) for r in pool for g in row_groups(r, "eager"))
     if groups:

@@ -80,20 +80,19 @@ def _host_doubts(row: Mapping[str, Any], t: Thresholds) -> list[str]:
 
 
 def timing_doubts(
-    row: Mapping[str, Any],
-    thresholds: Thresholds | None = None,
-    interval: tuple[float | None, float | None] | None = None,
+    row: Mapping[str, Any], thresholds: Thresholds | None = None, spread: bool = True
 ) -> list[str]:
-    """Why `row`'s timing cannot be trusted ([] where it can, or the row has no timing). The
-    speedup interval judged is `interval` where given (a reader's own, over its cell's reference),
-    else the row's stored `speedup_ci_low`/`speedup_ci_high`."""
+    """Why `row`'s timing cannot be trusted ([] where it can, or the row has no timing). With
+    `spread=False` its speedup interval's width is not judged (what a cell's eager reference asks:
+    a wide interval says nothing against the job's eager samples)."""
     if row.get("status") != "ok":
         return []
     t = thresholds or load_thresholds()
     reasons = _host_doubts(row, t)
-    lo, hi = interval if interval is not None else (row.get("speedup_ci_low"), row.get("speedup_ci_high"))
+    lo, hi = row.get("speedup_ci_low"), row.get("speedup_ci_high")
     if (
-        isinstance(lo, (int, float))
+        spread
+        and isinstance(lo, (int, float))
         and isinstance(hi, (int, float))
         and lo > 0
         and hi / lo > t.doubt_interval_ratio
@@ -105,3 +104,12 @@ def timing_doubts(
 def doubt_text(reasons: list[str]) -> str:
     """The reasons as one clause for a table's footnote or a note ("" where there are none)."""
     return "; ".join(reasons)
+
+
+UNDECIDED = "timing doubted"
+"""Why `presets` and `tune` leave a cell undecided (its `no_preset` entry's `undecided`)."""
+
+
+def doubted_status(reasons: list[str]) -> str:
+    """The status of an ok config whose timing is doubted, in a cell's `no_preset` entry."""
+    return f"ok, {UNDECIDED} {MARK}: {doubt_text(reasons)}"

@@ -305,11 +305,9 @@ def held_cores_warning(run: _Plan) -> str:
     cpu = [run.classes[n] for n in run.used if run.classes[n].device != "cuda"]
     want = max((hw.cpus_per_job for hw in cpu), default=1)
     pinned_at_once = free // want
-    todo = len(run.todo)
-    unpinned = todo if pinned_at_once == 0 else 0
     what = (
-        f"all {todo} jobs will run unpinned while they are held"
-        if unpinned
+        f"all {len(run.todo)} jobs will run unpinned while they are held"
+        if pinned_at_once == 0
         else f"at most {pinned_at_once} job(s) at a time can pin {want} free core(s); the rest run unpinned"
     )
     return (

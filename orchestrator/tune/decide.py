@@ -406,23 +406,23 @@ def _interval(
 
 def doubted_cell(
     run: CellRun, confirmed: dict[str, dict[str, Any]], thresholds: cstats.Thresholds
-) -> dict[str, Any] | None:
+) -> tuple[dict[str, Any], str] | None:
     """Where a confirmation row of the cell has a doubted timing (`compiler.statistics.timing_doubts`,
     after any extension pooled more processes into it): the cell's `no_preset` entry, undecided,
-    with each doubted job's reasons; None where every timing is trusted."""
+    with each doubted job's reasons, and those reasons as one clause for its decision line; None
+    where every timing is trusted."""
     rows = {j.name: confirmed.get(j.job_id) for p in run.confirm.values() for j in p.jobs()}
     doubts = {name: cstats.timing_doubts(r, thresholds) for name, r in rows.items() if r is not None}
     doubts = {name: d for name, d in doubts.items() if d}
     if not doubts:
         return None
     cell = run.cell
-    return {
+    entry = {
         "hardware": cell.hardware,
         "model": cell.model.name,
         "batch_size": cell.batch_size,
         "dtype": cell.dtype,
-        "undecided": "timing doubted",
-        "statuses": {
-            name: f"ok, timing doubted {cstats.MARK}: {cstats.doubt_text(d)}" for name, d in doubts.items()
-        },
+        "undecided": cstats.UNDECIDED,
+        "statuses": {name: cstats.doubted_status(d) for name, d in doubts.items()},
     }
+    return entry, "; ".join(f"{name} {cstats.doubt_text(d)}" for name, d in doubts.items())

@@ -230,7 +230,7 @@ def derive_presets(
                         "batch_size": bs,
                         "dtype": dtype,
                         **({"budget": budget.name} if budget else {}),
-                        "undecided": "timing doubted",
+                        "undecided": cstats.UNDECIDED,
                         "statuses": doubted,
                     }
                 )
@@ -285,9 +285,7 @@ def _doubted(
         return None
     return {
         f"{r['config']}@{r['dtype']}": (
-            f"ok, timing doubted {cstats.MARK}: {cstats.doubt_text(doubts[id(r)])}"
-            if doubts.get(id(r))
-            else _status(r, limits)
+            cstats.doubted_status(doubts[id(r)]) if doubts.get(id(r)) else _status(r, limits)
         )
         for r in rows
     }

@@ -412,10 +412,10 @@ def run_decide(ctx: TuneContext, runs: dict[Cell, CellRun], confirmed: dict[str,
     for run in runs.values():
         doubted = decide.doubted_cell(run, confirmed, thresholds)
         if doubted is not None:  # never decided on a timing that cannot be trusted
-            found.missing.append(doubted)
-            why = "; ".join(f"{job} {text.split(': ', 1)[-1]}" for job, text in doubted["statuses"].items())
-            found.decisions[run.cell.name] = f"undecided: timing doubted {cstats.MARK} ({why})"
-            run.log["undecided"] = doubted["statuses"]
+            entry, why = doubted
+            found.missing.append(entry)
+            found.decisions[run.cell.name] = f"undecided: {cstats.UNDECIDED} {cstats.MARK} ({why})"
+            run.log["undecided"] = entry["statuses"]
             continue
         decided = decide_cell(
             run, ctx.budgets, confirmed, ctx.opts.limits, ctx.opts.eager_presets, ctx.stock_names
