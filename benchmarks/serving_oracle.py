@@ -75,6 +75,8 @@ def _export_packages(args: argparse.Namespace, dest: Path) -> dict[int, dict]:
     )
     reused = {}
     for size, info in ((entry or {}).get("serving") or {}).get("packages", {}).items():
+        if not size.isdigit():  # the dynamic plan's package: not one size's
+            continue
         try:
             data = export.verified(info["file"])
         except ExportError:
@@ -88,18 +90,20 @@ def _export_packages(args: argparse.Namespace, dest: Path) -> dict[int, dict]:
 def load_oracle_packages(args, profile: ServingProfile, model, example, dest: Path, t0: float):
     """The oracle served from its packages (`build_oracle_packages`), each loaded with the model's
     weights and captured now, as `compile_tuned` serves a buckets plan of packages."""
-    from compiler import aoti
+    from compiler.serving.packaged import PackagedModel
     from compiler.serving.padding import resize_batch
-    from compiler.serving.served import BucketPackages, ServedModel
+    from compiler.serving.plan_packages import BucketPackages
+    from compiler.serving.served import ServedModel
 
     built = {int(b): info for b, info in json.loads((dest / "oracle.json").read_text()).items()}
-    loaded = {}
-    for size in profile.sizes():
+    loaded, pool = {}, None
+    for size in sorted(profile.sizes(), reverse=True):  # one CUDA graph pool, as the served plan's
         info = built[size]
-        packaged = aoti.PackagedModel.load(
+        packaged = PackagedModel.load(
             dest / info["file"], model, info["inputs"], info["cudagraphs"], lambda: model
         )
-        packaged.capture(*resize_batch(*example, size))
+        packaged.capture(*resize_batch(*example, size), pool=pool)
+        pool = packaged.pool or pool
         loaded[size] = packaged
     served = ServedModel(lambda dynamic: BucketPackages(loaded), profile, "buckets", profile.sizes(), example)
     served.prepare()

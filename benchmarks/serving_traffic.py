@@ -325,6 +325,7 @@ def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side
         "peak_mem_gib": (sides["served"]["peak_mem_bytes"] or 0) / 2**30,
         "plan_mem_gib": (serving.get("reserved_bytes") or 0) / 2**30,
         "package": (sides["served"]["applied"] or {}).get("package"),
+        **({"prepare_steps": serving["prepare_steps"]} if serving.get("prepare_steps") else {}),
     }
 
 

@@ -17,8 +17,8 @@ or its options' `triton.cudagraphs`) is replayed from one graph captured around 
 load, as `mode="reduce-overhead"` replays its own: the returned outputs are overwritten by the
 next call.
 
-`PackagedModel` serves the package's input signature and hands any other to a fallback (the
-preset through `torch.compile`, built on first need).
+`compiler.serving.packaged.PackagedModel` serves a loaded package's input signature and hands
+any other to a fallback (the preset through `torch.compile`, built on first need).
 
 The package's library links the shared C++ runtime (`runtime_link_options`): the H200 image's
 compiler (`CXX=/opt/gcc/bin/g++`, GCC 13.3) has only a static libstdc++, and every package it
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,7 @@ def package_options(config: CompileConfig) -> tuple[dict[str, Any], bool]:
     """(Inductor options for `aoti_compile_and_package`, whether the preset runs under CUDA
     graphs): the preset's mode expanded to its options (`torch._inductor.list_mode_options`), its
     own options over them, and `PACKAGE_OPTIONS`. CUDA graphs are not an AOTInductor option:
-    `PackagedModel` captures one around the package instead.
+    `compiler.serving.packaged.PackagedModel` captures one around the package instead.
 
     Freezing is always off in a package, whatever the preset (and the process-wide setting the
     exporting job runs under) says: it folds the weights at compile time into new constants
@@ -107,9 +106,33 @@ def describe(flat: list[Any]) -> list[list[Any]]:
     return [[list(t.shape), str(t.dtype).removeprefix("torch."), t.device.type] for t in flat]
 
 
-def signature(args: tuple, kwargs: dict) -> list[list[Any]]:
-    """The signature of a call: its tensors, flattened, described."""
-    return describe(tensors((args, kwargs)))
+def signature(args: tuple, kwargs: dict, batch: int | None = None) -> list[list[Any]]:
+    """The signature of a call: its tensors, flattened, described; with `batch`, the batch dimension
+    (dimension 0 of each tensor with `batch` rows) is None: a package built for a batch range."""
+    described = describe(tensors((args, kwargs)))
+    if batch is not None:
+        for shape, _, _ in described:
+            if shape and shape[0] == batch:
+                shape[0] = None
+    return described
+
+
+def fits(signature_: list[list[Any]], flat: list[Any], batch: tuple[int, int] | None) -> bool:
+    """Whether the flattened tensors `flat` are a call a package of `signature_` serves: the same
+    signature, a batch dimension (None) of any size within `batch` (low, high)."""
+    got = describe(flat)
+    if batch is None or len(got) != len(signature_):
+        return got == signature_
+    for (want_shape, *want), (shape, *rest) in zip(signature_, got, strict=True):
+        if want != rest or len(want_shape) != len(shape):
+            return False
+        if want_shape and want_shape[0] is None:
+            if not batch[0] <= shape[0] <= batch[1]:
+                return False
+            want_shape, shape = want_shape[1:], shape[1:]
+        if want_shape != shape:
+            return False
+    return True
 
 
 def scramble_weights(model: Any, seed: int = 0) -> None:
@@ -125,14 +148,22 @@ def scramble_weights(model: Any, seed: int = 0) -> None:
                 t.copy_(torch.rand(t.shape, generator=gen, dtype=torch.float32).to(t) + 0.5)
 
 
-def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: Path) -> dict[str, Any]:
+def build_package(
+    model: Any, example_inputs: Any, config: CompileConfig, path: Path, batch: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """Export `model` at `example_inputs` and compile it with `config` into the AOTInductor
     package `path` (written whole, and only once a fresh process loaded it: `probe_load`; else
     PackageError); return `package_export_s`, `package_compile_s`, `package_probe_s`,
     `package_bytes`, `package_inputs` (the signature it serves) and `package_cudagraphs`. The
-    process's precision policy must already be set. Scrambles the model's weights."""
+    process's precision policy must already be set. Scrambles the model's weights.
+
+    With `batch` (low, high), the batch dimension is a `torch.export.Dim` over that range: one
+    package serves every batch size in it (`package_batch`; a serving plan's dynamic graph). The
+    example's batch must be at least 2 (export specializes a size of 1)."""
 
     import torch
+
+    from compiler.serving.padding import batch_size
 
     why = packageable(config)
     if why:
@@ -148,9 +179,18 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
         # C++ need not be optimized (ResNet-50 bf16 on an H200: 42 s to build against 64 s)
         options["aot_inductor.compile_wrapper_opt_level"] = "O0"
     scramble_weights(model)
+    rows = batch_size(args, kwargs) if batch is not None else None
+    dynamic_shapes = None
+    if batch is not None:
+        dim = torch.export.Dim("batch", min=batch[0], max=batch[1])
+        shapes = torch.export.ShapesCollection()
+        for t in tensors((args, kwargs)):
+            if t.dim() and t.shape[0] == rows:
+                shapes[t] = {0: dim}
+        dynamic_shapes = shapes.dynamic_shapes(model, args, kwargs)
     t0 = time.perf_counter()
     with torch.no_grad():
-        program = torch.export.export(model, args, kwargs, strict=False)
+        program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     t1 = time.perf_counter()
     path = Path(path)
     with durable.atomic_path(path, suffix=".pt2") as tmp:  # (torch wants the .pt2 suffix)
@@ -165,8 +205,9 @@ def build_package(model: Any, example_inputs: Any, config: CompileConfig, path: 
         "package_compile_s": t2 - t1,
         "package_probe_s": time.perf_counter() - t2,
         "package_bytes": path.stat().st_size,
-        "package_inputs": signature(args, kwargs),
+        "package_inputs": signature(args, kwargs, rows),
         "package_cudagraphs": cudagraphs,
+        **({"package_batch": list(batch)} if batch is not None else {}),
     }
 
 
@@ -271,7 +312,7 @@ def isa_mismatch(built: str, here: str) -> str:
 
 def load_runner(path: Path, device_check: bool | None = None, single_threaded: bool = False) -> Any:
     """The AOTInductor package at `path`, loaded (torch's `AOTICompiledModel`); `single_threaded`
-    for a runner a CUDA graph will capture (see `PackagedModel.capture`).
+    for a runner a CUDA graph will capture (see `compiler.serving.packaged.PackagedModel.capture`).
 
     `torch._inductor.aoti_load_package` first collects this machine's device information to log
     a warning when it differs from the package's, and that runs the C++ compiler's ISA probe:
@@ -331,130 +372,3 @@ def probe_load(path: Path, timeout_s: float = 300.0, code: str = PROBE) -> str:
         return f"loading it {LOADER_CRASHED} ({name}): the AOTInductor loader crashes on this stack"
     said = [x for x in proc.stderr.strip().splitlines() if x.strip()]
     return f"loading it in a fresh process failed: {said[-1][:300] if said else f'exit {proc.returncode}'}"
-
-
-def fill_constants(runner: Any, model: Any, path: Path) -> dict[str, Any]:
-    """Fill the loaded package `runner` (from `path`) with `model`'s parameters and buffers by
-    name, and return them; raises PackageError when they do not match by name, shape and dtype.
-
-    The package uses the model's own tensors where this torch can (`user_managed`: the loader
-    keeps their pointers, no copy), so the packages of a plan's buckets share one set of weights
-    instead of holding a copy each; what it folds from them at load (`_FOLDED_CONST_*`, e.g. a
-    transposed weight) is still its own. The caller keeps the returned tensors alive."""
-    named = {  # every name of a tied weight: the package may ask for any of them
-        **dict(model.named_parameters(remove_duplicate=False)),
-        **dict(model.named_buffers(remove_duplicate=False)),
-    }
-    wanted = runner.get_constant_fqns()
-    # constants the package folds from them at load (runtime constant folding) are named
-    # _FOLDED_CONST_*: not the caller's
-    missing = [n for n in wanted if n not in named and not n.startswith("_FOLDED_CONST_")]
-    if missing:
-        raise PackageError(
-            f"{path}: the package needs {len(missing)} weights this model does not have "
-            f"(e.g. {', '.join(missing[:3])}): it was built for another architecture"
-        )
-    constants = {n: named[n] for n in wanted if n in named}
-    try:
-        try:
-            runner.load_constants(constants, check_full_update=True, user_managed=True)
-        except TypeError:  # a torch whose loader copies every constant
-            runner.load_constants(constants, check_full_update=True)
-    except RuntimeError as exc:
-        raise PackageError(f"{path}: this model's weights do not fit the package: {exc}") from exc
-    return constants
-
-
-class PackagedModel:
-    """The caller's model compiled ahead of time: calls with the package's input signature run the
-    package (replaying its CUDA graph where the preset uses CUDA graphs); any other signature goes
-    to `fallback()` (built once, on first need, with a warning)."""
-
-    def __init__(
-        self,
-        runner: Any,
-        inputs: list[list[Any]],
-        cudagraphs: bool,
-        fallback: Callable[[], Callable[..., Any]],
-    ):
-        self.runner = runner
-        self.inputs = inputs
-        self.cudagraphs = cudagraphs
-        self._fallback_factory = fallback
-        self._fallback: Callable[..., Any] | None = None
-        self._graph: Any = None
-        self._static_inputs: list[Any] = []
-        self._static_out: Any = None
-        self.constants: dict[str, Any] = {}
-
-    @classmethod
-    def load(
-        cls,
-        path: Path,
-        model: Any,
-        inputs: list[list[Any]],
-        cudagraphs: bool,
-        fallback: Callable[[], Callable[..., Any]],
-    ) -> PackagedModel:
-        """Load the package at `path` (its bytes already verified) and fill its constants with
-        `model`'s parameters and buffers (`fill_constants`)."""
-        runner = load_runner(path, single_threaded=cudagraphs)
-        packaged = cls(runner, inputs, cudagraphs, fallback)
-        packaged.constants = fill_constants(runner, model, path)  # the package runs on these
-        return packaged
-
-    def capture(self, args: tuple, kwargs: dict) -> None:
-        """Warm the package up on these inputs (the first run folds the weights) and, for a CUDA
-        graph preset, capture one graph of it with static copies of them.
-
-        The runner of a CUDA graph preset is loaded single-threaded: the default one keeps a pool
-        of models guarded by CUDA events and, before each run, queries or waits on the event of
-        the last (`cudaEventQuery`, `cudaEventSynchronize` in `model_container.h`), which
-        invalidates a stream capture ("operation failed due to a previous error during
-        capture", ResNet-50 on an H200). Neither that runner nor the graph's static inputs are
-        for calls from several threads at once."""
-        import torch
-        import torch.utils._pytree as pytree
-
-        with torch.no_grad():
-            self.runner(*args, **kwargs)
-        if not self.cudagraphs:
-            return
-        static_args, static_kwargs = pytree.tree_map(
-            lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs)
-        )
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.no_grad():
-            for _ in range(2):
-                self.runner(*static_args, **static_kwargs)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), torch.no_grad():
-            self._static_out = self.runner(*static_args, **static_kwargs)
-        self._graph = graph
-        self._static_inputs = tensors((static_args, static_kwargs))
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import torch
-
-        flat = tensors((args, kwargs))
-        if describe(flat) != self.inputs:
-            return self._fall_back()(*args, **kwargs)
-        if self._graph is None:
-            with torch.no_grad():
-                return self.runner(*args, **kwargs)
-        for static, value in zip(self._static_inputs, flat, strict=True):
-            static.copy_(value)
-        self._graph.replay()
-        return self._static_out
-
-    def _fall_back(self) -> Callable[..., Any]:
-        if self._fallback is None:
-            warnings.warn(
-                f"compile_tuned: the package serves inputs {self.inputs}; compiling the preset with "
-                "torch.compile for another input signature",
-                stacklevel=3,
-            )
-            self._fallback = self._fallback_factory()
-        return self._fallback

@@ -57,7 +57,7 @@ from compiler.serving.choice import (
     unsupported_here,
 )
 from compiler.serving.files import ExportError, ExportFiles, open_export, preset_config, warn_caller
-from compiler.serving.served import BucketPackages, DeviceClock, exported_plan_applies, serve_range
+from compiler.serving.served import DeviceClock, exported_plan_applies, serve_range
 from compiler.serving.settings import ProcessSettings
 from compiler.serving.signature import SignatureError, named_key, verify
 from compiler.serving.traffic import ServingProfile, as_profile
@@ -101,7 +101,7 @@ def compile_tuned(
     With `use_package`, an exact cell whose export holds an AOTInductor package (`compiler.aoti`)
     for these inputs' signature is served from it: verified, loaded with this model's weights, run
     once against eager (always, whatever `run_example` says: a package whose outputs differ is not
-    used) and returned as a `compiler.aoti.PackagedModel`, which compiles the preset with
+    used) and returned as a `compiler.serving.packaged.PackagedModel`, which compiles the preset with
     `torch.compile` for any other input signature. Otherwise the bundle and `torch.compile`.
     With `strict`, what would be a fallback raises `ExportError` instead.
     `trusted_key` (the key's bytes) or `trusted_key_file` (a file holding it; by default the file
@@ -332,9 +332,9 @@ class _Tuning:
 
     def ranged(self, use_package: bool) -> Any:
         """The model served over the batch-size range (`compiler.serving.served.serve_range`),
-        every size prepared now: from the plan's bucket packages where the export has one for
-        every bucket of its plan (and `use_package`), else from the bundle through `torch.compile`;
-        `applied.serving` says how."""
+        every size prepared now: from the plan's packages where the export has them (a package
+        per bucket, or the dynamic plan's for its range; and `use_package`), else from the bundle
+        through `torch.compile`; `applied.serving` says how."""
         import torch
 
         assert self.artifacts is not None
@@ -344,21 +344,21 @@ class _Tuning:
         def compile_preset(dynamic: bool | None = False) -> Any:
             return torch.compile(self.model, **{**kwargs, "dynamic": dynamic})
 
-        packages = None
+        loaded = None
         loading = DeviceClock.of(example)
         if use_package and exported_plan_applies(self.entry, self.profile):
-            packages = self.artifacts.bucket_packages(self.model, *example, compile_preset)
-        if packages is None:
+            loaded = self.artifacts.plan_packages(self.model, *example, compile_preset)
+        if loaded is None:
             self.artifacts.install_bundle()
             has_package = self.entry.get("package") or (self.entry.get("serving") or {}).get("packages")
             if has_package and self.applied.package == "none":
                 self.applied.package = "skipped"
-        compile = compile_preset if packages is None else (lambda dynamic: BucketPackages(packages))
+        compile = compile_preset if loaded is None else (lambda dynamic: loaded.serve())
         served = serve_range(
             compile, self.model, example, self.profile, self.entry, self.config, self.applied
         )
-        if packages is not None:  # loading and capturing the packages is part of preparing the plan
-            self.applied.serving.update(loading.since())
+        if loaded is not None:  # loading and capturing the packages is part of preparing the plan
+            self.applied.serving.update(loading.since(), prepare_steps=loaded.steps)
         return served
 
     def _cast_call(self) -> tuple[tuple, dict]:

@@ -22,6 +22,8 @@ from typing import Any
 
 from compiler.serving.applied import Applied
 from compiler.serving.files import ExportError, ExportFiles
+from compiler.serving.packaged import PackagedModel
+from compiler.serving.plan_packages import LoadedPlan
 
 
 class PresetArtifacts:
@@ -124,32 +126,61 @@ class PresetArtifacts:
             applied.compile_s = time.perf_counter() - t0
         return packaged
 
-    def bucket_packages(
+    def plan_packages(
         self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], compile_preset: Callable[[], Any]
-    ) -> dict[int, Any] | None:
-        """The package of every bucket of the preset's serving plan (`serving.packages`), each loaded
-        with the weights of `model`, captured and checked against eager on the example inputs resized
-        to its bucket; None (with a warning where one failed) to prepare the plan from the bundle."""
-        from compiler.serving.padding import resize_batch
+    ) -> LoadedPlan | None:
+        """The packages of the preset's serving plan (`serving.packages`): every bucket's of a
+        buckets plan, or the dynamic plan's one for its batch range, each loaded with the weights
+        of `model`, captured and checked against eager on the example inputs resized
+        (`compiler.serving.plan_packages`); None (with a warning where one failed) to prepare the
+        plan from the bundle."""
+        from compiler.serving.plan_packages import DYNAMIC, PlanLoadError, load_buckets, load_dynamic
+        from compiler.serving.served import cuda_device
 
         serving = self.entry.get("serving") or {}
         packages = serving.get("packages") or {}
         buckets = serving.get("buckets") or []
-        if serving.get("plan") != "buckets" or not buckets or set(packages) != {str(b) for b in buckets}:
+        plan = serving.get("plan")
+        if plan == "buckets" and (not buckets or set(packages) != {str(b) for b in buckets}):
             return None
-        loaded = {}
-        for bucket in buckets:
-            p = packages[str(bucket)]
-            b_args, b_kwargs = resize_batch(args, kwargs, bucket)
-            packaged, state = self.load_package(
-                p["file"], p["inputs"], bool(p.get("cudagraphs")), model, b_args, b_kwargs, compile_preset
-            )
-            if packaged is None:
-                self.applied.package = state
-                return None
-            loaded[bucket] = packaged
+        if plan == "dynamic" and not (packages.get(DYNAMIC) or {}).get("batch"):
+            return None
+        if plan not in ("buckets", "dynamic"):
+            return None
+        # CUDA graphs only where the model runs on CUDA: an export written before build_package
+        # knew this marked CPU reduce-overhead packages for them too
+        on_cuda = cuda_device((args, kwargs)) is not None
+
+        def load(key: int | str) -> Any:
+            p = packages[str(key)]
+            data = self.file(p["file"], "compiling the preset instead")
+            if data is None:
+                raise PlanLoadError(key, "refused", "")
+            with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
+                path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
+                path.write_bytes(data)
+                cudagraphs = bool(p.get("cudagraphs")) and on_cuda
+                batch = tuple(p["batch"]) if p.get("batch") else None
+                return PackagedModel.load(path, model, p["inputs"], cudagraphs, compile_preset, batch)
+
+        precision = self.applied.precision or "fp32"
+        try:
+            if plan == "buckets":
+                padding = serving.get("padding") or {}
+                rows_independent = bool(padding.get("ok") and padding.get("checked"))
+                loaded = load_buckets(buckets, load, model, (args, kwargs), precision, rows_independent)
+            else:
+                batch = tuple(packages[DYNAMIC]["batch"])
+                loaded = load_dynamic(lambda: load(DYNAMIC), model, (args, kwargs), batch, precision)
+        except PlanLoadError as exc:
+            if exc.why:
+                where = self.export.where(packages[str(exc.key)]["file"])
+                self.warn(f"compile_tuned: {where}: {exc.why}; compiling the preset instead")
+            self.applied.package = exc.state
+            return None
         self.applied.package = "loaded"
-        self.applied.package_file = self.export.where(packages[str(buckets[0])]["file"])
+        first = str(buckets[0]) if plan == "buckets" else DYNAMIC
+        self.applied.package_file = self.export.where(packages[first]["file"])
         return loaded
 
     def load_package(
@@ -181,7 +212,7 @@ class PresetArtifacts:
             with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
                 path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
                 path.write_bytes(data)
-                packaged = aoti.PackagedModel.load(
+                packaged = PackagedModel.load(
                     path,
                     model,
                     inputs,

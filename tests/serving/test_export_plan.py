@@ -42,6 +42,36 @@ print(json.dumps({"applied": applied.to_dict(), "compiles": graph_count() - befo
 """
 
 
+def _serve(dest, factory: str) -> dict:
+    """`compile_tuned` on the export `dest` in a fresh process (`SERVE`): what it applied, the
+    Dynamo graphs compiled after it returned, the largest difference from eager over sizes 1..8."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, str(dest), factory],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _packaged_bundle(tmp_path, factory: str, profile: dict, stock: dict | None = None) -> dict:
+    """The bundle job of `factory` with packages and the serving `profile`, into tmp_path/export."""
+    dest = tmp_path / "export"
+    (dest / "bundles").mkdir(parents=True, exist_ok=True)
+    (dest / "packages").mkdir(exist_ok=True)
+    return build_bundle(
+        _job(factory),
+        dest / "bundles" / f"{factory}.bin",
+        1,
+        str(tmp_path),
+        dest / "packages" / f"{factory}.pt2",
+        profile,
+        stock,
+    )
+
+
 def _job(factory: str) -> Job:
     return Job(
         sweep="export",
@@ -97,15 +127,7 @@ def test_the_bundle_job_prepares_the_plan_and_a_fresh_process_serves_it_from_the
     rehash(dest, manifest)
 
     for factory, plan in chosen.items():
-        proc = subprocess.run(
-            [sys.executable, "-c", SERVE, str(dest), factory],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        got = _serve(dest, factory)
         applied = got["applied"]
         assert applied["match"] == "serving" and applied["bundle"] == "loaded", applied
         assert applied["serving"]["plan"] == plan and applied["serving"]["plan_from"] == "export"
@@ -242,6 +264,7 @@ def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_p
     eager at load: the plan is prepared without tracing or compiling anything (0 Dynamo graphs),
     and every size of the range served from the packages."""
     from compiler import aoti
+    from compiler.serving.packaged import PackagedModel
 
     packages = {}
     for bucket in (2, 4, 8):
@@ -263,26 +286,21 @@ def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_p
         "packages": packages,
     }
     rehash(edit_presets(dest, lambda p: p["presets"][0].update(serving=plan)))
-    proc = subprocess.run(
-        [sys.executable, "-c", SERVE, str(dest), "mlp"], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _serve(dest, "mlp")
     applied = got["applied"]
     assert applied["package"] == "loaded" and applied["serving"]["plan_from"] == "export", applied
     assert applied["serving"]["prepare_graphs"] == 0 and applied["bundle"] == "none", (
         applied
     )  # no Dynamo at all
     assert got["compiles"] == 0 and got["worst"] < 1e-4, got
+    assert set(applied["serving"]["prepare_steps"]) == {"reference_s", "load_s", "capture_s", "check_s"}
 
     # the buckets' packages run on the caller's weights, not on a copy each
     import torch
 
     model, inputs = toy_mlp(2)
     loaded = [
-        aoti.PackagedModel.load(
-            tmp_path / f"p{b}.pt2", model, packages[str(b)]["inputs"], False, lambda: model
-        )
+        PackagedModel.load(tmp_path / f"p{b}.pt2", model, packages[str(b)]["inputs"], False, lambda: model)
         for b in (2, 4)
     ]
     bias = model.layers[4].bias
@@ -302,20 +320,11 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
     the bundle job; the chosen buckets' packages stay, the preset's own is its batch's bucket. A
     model torch.export cannot capture gets `package_error` and the plan compiled instead."""
     dest = tmp_path / "export"
-    (dest / "bundles").mkdir(parents=True)
-    (dest / "packages").mkdir()
     profile = {"batch": {"min": 3, "max": 4}}  # two buckets: 3 and 4 (the preset's batch)
     got = {}
     for factory in ("mlp", "checked"):
-        result = build_bundle(
-            _job(factory),
-            dest / "bundles" / f"{factory}.bin",
-            1,
-            str(tmp_path),
-            dest / "packages" / f"{factory}.pt2",
-            profile,
-            {"mode": "default", "dtype": "fp32"} if factory == "mlp" else None,
-        )
+        stock = {"mode": "default", "dtype": "fp32"} if factory == "mlp" else None
+        result = _packaged_bundle(tmp_path, factory, profile, stock)
         assert result["status"] == "ok", result.get("error")
         got[factory] = result
     s = got["mlp"]["serving"]
@@ -338,3 +347,48 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
     assert c["package_error"].startswith("bucket ") and "data-dependent" in c["package_error"], c
     assert "from" not in c["plans"]["buckets"] and c["plans"]["buckets"]["graphs"] >= 2, c
     assert not list((dest / "packages").glob("checked-b*")), list((dest / "packages").iterdir())
+
+
+@pytest.mark.slow  # a tier of its own, after the default one (docs/testing.md)
+def test_a_model_whose_rows_interact_ships_one_package_for_its_range_served_without_dynamo(tmp_path):
+    """The dynamic plan as it ships: one AOTInductor package with the batch dimension a
+    `torch.export.Dim` over the range, built by a `--bucket-package LOW:HIGH` process, loaded,
+    checked and timed in the bundle job; a fresh process's `compile_tuned` serves every size of the
+    range from it without Dynamo, each size's outputs those of eager at that size."""
+    from compiler.serving.plan_packages import STEPS
+    from orchestrator.tune.sweep_models import packaged_plan, serving_line
+
+    dest = tmp_path / "export"
+    factory = "batch_centered"
+    profile = {"batch": {"min": 1, "max": 10}}  # the fine ladder pads 9 to 10: rows proven to interact
+    result = _packaged_bundle(tmp_path, factory, profile)
+    assert result["status"] == "ok", result.get("error")
+    s = result["serving"]
+    assert s["plan"] == "dynamic" and not s["padding"]["ok"] and "package_error" not in s, s
+    p = s["packages"]["dynamic"]
+    assert p["batch"] == [1, 10] and p["file"] == f"{factory}-b1-10.pt2" and p["cudagraphs"] is False, p
+    assert p["inputs"] == [[[None, 32], "float32", "cpu"]], p
+    dynamic = s["plans"]["dynamic"]
+    assert dynamic["package_ms"] > 0 and set(dynamic["prepare_steps"]) == set(STEPS), dynamic
+    assert (dest / "packages" / p["file"]).exists()
+    assert "one package for batch 1..10" in serving_line(s)
+
+    entry = {
+        "model": factory,
+        "batch_size": 4,
+        "dtype": "fp32",
+        "config": "default",
+        "compile": {"backend": "inductor", "mode": None, "fullgraph": False, "dynamic": None, "options": {}},
+        "bundle": f"bundles/{factory}.bin",
+        "package": None,
+        "serving": packaged_plan(s, "packages"),
+    }
+    (dest / SERVING_FILE).write_text(json.dumps({"format": 1, "presets": [entry], "defaults": {}}))
+    manifest = {"format": EXPORT_FORMAT, "hardware": hardware_class(), "stack": software_stack(), "files": {}}
+    rehash(dest, manifest)
+    got = _serve(dest, factory)
+    applied = got["applied"]
+    assert applied["package"] == "loaded" and applied["bundle"] == "none", applied  # no compile at all
+    assert applied["serving"]["plan"] == "dynamic" and applied["serving"]["prepare_graphs"] == 0, applied
+    assert applied["package_file"].endswith(p["file"]), applied
+    assert got["compiles"] == 0 and got["worst"] < 1e-4, got

@@ -29,6 +29,7 @@ from compiler.serving import (
     sha256_file,
 )
 from compiler.serving.files import SERVING_FILE_BEFORE
+from compiler.serving.packaged import PackagedModel
 from orchestrator.tune.export import export, plan_export
 from orchestrator.tune.export_lines import bundle_caveat
 from orchestrator.tune.presets import class_defaults
@@ -514,9 +515,7 @@ def test_a_freezing_presets_package_serves_the_callers_weights(tmp_path):
         info = aoti.build_package(built, inputs, config, tmp_path / "p.pt2")
     runner = aoti.load_runner(tmp_path / "p.pt2", single_threaded=True)
     assert not [n for n in runner.get_constant_fqns() if n.startswith("_frozen_param")]
-    packaged = aoti.PackagedModel.load(
-        tmp_path / "p.pt2", caller, info["package_inputs"], False, lambda: None
-    )
+    packaged = PackagedModel.load(tmp_path / "p.pt2", caller, info["package_inputs"], False, lambda: None)
     with torch.no_grad():
         assert torch.allclose(packaged(**inputs), caller(**inputs), rtol=1e-4, atol=1e-5)
         other = toy.conv_bn(2)[0](**inputs)  # the seeds' outputs differ: matching the caller's is no given

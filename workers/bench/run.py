@@ -181,11 +181,12 @@ class JobRun(JobRecord):
         elif package is not None and "package_from_bucket" not in self.result:
             build_package(self, model, input_sets[0], package)  # (else its batch's bucket is it)
 
-    def run_bucket_package(self, bucket: int, path: Path) -> None:
+    def run_bucket_package(self, bucket: int | tuple[int, int], path: Path) -> None:
         """The job's config built as an AOTInductor package at `path` for its inputs resized to a
         batch of `bucket` (`compiler.aoti.build_package`; its columns in the result): one bucket of
         a serving plan, built in a process of its own beside the others
-        (`workers.bench.serving.package_buckets`)."""
+        (`workers.bench.serving.package_buckets`). A (low, high) bucket is the dynamic plan's
+        package for that batch range, exported at the job's batch size within it (at least 2)."""
         from compiler import aoti
         from compiler.serving.padding import resize_batch
 
@@ -193,11 +194,17 @@ class JobRun(JobRecord):
         try:
             model, input_sets, _ = self.build(keep_fp32_copy=False)
             args, kwargs = aoti.split_inputs(input_sets[0])
-            b_args, b_kwargs = resize_batch(args, kwargs, bucket)
+            batch = bucket if isinstance(bucket, tuple) else None
+            size = bucket if batch is None else max(2, batch[0], min(self.job.batch_size, batch[1]))
+            b_args, b_kwargs = resize_batch(args, kwargs, size)
             cfg = self.job.config
             self.enter("package")
             info = aoti.build_package(
-                cfg.prepare_model(model), b_kwargs if isinstance(input_sets[0], dict) else b_args, cfg, path
+                cfg.prepare_model(model),
+                b_kwargs if isinstance(input_sets[0], dict) else b_args,
+                cfg,
+                path,
+                batch,
             )
         except Exception as exc:
             return self.fail("compile_error", exc)
@@ -219,8 +226,16 @@ class JobRun(JobRecord):
 
 USAGE = (
     "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE [--package FILE] [--serving JSON] "
-    "| --bucket-package N FILE | --serving-stock JSON] JOB.json RESULT.json"
+    "| --bucket-package N|LOW:HIGH FILE | --serving-stock JSON] JOB.json RESULT.json"
 )
+
+
+def _bucket(text: str) -> int | tuple[int, int] | None:
+    """`--bucket-package`'s bucket: N (a batch size) or LOW:HIGH (a batch range); None if neither."""
+    low, _, high = text.partition(":")
+    if not low.isdigit() or (high and not high.isdigit()):
+        return None
+    return (int(low), int(high)) if high else int(low)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[1:]
     elif len(argv) >= 2 and argv[0] == "--serving-stock":
         stock, argv = json.loads(argv[1]), argv[2:]
-    elif len(argv) >= 3 and argv[0] == "--bucket-package" and argv[1].isdigit():
-        bucket, package, argv = int(argv[1]), Path(argv[2]), argv[3:]
+    elif len(argv) >= 3 and argv[0] == "--bucket-package" and _bucket(argv[1]) is not None:
+        bucket, package, argv = _bucket(argv[1]), Path(argv[2]), argv[3:]
     elif len(argv) >= 2 and argv[0] == "--bundle":
         bundle, argv = Path(argv[1]), argv[2:]
         if len(argv) >= 2 and argv[0] == "--package":

@@ -44,12 +44,12 @@ def prepare_serving(
 ) -> None:
     """Phase `serving`: decide and prepare the plan for `profile_data` (a `ServingProfile`'s dict)
     on `model` (eager, as built) with the cell's `inputs`; its record in `run.result["serving"]`.
-    With `package` (the export ships packages) and a config that packages, the buckets plan is
-    timed as it will be served: a package per bucket of the finer ladder (`fine_buckets`), built
-    by processes of their own (`packaged_buckets`); the chosen buckets' stay beside `package`
-    (`keep_packages`). Without, or where a package fails (`package_error`), the buckets plan is
-    compiled here on the default ladder, its graphs in the bundle. With `stock` (a mode and a
-    dtype), the stock user is timed under the same traffic in a process of its own
+    With `package` (the export ships packages) and a config that packages, each plan is timed as
+    it will be served: the buckets plan on a package per bucket of the finer ladder
+    (`fine_buckets`, `packaged_buckets`; the chosen buckets' stay, `keep_packages`), and a chosen
+    dynamic plan on one package for the range (`dynamic_package`). Without, or where a package
+    fails (`package_error`), the plan is compiled here, its graphs in the bundle. With `stock` (a
+    mode and a dtype), the stock user is timed under the same traffic in a process of its own
     (`stock_under_traffic`): `stock`, and `vs_stock` the plan's gain over it, stalls excluded."""
     import torch
 
@@ -76,7 +76,9 @@ def prepare_serving(
         served = None
         if plan == "buckets" and packaged:
             assert package is not None
-            served, built, build, why = packaged_buckets(run, prepared, example, profile, buckets, package)
+            served, built, build, why = packaged_buckets(
+                run, prepared, example, profile, buckets, package, bool(check.ok and check.checked)
+            )
             record["package_build"] = build
             if served is None:
                 record["package_error"] = why
@@ -100,19 +102,24 @@ def prepare_serving(
         if built and plan == "buckets":
             plans[plan]["from"] = "packages"
         served = prep = None  # the next plan's memory is measured without this one's
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
+        _release(cuda)
     chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
     record.update(plan=chosen, buckets=plans[chosen].get("buckets", []), plans=plans)
-    if built:
-        assert package is not None
-        keep_packages(run, record, built, package)
+    if package is not None and packaged:  # the chosen plan's packages, and only those, ship
+        if built:
+            keep_packages(run, record, built, package)
+        if chosen == "dynamic" and "package_error" not in record:  # (a bucket's failure would recur)
+            dynamic_package(run, prepared, example, profile, package, record, cuda)
     if stock is not None:
-        record["stock"] = stock_under_traffic(run, profile, stock)
-        if record["stock"].get("weighted_ms"):
-            record["vs_stock"] = record["stock"]["weighted_ms"] / plans[chosen]["weighted_ms"]
+        _against_stock(run, profile, stock, record)
     run.result["serving"] = record
+
+
+def _against_stock(run: JobRecord, profile: Any, stock: dict[str, Any], record: dict[str, Any]) -> None:
+    """The stock user under the same traffic (`stock`) and the chosen plan's gain over it (`vs_stock`)."""
+    record["stock"] = stock_under_traffic(run, profile, stock)
+    if record["stock"].get("weighted_ms"):
+        record["vs_stock"] = record["stock"]["weighted_ms"] / record["plans"][record["plan"]]["weighted_ms"]
 
 
 def plan_record(
@@ -140,6 +147,8 @@ def plan_record(
         "reserved_bytes": prep.reserved_bytes,
         "ms": {str(s): at_size[s] for s in sorted(at_size)},
     }
+    if prep.steps:
+        record["prepare_steps"] = prep.steps
     if buckets:
         record.update(bucket_set(at_bucket, profile, memory))
     return record
@@ -189,18 +198,16 @@ def packaged_buckets(
     profile: Any,
     buckets: list[int],
     package: Path,
+    rows_independent: bool,
 ) -> tuple[Any, dict[int, dict[str, Any]], dict[str, Any], str]:
     """The buckets plan as a serving process loads it: every bucket's package built
     (`package_buckets`), loaded with `model`'s weights, captured and checked against `model` at its
     size, then prepared as `compile_tuned` prepares it. (the prepared `ServedModel`, what was
     built by bucket, the build's wall time, processes and GPUs, "") or (None, {}, that, why not);
     the preparation's time and memory include loading the packages."""
-    import torch
-
-    from compiler import aoti
-    from compiler.measure import compare_outputs
-    from compiler.serving.padding import resize_batch
-    from compiler.serving.served import BucketPackages, DeviceClock, ServedModel
+    from compiler.serving.packaged import PackagedModel
+    from compiler.serving.plan_packages import BucketPackages, PlanLoadError, load_buckets
+    from compiler.serving.served import DeviceClock, ServedModel
 
     built, build, why = package_buckets(run, buckets, package)
     if why:
@@ -209,43 +216,105 @@ def packaged_buckets(
     def unused() -> Any:
         raise RuntimeError("a bucket's package was called with another input signature")
 
+    def load(b: int) -> Any:
+        info = built[b]
+        return PackagedModel.load(
+            package.with_name(info["file"]), model, info["inputs"], info["cudagraphs"], unused
+        )
+
     clock = DeviceClock.of(example)
-    reserved = clock.reserved if clock.device is not None else 0
-    loaded = {}
     try:
-        for b in buckets:
-            info = built[b]
-            b_args, b_kwargs = resize_batch(*example, b)
-            packaged = aoti.PackagedModel.load(
-                package.with_name(info["file"]), model, info["inputs"], info["cudagraphs"], unused
-            )
-            packaged.capture(b_args, b_kwargs)
-            if clock.device is not None:  # what this bucket holds: its graph's pool and folded weights
-                torch.cuda.synchronize()
-                now = torch.cuda.memory_reserved()
-                info["memory_gib"], reserved = (now - reserved) / 2**30, now
-            with torch.no_grad():
-                want, got = model(*b_args, **b_kwargs), packaged(*b_args, **b_kwargs)
-            cmp = compare_outputs(aoti.tensors(want), aoti.tensors(got), run.job.dtype)
-            if not cmp.ok:
-                raise aoti.PackageError(f"its outputs differ from eager ({cmp.detail})")
-            loaded[b] = packaged
-    except Exception as exc:
+        prepared = load_buckets(buckets, load, model, example, run.job.dtype, rows_independent)
+    except PlanLoadError as exc:
         for info in built.values():
             package.with_name(info["file"]).unlink(missing_ok=True)
-        return None, {}, build, f"bucket {b}: {type(exc).__name__}: {_first_line(exc)}"
+        return None, {}, build, str(exc)
+    for b, gib in prepared.memory_gib.items():  # what each bucket holds: its graph's share and folded weights
+        built[b]["memory_gib"] = gib
+    loaded = prepared.packages
     served = ServedModel(lambda dynamic: BucketPackages(loaded), profile, "buckets", buckets, example)
     served.prepare()
-    served.preparation = dataclasses.replace(served.preparation, **clock.since())  # loading included
+    served.preparation = dataclasses.replace(  # loading included
+        served.preparation, **clock.since(), steps=prepared.steps
+    )
     return served, built, build, ""
 
 
+def _release(cuda: bool) -> None:
+    """Free what a plan left behind before the next is measured."""
+    gc.collect()
+    if cuda:
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def dynamic_package(
+    run: JobRecord, model: Any, example: tuple, profile: Any, package: Path, record: dict, cuda: bool
+) -> None:
+    """The dynamic plan as a serving process loads it: one package for the profile's batch range
+    (built in a process of its own, `package_buckets`), loaded with `model`'s weights, checked and
+    captured as `compile_tuned` prepares it (`compiler.serving.plan_packages.load_dynamic`), and
+    timed at the traffic's sizes: `package_ms` and `package_prepare_s` beside the plan's
+    torch.compile figures in `plans.dynamic`. The package is recorded under `packages.dynamic`,
+    or, where it fails, removed and `package_error` says why (the plan is then served from the
+    bundle)."""
+    from compiler.serving.packaged import PackagedModel
+    from compiler.serving.plan_packages import DYNAMIC, PlanLoadError, load_dynamic
+    from compiler.serving.served import DeviceClock, ServedModel
+
+    batch = (profile.min, profile.max)
+    built, record["package_build"], why = package_buckets(run, [batch], package)
+    if why:
+        record["package_error"] = why
+        return
+    info = built[batch]
+    path = package.with_name(info["file"])
+
+    def unused() -> Any:
+        raise RuntimeError("the dynamic package was called with another input signature")
+
+    clock = DeviceClock.of(example)
+    try:
+        loaded = load_dynamic(
+            lambda: PackagedModel.load(path, model, info["inputs"], info["cudagraphs"], unused, batch),
+            model,
+            example,
+            batch,
+            run.job.dtype,
+        )
+    except PlanLoadError as exc:
+        path.unlink(missing_ok=True)
+        record["package_error"] = str(exc)
+        return
+    served = ServedModel(
+        lambda dynamic: loaded.serve(),
+        profile,
+        "dynamic",
+        [],
+        example,
+        cudagraphs=info["cudagraphs"],
+        rows_independent=bool(record["padding"].get("ok")),
+    )
+    served.prepare()
+    prep = dataclasses.replace(served.preparation, **clock.since())
+    timed = plan_record(served, prep, example, profile, cuda, [])
+    record["plans"]["dynamic"].update(
+        package_ms=timed["weighted_ms"], package_prepare_s=prep.prepare_s, prepare_steps=loaded.steps
+    )
+    record["packages"] = {
+        DYNAMIC: {k: info[k] for k in ("file", "inputs", "cudagraphs", "compile_s", "batch")}
+    }
+
+
 def package_buckets(
-    run: JobRecord, buckets: list[int], package: Path
-) -> tuple[dict[int, dict[str, Any]], dict[str, Any], str]:
+    run: JobRecord, buckets: list[Any], package: Path
+) -> tuple[dict[Any, dict[str, Any]], dict[str, Any], str]:
     """An AOTInductor package of the job's config per bucket, each built in a process of its own
     (`python -m workers.bench --bucket-package N FILE`: the model built as this job built it, its
-    inputs resized to the bucket) and written beside `package` as `<stem>-b<N>.pt2`.
+    inputs resized to the bucket) and written beside `package` as `<stem>-b<N>.pt2`. A bucket
+    given as (low, high) is the dynamic plan's package for that batch range (`LOW:HIGH`,
+    `<stem>-b<LOW>-<HIGH>.pt2`).
 
     A package's build is mostly one thread's C++ compile, so the builds run side by side: up to
     half this process's cores at once (`build_processes`), spread round-robin over the GPUs this
@@ -271,15 +340,16 @@ def package_buckets(
         while (pending and not error) or running:
             while pending and not error and len(running) < processes:
                 b = pending.pop(0)
-                path = package.with_name(f"{package.stem}-b{b}.pt2")
-                log = open(scratch / f"b{b}.log", "w")  # noqa: SIM115 (closed when the process ends)
+                path = package.with_name(f"{package.stem}-b{_label(b)}.pt2")
+                log = open(scratch / f"b{_label(b)}.log", "w")  # noqa: SIM115 (closed when the process ends)
                 child_env = dict(env)
                 if gpus:
                     child_env["CUDA_VISIBLE_DEVICES"] = gpus[started % len(gpus)]
                 started += 1
-                cmd = [sys.executable, "-m", "workers.bench", "--bucket-package", str(b), str(path)]
+                spec = f"{b[0]}:{b[1]}" if isinstance(b, tuple) else str(b)
+                cmd = [sys.executable, "-m", "workers.bench", "--bucket-package", spec, str(path)]
                 proc = subprocess.Popen(
-                    [*cmd, str(job_file), str(scratch / f"b{b}.json")],
+                    [*cmd, str(job_file), str(scratch / f"b{_label(b)}.json")],
                     env=child_env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -308,18 +378,18 @@ def package_buckets(
     build["wall_s"] = time.perf_counter() - t0
     if error:
         for b in buckets:
-            package.with_name(f"{package.stem}-b{b}.pt2").unlink(missing_ok=True)
+            package.with_name(f"{package.stem}-b{_label(b)}.pt2").unlink(missing_ok=True)
         return {}, build, error
     return done, build, ""
 
 
-def _bucket_outcome(bucket: int, returncode: int, path: Path, scratch: Path) -> tuple[dict | None, str]:
+def _bucket_outcome(bucket: Any, returncode: int, path: Path, scratch: Path) -> tuple[dict | None, str]:
     """A `--bucket-package` process's package (its file name, input signature, CUDA graphs,
-    compile seconds and build columns), or (None, why not: the error's first line, or the last
-    line of the log of a process that died)."""
+    compile seconds, batch range for a range's package, and build columns), or (None, why not:
+    the error's first line, or the last line of the log of a process that died)."""
     import json
 
-    result_file = scratch / f"b{bucket}.json"
+    result_file = scratch / f"b{_label(bucket)}.json"
     result = json.loads(result_file.read_text()) if result_file.exists() else {}
     if returncode == 0 and result.get("status") == "ok" and path.exists():
         return {
@@ -327,11 +397,18 @@ def _bucket_outcome(bucket: int, returncode: int, path: Path, scratch: Path) -> 
             "inputs": result["package_inputs"],
             "cudagraphs": result["package_cudagraphs"],
             "compile_s": result["package_compile_s"],
+            **({"batch": result["package_batch"]} if result.get("package_batch") else {}),
             "columns": {k: v for k, v in result.items() if k.startswith("package_")},
         }, ""
-    said = result.get("error") or (scratch / f"b{bucket}.log").read_text()[-2000:].strip()
+    said = result.get("error") or (scratch / f"b{_label(bucket)}.log").read_text()[-2000:].strip()
     line = (said.splitlines()[0] if result.get("error") else said.splitlines()[-1]) if said else ""
-    return None, f"bucket {bucket}: {result.get('status') or f'exit {returncode}'}: {line[:300]}"
+    name = f"batch range {bucket[0]}..{bucket[1]}" if isinstance(bucket, tuple) else f"bucket {bucket}"
+    return None, f"{name}: {result.get('status') or f'exit {returncode}'}: {line[:300]}"
+
+
+def _label(bucket: Any) -> str:
+    """A bucket's name in file names: its size, or `LOW-HIGH` for a batch range's package."""
+    return f"{bucket[0]}-{bucket[1]}" if isinstance(bucket, tuple) else str(bucket)
 
 
 def build_processes(builds: int) -> int:
