@@ -72,7 +72,7 @@ TABLE_STACK = {"python": "3.11", "torch": "2.13.0", "triton": "absent", "transfo
 FILE_S = {
     "tests/test_benchmarks.py": 500,
     "tests/test_pages_browser.py": 15,  # one browser launch for every page: kept on one worker
-    "tests/integration/test_tune.py": 154,
+    "tests/integration/test_tune.py": 75,
     "tests/integration/test_shared_cache.py": 60,  # its autotune test (124 s) is in the slow tier now
     "tests/integration/test_full_disk.py": 10,  # all but its tune test is in the slow tier now
     "tests/integration/test_output_safety.py": 90,

@@ -97,6 +97,7 @@ timeout_s: 240
 """
 
 
+@pytest.mark.slow  # two minutes of the default tier's 2 workers: its own tier (docs/testing.md)
 def test_tune_then_export_then_apply_in_a_fresh_process(tmp_path, capsys, monkeypatch):
     sweep, out, dest = tmp_path / "tune.yaml", tmp_path / "out", tmp_path / "export"
     sweep.write_text(TUNE_SWEEP)
