@@ -134,6 +134,7 @@ class PresetArtifacts:
         of `model`, captured and checked against eager on the example inputs resized
         (`compiler.serving.plan_packages`); None (with a warning where one failed) to prepare the
         plan from the bundle."""
+        from compiler.serving.padding import rows_proven_independent
         from compiler.serving.plan_packages import DYNAMIC, PlanLoadError, load_buckets, load_dynamic
         from compiler.serving.served import cuda_device
 
@@ -147,8 +148,6 @@ class PresetArtifacts:
             return None
         if plan not in ("buckets", "dynamic"):
             return None
-        # CUDA graphs only where the model runs on CUDA: an export written before build_package
-        # knew this marked CPU reduce-overhead packages for them too
         on_cuda = cuda_device((args, kwargs)) is not None
 
         def load(key: int | str) -> Any:
@@ -156,19 +155,16 @@ class PresetArtifacts:
             data = self.file(p["file"], "compiling the preset instead")
             if data is None:
                 raise PlanLoadError(key, "refused", "")
-            with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
-                path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
-                path.write_bytes(data)
-                cudagraphs = bool(p.get("cudagraphs")) and on_cuda
-                batch = tuple(p["batch"]) if p.get("batch") else None
-                return PackagedModel.load(path, model, p["inputs"], cudagraphs, compile_preset, batch)
+            batch = tuple(p["batch"]) if p.get("batch") else None
+            return _opened(
+                data, p["inputs"], bool(p.get("cudagraphs")), on_cuda, model, compile_preset, batch
+            )
 
         precision = self.applied.precision or "fp32"
         try:
             if plan == "buckets":
-                padding = serving.get("padding") or {}
-                rows_independent = bool(padding.get("ok") and padding.get("checked"))
-                loaded = load_buckets(buckets, load, model, (args, kwargs), precision, rows_independent)
+                independent = rows_proven_independent(serving.get("padding") or {})
+                loaded = load_buckets(buckets, load, model, (args, kwargs), precision, independent)
             else:
                 batch = tuple(packages[DYNAMIC]["batch"])
                 loaded = load_dynamic(lambda: load(DYNAMIC), model, (args, kwargs), batch, precision)
@@ -209,18 +205,8 @@ class PresetArtifacts:
         if data is None:
             return None, "refused"
         try:
-            with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
-                path = Path(scratch) / "package.pt2"  # exactly the bytes that were hashed
-                path.write_bytes(data)
-                packaged = PackagedModel.load(
-                    path,
-                    model,
-                    inputs,
-                    # CUDA graphs only where the model runs on CUDA: an export written before
-                    # build_package knew this marked CPU reduce-overhead packages for them too
-                    cudagraphs and device is not None and device.type == "cuda",
-                    compile_preset,
-                )
+            on_cuda = device is not None and device.type == "cuda"
+            packaged = _opened(data, inputs, cudagraphs, on_cuda, model, compile_preset)
             packaged.capture(args, kwargs)
             with torch.no_grad():
                 out = packaged(*args, **kwargs)
@@ -237,3 +223,22 @@ class PresetArtifacts:
             )
             return None, "failed"
         return packaged, "loaded"
+
+
+def _opened(
+    data: bytes,
+    inputs: Any,
+    cudagraphs: bool,
+    on_cuda: bool,
+    model: Any,
+    compile_preset: Callable[[], Any],
+    batch: tuple[int, int] | None = None,
+) -> PackagedModel:
+    """The package whose verified bytes are `data`, loaded with `model`'s weights
+    (`PackagedModel.load`) from a scratch file holding exactly those bytes. CUDA graphs only where
+    the model runs on CUDA (`on_cuda`): an export written before build_package knew this marked
+    CPU reduce-overhead packages for them too."""
+    with tempfile.TemporaryDirectory(prefix="compile-package-") as scratch:
+        path = Path(scratch) / "package.pt2"
+        path.write_bytes(data)
+        return PackagedModel.load(path, model, inputs, cudagraphs and on_cuda, compile_preset, batch)

@@ -95,19 +95,12 @@ def load_buckets(
     order = sorted(set(buckets), reverse=True)
     top = order[0]
     device = cuda_device(example)
-
-    def sync() -> None:
-        if device is not None:
-            torch.cuda.synchronize(device)
-
+    sync = _synchronizer(device)
     steps = dict.fromkeys(STEPS, 0.0)
 
     def eager(size: int) -> Any:
         t = time.perf_counter()
-        s_args, s_kwargs = resize_batch(*example, size)
-        with torch.no_grad():
-            out = model(*s_args, **s_kwargs)
-        sync()
+        out = _eager_at(model, example, size, sync)
         steps["reference_s"] += time.perf_counter() - t
         return out
 
@@ -130,16 +123,16 @@ def load_buckets(
             raise
         except Exception as exc:  # a package that will not load or run here
             raise PlanLoadError(bucket, "failed", f"{type(exc).__name__}: {_first_line(exc)}") from exc
-        pool = getattr(packaged, "pool", None) or pool
+        pool = packaged.pool or pool
         steps["load_s"] += t1 - t
         steps["capture_s"] += t2 - t1
         if device is not None:
             now = torch.cuda.memory_reserved(device)
             out.memory_gib[bucket], reserved = (now - reserved) / 2**30, now
         want = slice_batch(reference, top, bucket) if rows_independent else eager(bucket)
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
         cmp = compare_outputs(aoti.tensors(want), aoti.tensors(got), precision)
-        steps["check_s"] += time.perf_counter() - t2
+        steps["check_s"] += time.perf_counter() - t3
         if not cmp.ok:
             raise PlanLoadError(bucket, "failed", f"its outputs differ from eager ({cmp.detail})")
         out.packages[bucket] = packaged
@@ -165,21 +158,11 @@ def load_dynamic(
     from compiler.serving.served import cuda_device
 
     low, high = batch
-    device = cuda_device(example)
-
-    def sync() -> None:
-        if device is not None:
-            torch.cuda.synchronize(device)
-
+    sync = _synchronizer(cuda_device(example))
     steps = dict.fromkeys(STEPS, 0.0)
     ends = sorted({low, high})
     t = time.perf_counter()
-    references = {}
-    with torch.no_grad():
-        for size in ends:
-            s_args, s_kwargs = resize_batch(*example, size)
-            references[size] = model(*s_args, **s_kwargs)
-    sync()
+    references = {size: _eager_at(model, example, size, sync) for size in ends}
     steps["reference_s"] = time.perf_counter() - t
     try:
         t = time.perf_counter()
@@ -210,6 +193,29 @@ def load_dynamic(
             )
     steps["check_s"] = time.perf_counter() - t2
     return LoadedPlan({DYNAMIC: packaged}, steps)
+
+
+def _synchronizer(device: Any) -> Callable[[], None]:
+    """A function that waits for the CUDA `device` (or does nothing for None), so that a step's
+    seconds hold its GPU work."""
+    import torch
+
+    def sync() -> None:
+        if device is not None:
+            torch.cuda.synchronize(device)
+
+    return sync
+
+
+def _eager_at(model: Any, example: tuple[tuple, dict], size: int, sync: Callable[[], None]) -> Any:
+    """`model`'s eager outputs on `example` resized to `size` rows, its GPU work finished."""
+    import torch
+
+    s_args, s_kwargs = resize_batch(*example, size)
+    with torch.no_grad():
+        out = model(*s_args, **s_kwargs)
+    sync()
+    return out
 
 
 def _first_line(exc: BaseException) -> str:

@@ -55,7 +55,7 @@ def prepare_serving(
 
     from compiler import aoti
     from compiler.aoti import package_options, split_inputs
-    from compiler.serving.padding import check_ladder
+    from compiler.serving.padding import check_ladder, rows_proven_independent
     from compiler.serving.served import ServedModel
     from compiler.serving.traffic import ServingProfile, default_buckets, fine_buckets
 
@@ -77,7 +77,7 @@ def prepare_serving(
         if plan == "buckets" and packaged:
             assert package is not None
             served, built, build, why = packaged_buckets(
-                run, prepared, example, profile, buckets, package, bool(check.ok and check.checked)
+                run, prepared, example, profile, buckets, package, rows_proven_independent(check.to_dict())
             )
             record["package_build"] = build
             if served is None:
@@ -426,10 +426,6 @@ def visible_gpus() -> list[str]:
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0][:300] if str(exc) else ""
 
 
 def bucket_set(
