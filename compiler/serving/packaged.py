@@ -52,6 +52,16 @@ def fill_constants(runner: Any, model: Any, path: Path) -> dict[str, Any]:
     return constants
 
 
+def no_fallback(name: str) -> Callable[[], Callable[..., Any]]:
+    """A `PackagedModel` fallback for a package that only ever serves its own signature (a plan's
+    package being timed): calling it with another raises, naming the package (`name`)."""
+
+    def refuse() -> Callable[..., Any]:
+        raise RuntimeError(f"{name} was called with another input signature")
+
+    return refuse
+
+
 class PackagedModel:
     """The caller's model compiled ahead of time: calls with the package's input signature (any
     batch size within `batch`, for a package built for a range) run the package, replaying the

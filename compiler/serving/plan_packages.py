@@ -58,11 +58,18 @@ class LoadedPlan:
     """What `load_buckets` or `load_dynamic` prepared: the packages (per bucket, or the dynamic
     one under `DYNAMIC`), the seconds of each step (`STEPS`) and, on CUDA, the memory each bucket
     added to what the caching allocator reserves (GiB, in the order they were captured: the
-    largest bucket's includes the pool the others share)."""
+    largest bucket's includes the pool the others share). `bucket_s`: the seconds each bucket took
+    (loaded, captured and checked, its own eager reference included where it has one); the rest
+    of the steps' seconds (the one reference) is what any set of the buckets takes."""
 
     packages: dict[Any, Any]
     steps: dict[str, float] = field(default_factory=dict)
     memory_gib: dict[int, float] = field(default_factory=dict)
+    bucket_s: dict[int, float] = field(default_factory=dict)
+
+    def fixed_s(self) -> float:
+        """The steps' seconds that no one bucket took (`bucket_s`): the one eager reference."""
+        return max(0.0, sum(self.steps.values()) - sum(self.bucket_s.values()))
 
     def serve(self) -> Any:
         """The callable that serves the plan's calls (each at a size the plan prepared)."""
@@ -110,8 +117,8 @@ def load_buckets(
     pool = None
     for bucket in order:
         b_args, b_kwargs = resize_batch(*example, bucket)
+        t = time.perf_counter()
         try:
-            t = time.perf_counter()
             packaged = load(bucket)
             t1 = time.perf_counter()
             packaged.capture(b_args, b_kwargs, pool=pool)
@@ -136,7 +143,9 @@ def load_buckets(
         if not cmp.ok:
             raise PlanLoadError(bucket, "failed", f"its outputs differ from eager ({cmp.detail})")
         out.packages[bucket] = packaged
+        out.bucket_s[bucket] = time.perf_counter() - t
     out.packages = dict(sorted(out.packages.items()))
+    out.bucket_s = dict(sorted(out.bucket_s.items()))
     return out
 
 

@@ -3,18 +3,22 @@ bucket arithmetic serving plans are judged by.
 
 A sweep or tune file says it under `serving:` (sweep-wide or per model):
 
-    serving: {batch: {min: 1, max: 32}, traffic: {1: 0.4, 4: 0.2, 8: 0.2, 32: 0.2}, memory_gib: 2}
+    serving: {batch: {min: 1, max: 32}, traffic: {1: 0.4, 4: 0.2, 8: 0.2, 32: 0.2}, memory_gib: 2,
+              prepare_budget_s: 10}
 
 `traffic` weighs each batch size a service sends (sizes it leaves out weigh nothing; without it
 every size of the range weighs the same). `memory_gib`, where given, caps the GPU memory a bucket
-plan's graphs may hold (each bucket's CUDA-graph pool, as measured where the export builds it). The objective every plan is compared by is the
-traffic-weighted mean latency (`weighted_mean`): what an average request waits.
+plan's graphs may hold (each bucket's CUDA-graph pool, as measured where the export builds it);
+`prepare_budget_s` caps the seconds a serving process spends preparing a buckets plan of packages
+(loading, capturing and checking them, as measured in a fresh process where the export builds
+them). The objective every plan is compared by is the traffic-weighted mean latency
+(`weighted_mean`): what an average request waits.
 
 A bucket plan serves a size on the smallest bucket at least as large (`next_bucket`), padding the
 batch up and slicing the outputs back; `padded_latency` is what a size then costs, and
 `choose_buckets` picks the set that minimises the traffic-weighted padded latency from latencies
-measured at candidate buckets, under a cap on how many graphs the plan may hold or on the memory
-they hold.
+measured at candidate buckets, under a cap on how many graphs the plan may hold, on the memory
+they hold or on the seconds they take to prepare.
 
 This module imports nothing outside the standard library.
 """
@@ -43,6 +47,9 @@ class ServingProfile:
     traffic: tuple[tuple[int, float], ...]
     memory_gib: float | None = None
     """The most GPU memory a bucket plan's graphs may hold (None: no cap)."""
+    prepare_budget_s: float | None = None
+    """The most seconds a serving process may spend preparing a buckets plan of packages (None: no
+    cap)."""
 
     @classmethod
     def uniform(cls, low: int, high: int) -> ServingProfile:
@@ -64,12 +71,13 @@ class ServingProfile:
         else:
             weights = {int(s): float(w) for s, w in raw.items() if float(w) > 0}
         total = sum(weights.values())
-        memory = data.get("memory_gib")
+        memory, budget = data.get("memory_gib"), data.get(PREPARE_BUDGET)
         return cls(
             low,
             high,
             tuple(sorted((s, w / total) for s, w in weights.items())),
             None if memory is None else float(memory),
+            None if budget is None else float(budget),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,6 +86,7 @@ class ServingProfile:
             "batch": {"min": self.min, "max": self.max},
             "traffic": {str(s): round(w, 12) for s, w in self.traffic},
             **({"memory_gib": self.memory_gib} if self.memory_gib is not None else {}),
+            **({PREPARE_BUDGET: self.prepare_budget_s} if self.prepare_budget_s is not None else {}),
         }
 
     def sizes(self) -> list[int]:
@@ -96,7 +105,13 @@ class ServingProfile:
         else:
             spread = ", ".join(f"{s}: {w:.0%}" for s, w in self.traffic)
         cap = f", bucket memory at most {self.memory_gib:g} GiB" if self.memory_gib is not None else ""
+        if self.prepare_budget_s is not None:
+            cap += f", prepared in at most {self.prepare_budget_s:g} s"
         return f"batch {self.min}..{self.max}, traffic {spread}{cap}"
+
+
+PREPARE_BUDGET = "prepare_budget_s"
+"""The profile's key for the seconds a buckets plan of packages may take to prepare."""
 
 
 def profile_problems(data: Any) -> list[str]:
@@ -104,17 +119,19 @@ def profile_problems(data: Any) -> list[str]:
     key; [] when it is usable."""
     if not isinstance(data, Mapping):
         return ["`serving` must be a mapping such as {batch: {min: 1, max: 32}}"]
-    unknown = sorted(set(map(str, data)) - {"batch", "traffic", "memory_gib"})
+    unknown = sorted(set(map(str, data)) - {"batch", "traffic", "memory_gib", PREPARE_BUDGET})
     problems = (
-        [f"`serving` has unknown key(s) {', '.join(unknown)} (it takes batch, traffic and memory_gib)"]
+        [
+            f"`serving` has unknown key(s) {', '.join(unknown)} "
+            f"(it takes batch, traffic, memory_gib and {PREPARE_BUDGET})"
+        ]
         if unknown
         else []
     )
-    memory = data.get("memory_gib")
-    if memory is not None and (
-        isinstance(memory, bool) or not isinstance(memory, (int, float)) or not memory > 0
-    ):
-        problems.append(f"`serving.memory_gib` must be a number of GiB > 0, not {memory!r}")
+    for key, unit in (("memory_gib", "GiB"), (PREPARE_BUDGET, "seconds")):
+        cap = data.get(key)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+            problems.append(f"`serving.{key}` must be a number of {unit} > 0, not {cap!r}")
     batch = data.get("batch")
     if not isinstance(batch, Mapping) or set(map(str, batch)) != {"min", "max"}:
         return [*problems, "`serving.batch` must be {min: N, max: M}, the batch sizes the service sends"]
@@ -199,23 +216,36 @@ def choose_buckets(
     profile: ServingProfile,
     max_buckets: int,
     memory: Mapping[int, float] | None = None,
+    prepare: Mapping[int, float] | None = None,
+    prepare_fixed_s: float = 0.0,
 ) -> list[int]:
     """The bucket set, at most `max_buckets` of the sizes measured in `at_size` (latency per size;
     it must hold a size >= the profile's max), that minimises the traffic-weighted padded latency.
     Exact: dynamic programming over the measured sizes in order (each bucket serves the sizes
     above the bucket before it). With the profile's `memory_gib` and `memory` (GiB each bucket
-    holds), the set must also fit the cap (`_choose_under_memory`)."""
+    holds), and with its `prepare_budget_s` and `prepare` (seconds each bucket takes to prepare,
+    beside `prepare_fixed_s` that any set takes), the set must also fit each cap
+    (`_choose_under_caps`)."""
     candidates = sorted(s for s in at_size if s >= profile.min)
     if not candidates or candidates[-1] < profile.max:
         raise ValueError(f"no measured size reaches the profile's max {profile.max}: {candidates}")
     candidates = [c for c in candidates if c < profile.max] + [min(c for c in candidates if c >= profile.max)]
-    weights = profile.weights()
+    up_to = {0: 0.0}  # the traffic's weight of the sizes up to each candidate
+    for c in candidates:
+        up_to[c] = sum(w for s, w in profile.traffic if s <= c)
 
     def cost(lower: int, bucket: int) -> float:  # the sizes in (lower, bucket], served by `bucket`
-        return sum(w for s, w in weights.items() if lower < s <= bucket) * at_size[bucket]
+        return (up_to[bucket] - up_to[lower]) * at_size[bucket]
 
+    caps = []
     if profile.memory_gib is not None and memory is not None:
-        return _choose_under_memory(candidates, cost, memory, profile.memory_gib)
+        caps.append((dict(memory), profile.memory_gib))
+    if profile.prepare_budget_s is not None and prepare is not None:
+        seconds = dict(prepare)  # the fixed part goes with the largest bucket, which every set holds
+        seconds[candidates[-1]] = seconds[candidates[-1]] + prepare_fixed_s
+        caps.append((seconds, profile.prepare_budget_s))
+    if caps:
+        return _choose_under_caps(candidates, cost, caps)
 
     n, k_max = len(candidates), max(1, max_buckets)
     inf = float("inf")
@@ -236,37 +266,46 @@ def choose_buckets(
     return sorted(chosen)
 
 
-MEMORY_STEPS = 1000
-"""The memory cap's resolution in `_choose_under_memory`: each bucket's memory is rounded up to a
-thousandth of the cap, so a chosen set never exceeds it."""
+CAP_STEPS = 1000
+"""A cap's resolution in `_choose_under_caps`: what each bucket uses is rounded up to a thousandth
+of the cap, so a chosen set never exceeds it."""
 
 
-def _choose_under_memory(
-    candidates: list[int], cost: Any, memory: Mapping[int, float], cap: float
+def _choose_under_caps(
+    candidates: list[int], cost: Any, caps: list[tuple[Mapping[int, float], float]]
 ) -> list[int]:
     """The bucket set of least traffic-weighted padded latency (`cost(lower, bucket)`) whose
-    buckets' memory sums to at most `cap` (ties to fewer buckets): dynamic programming over the
-    candidates in order and the memory used, in `MEMORY_STEPS` steps of the cap. Where even the
-    largest bucket alone does not fit, that bucket alone (every plan needs it)."""
+    buckets' use of each resource sums to at most its cap (`caps`: per bucket its use, and the
+    cap; ties to fewer buckets): dynamic programming over the candidates in order and the
+    resources used, in `CAP_STEPS` steps of each cap, keeping per candidate only the states no
+    other beats on latency and every resource at once. Where even the largest bucket alone does
+    not fit, that bucket alone (every plan needs it)."""
     import math
 
-    units = {c: math.ceil(memory[c] / cap * MEMORY_STEPS - 1e-9) for c in candidates}
+    units = {c: tuple(math.ceil(use[c] / cap * CAP_STEPS - 1e-9) for use, cap in caps) for c in candidates}
+
+    def fits(used: tuple[int, ...]) -> bool:
+        return all(u <= CAP_STEPS for u in used)
+
+    # best[j][used]: (cost, buckets) serving the sizes up to candidates[j], with candidates[j] a
+    # bucket and `used` steps of each cap taken; back[j][used] the bucket before it (-1: none)
+    best: list[dict[tuple[int, ...], tuple[float, int]]] = [{} for _ in candidates]
+    back: list[dict[tuple[int, ...], int]] = [{} for _ in candidates]
     inf = (float("inf"), 0)
-    # best[j][m]: (cost, buckets) serving the sizes up to candidates[j], with candidates[j] a
-    # bucket and m steps of memory used; back[j][m] the bucket before it (-1: none)
-    best = [dict[int, tuple[float, int]]() for _ in candidates]
-    back: list[dict[int, int]] = [{} for _ in candidates]
     for j, c in enumerate(candidates):
-        if units[c] <= MEMORY_STEPS:
+        if fits(units[c]):
             best[j][units[c]], back[j][units[c]] = (cost(0, c), 1), -1
         for i in range(j):
+            step = cost(candidates[i], c)
             for m, (value, count) in best[i].items():
-                used = m + units[c]
-                if used > MEMORY_STEPS:
+                used = tuple(a + b for a, b in zip(m, units[c], strict=True))
+                if not fits(used):
                     continue
-                option = (value + cost(candidates[i], c), count + 1)
+                option = (value + step, count + 1)
                 if option < best[j].get(used, inf):
                     best[j][used], back[j][used] = option, i
+        if len(caps) == 2:  # (with one cap, at most `CAP_STEPS` states each: all kept)
+            best[j] = _undominated(best[j])
     last = len(candidates) - 1
     if not best[last]:
         return [candidates[last]]
@@ -275,8 +314,32 @@ def _choose_under_memory(
     while j >= 0:
         chosen.append(candidates[j])
         i = back[j][m]
-        m, j = m - units[candidates[j]], i
+        m, j = tuple(a - b for a, b in zip(m, units[candidates[j]], strict=True)), i
     return sorted(chosen)
+
+
+def _undominated(
+    states: dict[tuple[int, ...], tuple[float, int]],
+) -> dict[tuple[int, ...], tuple[float, int]]:
+    """The states (steps of two caps used: (cost, buckets)) that no other state matches or beats
+    on cost and on both caps: in order of cost, a state is kept where no state kept before it used
+    at most as much of both (a Fenwick tree of the least second use by first use, `CAP_STEPS`
+    steps each)."""
+    size = CAP_STEPS + 1
+    tree = [size] * (size + 1)  # prefix minima of the second cap's use, over the first's
+    kept: dict[tuple[int, ...], tuple[float, int]] = {}
+    for used, value in sorted(states.items(), key=lambda kv: (kv[1], kv[0])):
+        first, second = used
+        least, i = size, first + 1
+        while i > 0:
+            least, i = min(least, tree[i]), i - (i & -i)
+        if least <= second:
+            continue
+        kept[used] = value
+        i = first + 1
+        while i <= size:
+            tree[i], i = min(tree[i], second), i + (i & -i)
+    return kept
 
 
 def as_profile(value: Any) -> ServingProfile | None:

@@ -84,6 +84,7 @@ def serving_line(serving: dict[str, Any] | None) -> str:
             if serving.get("package_error")
             else ""
         )
+    packed += _cold_clause(serving)
     stock = serving.get("stock") or {}
     if serving.get("vs_stock") is not None:
         gain = serving["vs_stock"]
@@ -103,6 +104,21 @@ def serving_line(serving: dict[str, Any] | None) -> str:
             f"bs{bs} {m['ratio']:.2f}x the fastest ({m['best']})" for bs, m in miss.items()
         )
     return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed}){packed}{against}"
+
+
+def _cold_clause(serving: dict[str, Any]) -> str:
+    """The export line's words for a buckets plan under a prepare budget: its chosen set's cold
+    prepare as measured, or why the budget was not applied; "" without a budget."""
+    budget = ServingProfile.from_dict(serving["profile"]).prepare_budget_s
+    plan = (serving.get("plans") or {}).get("buckets") or {}
+    if serving["plan"] != "buckets" or budget is None:
+        return ""
+    if plan.get("cold_prepare_s") is not None:
+        over = ": OVER BUDGET" if plan["cold_prepare_s"] > budget else ""
+        return f", prepared cold in {plan['cold_prepare_s']:.1f} s (budget {budget:g} s){over}"
+    if plan.get("cold_prepare_error"):
+        return f", prepare budget not applied (no cold prepare: {plan['cold_prepare_error'][:200]})"
+    return ", prepare budget not applied (it weighs packages' cold prepare; this plan has none)"
 
 
 def config_miss(rows: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, dict[str, Any]]:

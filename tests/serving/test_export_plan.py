@@ -195,6 +195,14 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
     assert serving_line({**buckets, "package_error": "bucket 4: boom"}).endswith(
         ", no bucket packages (bucket 4: boom)"
     )
+    budget = {**PROFILE, "prepare_budget_s": 10}
+    cold = {**packed, "profile": budget, "plans": {"buckets": {"weighted_ms": 0.2, "cold_prepare_s": 8.04}}}
+    assert serving_line(cold).endswith(", a package per bucket (22 s), prepared cold in 8.0 s (budget 10 s)")
+    cold["plans"]["buckets"]["cold_prepare_s"] = 12.5
+    assert serving_line(cold).endswith("prepared cold in 12.5 s (budget 10 s): OVER BUDGET")
+    cold["plans"]["buckets"] = {"weighted_ms": 0.2, "cold_prepare_error": "exit 1"}
+    assert serving_line(cold).endswith(", prepare budget not applied (no cold prepare: exit 1)")
+    assert serving_line({**buckets, "profile": budget}).endswith("this plan has none)")
 
 
 def test_the_export_says_what_one_config_for_the_range_misses_at_the_other_swept_sizes():
@@ -317,10 +325,16 @@ def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_p
 def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processes_of_their_own(tmp_path):
     """With packages, the buckets plan is timed as it will be served: a package per bucket of the
     finer ladder, each built by a `workers.bench --bucket-package` process, loaded and checked in
-    the bundle job; the chosen buckets' packages stay, the preset's own is its batch's bucket. A
-    model torch.export cannot capture gets `package_error` and the plan compiled instead."""
+    the bundle job; the chosen buckets' packages stay, the preset's own is its batch's bucket.
+    Under a prepare budget, the packages are prepared cold in a fresh process, each bucket's
+    seconds weighed, and the chosen set prepared cold once more. A model torch.export cannot
+    capture gets `package_error` and the plan compiled instead."""
+    from compiler.serving.plan_packages import STEPS
+    from orchestrator.tune.sweep_models import serving_line
+
     dest = tmp_path / "export"
-    profile = {"batch": {"min": 3, "max": 4}}  # two buckets: 3 and 4 (the preset's batch)
+    # two buckets: 3 and 4 (the preset's batch); a budget no set fits: the largest bucket alone
+    profile = {"batch": {"min": 3, "max": 4}, "prepare_budget_s": 0.001}
     got = {}
     for factory in ("mlp", "checked"):
         stock = {"mode": "default", "dtype": "fp32"} if factory == "mlp" else None
@@ -331,10 +345,20 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
     assert s["plans"]["buckets"]["from"] == "packages" and "package_error" not in s, s
     assert s["package_build"]["buckets"] == 2 and s["package_build"]["processes"] >= 1, s
     assert sorted(map(int, s["plans"]["buckets"]["ladder_ms"])) == [3, 4], s
+    cold = s["plans"]["buckets"]
+    assert cold["buckets"] == [4] and sorted(map(int, cold["bucket_prepare_s"])) == [3, 4], cold
+    assert all(v > 0 for v in cold["bucket_prepare_s"].values()) and cold["prepare_fixed_s"] >= 0, cold
+    assert cold["cold_prepare_s"] > 0 and set(cold["cold_prepare_steps"]) == set(STEPS), cold
+    assert s["plan"] == "dynamic" or "(budget 0.001 s): OVER BUDGET" in serving_line(s), serving_line(s)
     kept = set(s.get("packages") or {})
-    assert kept == ({str(b) for b in s["buckets"]} if s["plan"] == "buckets" else set()), s
     on_disk = {p.name for p in (dest / "packages").iterdir()}
-    assert on_disk == {"mlp.pt2", *(f"mlp-b{b}.pt2" for b in kept)}, on_disk
+    if s["plan"] == "buckets":
+        assert kept == {str(b) for b in s["buckets"]}, s
+        assert on_disk == {"mlp.pt2", *(f"mlp-b{b}.pt2" for b in kept)}, on_disk
+    else:  # the MLP's plans run within noise of each other: the dynamic one ships its own package
+        assert kept == {"dynamic"} and s["packages"]["dynamic"]["batch"] == [3, 4], s
+        assert s["plans"]["dynamic"]["package_build"]["buckets"] == 1, s  # beside the buckets' build
+        assert on_disk == {"mlp.pt2", "mlp-b3-4.pt2"}, on_disk
     assert got["mlp"]["package_from_bucket"] == 4 and got["mlp"]["package_inputs"] == [
         [[4, 128], "float32", "cpu"]
     ]
@@ -370,6 +394,7 @@ def test_a_model_whose_rows_interact_ships_one_package_for_its_range_served_with
     assert p["inputs"] == [[[None, 32], "float32", "cpu"]], p
     dynamic = s["plans"]["dynamic"]
     assert dynamic["package_ms"] > 0 and set(dynamic["prepare_steps"]) == set(STEPS), dynamic
+    assert dynamic["package_build"]["buckets"] == 1 and "package_build" not in s, s  # no buckets built
     assert (dest / "packages" / p["file"]).exists()
     assert "one package for batch 1..10" in serving_line(s)
 

@@ -52,6 +52,23 @@ def test_one_eager_reference_at_the_largest_bucket_and_buckets_captured_largest_
         assert torch.allclose(served(x=x), model(x=x))
 
 
+def test_each_bucket_is_timed_apart_from_the_one_reference_every_set_of_them_takes():
+    """`bucket_s` is what the export's bucket choice weighs against a prepare budget: a bucket
+    whose capture takes long is charged with it, and the one eager reference is no bucket's."""
+    import time
+
+    class SlowCapture(EagerPackage):
+        def capture(self, args, kwargs, pool=None):
+            if kwargs["x"].shape[0] == 8:
+                time.sleep(0.3)
+
+    model, inputs = toy_mlp(3)
+    loaded = load_buckets([2, 8, 4], lambda b: SlowCapture(model, []), model, ((), inputs), "fp32", True)
+    assert list(loaded.bucket_s) == [2, 4, 8] and loaded.bucket_s[8] >= 0.3, loaded.bucket_s
+    assert loaded.steps["capture_s"] >= 0.3 and loaded.fixed_s() >= 0.0
+    assert sum(loaded.bucket_s.values()) >= sum(loaded.steps.values()) - loaded.steps["reference_s"] - 1e-9
+
+
 def test_a_package_that_does_not_reproduce_eager_is_named_by_its_bucket():
     model, inputs = toy_mlp(3)
     other, _ = toy_mlp(3)

@@ -117,6 +117,53 @@ def test_under_a_memory_cap_choose_buckets_is_the_exact_optimum_of_the_sets_that
     assert any("memory_gib" in p for p in profile_problems({"batch": {"min": 1, "max": 2}, "memory_gib": -1}))
 
 
+def test_under_a_prepare_budget_choose_buckets_is_the_exact_optimum_of_the_sets_that_fit():
+    """Each bucket's cold prepare seconds and the seconds any set takes (the one reference) must
+    fit the profile's `prepare_budget_s`; with a memory cap too, both must hold."""
+    traffic = {1: 5, 3: 1, 7: 2, 12: 3}
+    at = {s: 0.4 + 0.05 * s + (0.3 if s in (5, 9) else 0.0) for s in range(1, 13)}
+    seconds = {s: 0.5 + 0.1 * (s % 4) for s in range(1, 13)}  # cold prepare per bucket
+    memory = {s: 0.1 + 0.02 * s for s in range(1, 13)}
+    fixed = 0.7
+    for budget, cap in ((1.0, None), (2.0, None), (3.5, None), (3.5, 0.6), (6.0, 0.9), (100.0, None)):
+        profile = ServingProfile.from_dict(
+            {
+                "batch": {"min": 1, "max": 12},
+                "traffic": traffic,
+                "prepare_budget_s": budget,
+                **({"memory_gib": cap} if cap else {}),
+            }
+        )
+        chosen = choose_buckets(at, profile, 12, memory if cap else None, seconds, fixed)
+        assert chosen[-1] == 12, chosen
+        fits = [
+            [*c, 12]
+            for n in range(12)
+            for c in itertools.combinations(range(1, 12), n)
+            if fixed + sum(seconds[b] for b in (*c, 12)) <= budget * (1 - 2e-3)  # a step of rounding each
+            and (cap is None or sum(memory[b] for b in (*c, 12)) <= cap * (1 - 2e-3))
+        ]
+        if not fits:  # even the largest bucket alone is over: that bucket alone
+            assert chosen == [12], (budget, chosen)
+            continue
+        assert fixed + sum(seconds[b] for b in chosen) <= budget + 1e-9, (budget, chosen)
+        assert cap is None or sum(memory[b] for b in chosen) <= cap + 1e-9, (cap, chosen)
+        best = min(weighted_mean(padded_latency(f, at, profile), profile) for f in fits)
+        assert weighted_mean(padded_latency(chosen, at, profile), profile) <= best + 1e-12, (budget, chosen)
+    unbounded = ServingProfile.from_dict({"batch": {"min": 1, "max": 12}, "traffic": traffic})
+    assert choose_buckets(at, profile, 12, None, seconds, fixed) == choose_buckets(at, unbounded, 12)
+    assert choose_buckets(at, unbounded, 12, None, seconds, 1e9) == choose_buckets(
+        at, unbounded, 12
+    )  # no cap
+    capped = ServingProfile.from_dict({"batch": {"min": 1, "max": 12}, "prepare_budget_s": 10})
+    assert "prepared in at most 10 s" in capped.describe()
+    assert ServingProfile.from_dict(capped.to_dict()).prepare_budget_s == 10.0
+    assert "prepare_budget_s" not in unbounded.to_dict()
+    for bad in (0, -1, "10", True):
+        problems = profile_problems({"batch": {"min": 1, "max": 2}, "prepare_budget_s": bad})
+        assert any("`serving.prepare_budget_s` must be a number of seconds > 0" in p for p in problems), bad
+
+
 def test_the_export_drops_a_bucket_whose_sizes_the_next_one_up_serves_as_fast():
     from workers.bench.serving import bucket_set
 

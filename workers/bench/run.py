@@ -223,10 +223,22 @@ class JobRun(JobRecord):
             return self.fail("runtime_error", exc)
         self.result["status"] = "ok"
 
+    def run_serving_prepare(self, spec: dict) -> None:
+        """A buckets plan's packages prepared cold (`workers.bench.serving_prepare.serve_prepare`),
+        in this process of its own: `spec` names the packages and how their outputs are checked."""
+        from workers.bench.serving_prepare import serve_prepare
+
+        self.imports()
+        try:
+            serve_prepare(self, spec)
+        except Exception as exc:
+            return self.fail("runtime_error", exc)
+        self.result["status"] = "ok"
+
 
 USAGE = (
     "usage: python -m workers.bench [--warm | --repeat K | --bundle FILE [--package FILE] [--serving JSON] "
-    "| --bucket-package N|LOW:HIGH FILE | --serving-stock JSON] JOB.json RESULT.json"
+    "| --bucket-package N|LOW:HIGH FILE | --serving-stock JSON | --serving-prepare JSON] JOB.json RESULT.json"
 )
 
 
@@ -242,9 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warm = bool(argv) and argv[0] == "--warm"
     repeat = 1
-    bundle = package = serving = bucket = stock = None
+    bundle = package = serving = bucket = stock = cold = None
     if warm:
         argv = argv[1:]
+    elif len(argv) >= 2 and argv[0] == "--serving-prepare":
+        cold, argv = json.loads(argv[1]), argv[2:]
     elif len(argv) >= 2 and argv[0] == "--serving-stock":
         stock, argv = json.loads(argv[1]), argv[2:]
     elif len(argv) >= 3 and argv[0] == "--bucket-package" and _bucket(argv[1]) is not None:
@@ -279,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             run.run_bucket_package(bucket, package)
         elif stock is not None and bundle is None:
             run.run_serving_stock(stock)
+        elif cold is not None:
+            run.run_serving_prepare(cold)
         elif bundle is not None:
             run.run_bundle(bundle, package, serving, stock)
         else:

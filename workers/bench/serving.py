@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.bench.record import JobRecord
+from workers.bench.serving_prepare import from_packages, under_budget
 from workers.bench.serving_stock import TIMED_CALLS, helper_process, stock_under_traffic
 
 TIMED_SIZES = 64
@@ -74,8 +75,7 @@ def prepare_serving(
     built: dict[int, dict[str, Any]] = {}
     for plan in ("buckets", "dynamic") if check.ok else ("dynamic",):
         served = None
-        if plan == "buckets" and packaged:
-            assert package is not None
+        if plan == "buckets" and package is not None and packaged:
             served, built, build, why = packaged_buckets(
                 run, prepared, example, profile, buckets, package, rows_proven_independent(check.to_dict())
             )
@@ -96,11 +96,12 @@ def prepare_serving(
         else:
             prep = served.preparation
         memory = {b: built[b]["memory_gib"] for b in built} if built and cuda and plan == "buckets" else None
+        cold = under_budget(run, profile, built, buckets, package, check) if plan == "buckets" else None
         plans[plan] = plan_record(
-            served, prep, example, profile, cuda, buckets if plan == "buckets" else [], memory
+            served, prep, example, profile, cuda, buckets if plan == "buckets" else [], memory, cold
         )
-        if built and plan == "buckets":
-            plans[plan]["from"] = "packages"
+        if built and plan == "buckets":  # timed on packages; where budgeted, the chosen set prepared cold
+            plans[plan].update(from_packages(run, built, plans[plan]["buckets"], package, check, cold))
         served = prep = None  # the next plan's memory is measured without this one's
         _release(cuda)
     chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
@@ -130,11 +131,13 @@ def plan_record(
     cuda: bool,
     buckets: list[int],
     memory: dict[int, float] | None = None,
+    cold: dict[str, Any] | None = None,
 ) -> dict:
     """A prepared plan's record: its latency at every size of the traffic (`time_sizes`) and their
     traffic-weighted mean, what preparing it cost (`prep`, a `Preparation`), and for a buckets
     plan (`buckets`) the set chosen from them (`bucket_set`; under the profile's memory cap where
-    `memory` says what each bucket holds, GiB)."""
+    `memory` says what each bucket holds, GiB, and under its prepare budget where `cold` says
+    what each bucket took to prepare cold, `cold_prepare`)."""
     from compiler.serving.traffic import weighted_mean
 
     at_size, at_bucket = time_sizes(served, example, profile, cuda, buckets)
@@ -150,7 +153,7 @@ def plan_record(
     if prep.steps:
         record["prepare_steps"] = prep.steps
     if buckets:
-        record.update(bucket_set(at_bucket, profile, memory))
+        record.update(bucket_set(at_bucket, profile, memory, cold))
     return record
 
 
@@ -205,7 +208,7 @@ def packaged_buckets(
     size, then prepared as `compile_tuned` prepares it. (the prepared `ServedModel`, what was
     built by bucket, the build's wall time, processes and GPUs, "") or (None, {}, that, why not);
     the preparation's time and memory include loading the packages."""
-    from compiler.serving.packaged import PackagedModel
+    from compiler.serving.packaged import PackagedModel, no_fallback
     from compiler.serving.plan_packages import BucketPackages, PlanLoadError, load_buckets
     from compiler.serving.served import DeviceClock, ServedModel
 
@@ -213,13 +216,14 @@ def packaged_buckets(
     if why:
         return None, {}, build, why
 
-    def unused() -> Any:
-        raise RuntimeError("a bucket's package was called with another input signature")
-
     def load(b: int) -> Any:
         info = built[b]
         return PackagedModel.load(
-            package.with_name(info["file"]), model, info["inputs"], info["cudagraphs"], unused
+            package.with_name(info["file"]),
+            model,
+            info["inputs"],
+            info["cudagraphs"],
+            no_fallback(f"bucket {b}'s package"),
         )
 
     clock = DeviceClock.of(example)
@@ -259,25 +263,25 @@ def dynamic_package(
     torch.compile figures in `plans.dynamic`. The package is recorded under `packages.dynamic`,
     or, where it fails, removed and `package_error` says why (the plan is then served from the
     bundle)."""
-    from compiler.serving.packaged import PackagedModel
+    from compiler.serving.packaged import PackagedModel, no_fallback
     from compiler.serving.plan_packages import DYNAMIC, PlanLoadError, load_dynamic
     from compiler.serving.served import DeviceClock, ServedModel
 
     batch = (profile.min, profile.max)
-    built, record["package_build"], why = package_buckets(run, [batch], package)
+    built, build, why = package_buckets(run, [batch], package)
+    record["plans"]["dynamic"]["package_build"] = build  # the buckets' own build stays `package_build`
     if why:
         record["package_error"] = why
         return
     info = built[batch]
     path = package.with_name(info["file"])
 
-    def unused() -> Any:
-        raise RuntimeError("the dynamic package was called with another input signature")
-
     clock = DeviceClock.of(example)
     try:
         loaded = load_dynamic(
-            lambda: PackagedModel.load(path, model, info["inputs"], info["cudagraphs"], unused, batch),
+            lambda: PackagedModel.load(
+                path, model, info["inputs"], info["cudagraphs"], no_fallback("the dynamic package"), batch
+            ),
             model,
             example,
             batch,
@@ -429,17 +433,24 @@ def visible_gpus() -> list[str]:
 
 
 def bucket_set(
-    at_bucket: dict[int, float], profile: Any, memory: dict[int, float] | None = None
+    at_bucket: dict[int, float],
+    profile: Any,
+    memory: dict[int, float] | None = None,
+    cold: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The buckets plan's set, chosen from the ladder's buckets by their measured latencies
     (`compiler.serving.traffic.choose_buckets`: the least traffic-weighted padded latency, ties to
     fewer buckets; a bucket is dropped where the next one up serves its sizes as fast; with the
-    profile's `memory_gib` and `memory`, GiB per bucket, the best set that fits), and that set's
-    weighted latency, which the plans are compared by (`weighted_ms`; the full ladder's, as
-    measured, is `ladder_ms`; each bucket's memory `bucket_gib`)."""
+    profile's `memory_gib` and `memory`, GiB per bucket, the best set that fits; with its
+    `prepare_budget_s` and `cold`, the ladder prepared cold (`cold_prepare`), the best set whose
+    cold seconds fit), and that set's weighted latency, which the plans are compared by
+    (`weighted_ms`; the full ladder's, as measured, is `ladder_ms`; each bucket's memory
+    `bucket_gib`, its cold seconds `bucket_prepare_s`)."""
     from compiler.serving.traffic import choose_buckets, padded_latency, weighted_mean
 
-    chosen = choose_buckets(at_bucket, profile, len(at_bucket), memory)
+    seconds = {int(b): s for b, s in cold["bucket_s"].items()} if cold and "error" not in cold else None
+    fixed = cold["fixed_s"] if seconds is not None else 0.0
+    chosen = choose_buckets(at_bucket, profile, len(at_bucket), memory, seconds, fixed)
     record = {
         "buckets": chosen,
         "ladder_ms": {str(b): at_bucket[b] for b in sorted(at_bucket)},
@@ -448,6 +459,9 @@ def bucket_set(
     if memory is not None:
         record["bucket_gib"] = {str(b): memory[b] for b in sorted(memory)}
         record["memory_gib"] = sum(memory[b] for b in chosen)
+    if seconds is not None:
+        record["bucket_prepare_s"] = {str(b): seconds[b] for b in sorted(seconds)}
+        record["prepare_fixed_s"] = fixed
     return record
 
 

@@ -19,7 +19,7 @@ TIMED_CALLS = 5
 
 def helper_process(run: JobRecord, scratch: Path) -> tuple[dict[str, str], Path]:
     """(the environment, the job file in `scratch`) of a process this job starts to work on its
-    behalf (`--bucket-package`, `--serving-stock`): its parent is this process, and it neither
+    behalf (`--bucket-package`, `--serving-stock`, `--serving-prepare`): its parent is this process, and it neither
     waits at this job's gate nor takes the cores of a process started ahead."""
     import json
 
@@ -37,20 +37,30 @@ def helper_process(run: JobRecord, scratch: Path) -> tuple[dict[str, str], Path]
 
 def stock_under_traffic(run: JobRecord, profile: Any, stock: dict[str, Any]) -> dict[str, Any]:
     """The stock user (`stock`: its torch.compile mode and dtype) under `profile`'s traffic, timed
-    in a fresh process (`python -m workers.bench --serving-stock`, `serve_stock`): its figures,
-    or `error` saying why there are none."""
+    in a fresh process (`python -m workers.bench --serving-stock`, `serve_stock`, compiling with
+    a cache of its own): its figures, or `error` saying why there are none."""
+    spec = {**stock, "profile": profile.to_dict()}
+    return {**stock, **helper_result(run, "--serving-stock", spec, "serving_stock", cold_cache=True)}
+
+
+def helper_result(
+    run: JobRecord, flag: str, spec: dict[str, Any], key: str, cold_cache: bool = False
+) -> dict[str, Any]:
+    """Run `python -m workers.bench FLAG JSON JOB.json RESULT.json` as this job's helper process
+    (`helper_process`; with `cold_cache`, an Inductor cache of its own, as a stock user compiles
+    cold) and return its result's `key`, or {"error": the first line of why there is none}."""
     import json
     import subprocess
     import sys
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="serving-stock-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"{flag.strip('-')}-") as scratch:
         env, job_file = helper_process(run, Path(scratch))
-        env["TORCHINDUCTOR_CACHE_DIR"] = f"{scratch}/inductor"  # a stock user compiles cold
+        if cold_cache:
+            env["TORCHINDUCTOR_CACHE_DIR"] = f"{scratch}/inductor"
         result_file = Path(scratch) / "result.json"
-        spec = json.dumps({**stock, "profile": profile.to_dict()})
         done = subprocess.run(
-            [sys.executable, "-m", "workers.bench", "--serving-stock", spec, str(job_file), str(result_file)],
+            [sys.executable, "-m", "workers.bench", flag, json.dumps(spec), str(job_file), str(result_file)],
             env=env,
             capture_output=True,
             text=True,
@@ -59,8 +69,8 @@ def stock_under_traffic(run: JobRecord, profile: Any, stock: dict[str, Any]) -> 
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
     if result.get("status") != "ok":
         said = result.get("error") or done.stderr[-2000:].strip() or f"exit {done.returncode}"
-        return {**stock, "error": said.splitlines()[0][:300]}
-    return {**stock, **result["serving_stock"]}
+        return {"error": said.splitlines()[0][:300]}
+    return result[key]
 
 
 def serve_stock(run: JobRecord, spec: dict[str, Any]) -> None:

@@ -1,0 +1,130 @@
+"""A buckets plan's packages prepared cold, for the export's serving phase
+(`workers.bench.serving`) where the profile caps the seconds a serving process may spend preparing
+(`prepare_budget_s`): in a fresh process of its own (`python -m workers.bench --serving-prepare
+JSON`), the model built as the job builds it, the packages loaded, captured and checked by the
+code `compile_tuned` runs (`compiler.serving.plan_packages.load_buckets`).
+
+Cold, because the job's own process is warm: its padding check already ran the model eagerly at
+the ladder's sizes, and a shape's first call (cuDNN plans, lazily loaded kernels, the library
+handles) is much of what a serving process pays per bucket. What each bucket took there is what
+the bucket choice weighs against the budget (`compiler.serving.traffic.choose_buckets`); the
+chosen set is then prepared cold once more, so the export records what it measured, not a sum."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from workers.bench.record import JobRecord
+from workers.bench.serving_stock import helper_result
+
+
+def cold_prepare(
+    run: JobRecord,
+    package: Path,
+    built: dict[int, dict[str, Any]],
+    buckets: list[int],
+    rows_independent: bool,
+) -> dict[str, Any]:
+    """`buckets`' packages (of `built`, beside `package`) prepared as a serving process prepares
+    them, in a fresh process (`serve_prepare`): `prepare_s` (their load, capture and check, the
+    eager reference included), `steps`, `bucket_s` (per bucket, as JSON keys) and `fixed_s` (what
+    no one bucket took); or `error` saying why there are none."""
+    spec = {
+        "dir": str(package.parent),
+        "packages": {str(b): {k: built[b][k] for k in ("file", "inputs", "cudagraphs")} for b in buckets},
+        "rows_independent": rows_independent,
+    }
+    return helper_result(run, "--serving-prepare", spec, "serving_prepare")
+
+
+def under_budget(
+    run: JobRecord,
+    profile: Any,
+    built: dict[int, dict[str, Any]],
+    buckets: list[int],
+    package: Any,
+    check: Any,
+) -> dict[str, Any] | None:
+    """Where the profile caps the buckets plan's prepare (`prepare_budget_s`) and its packages were
+    `built`, every bucket's package prepared cold in a fresh process
+    (`workers.bench.serving_prepare.cold_prepare`): what the bucket choice weighs; else None."""
+    from compiler.serving.padding import rows_proven_independent
+
+    if profile.prepare_budget_s is None or not built:
+        return None
+    return cold_prepare(run, package, built, buckets, rows_proven_independent(check.to_dict()))
+
+
+def from_packages(
+    run: JobRecord,
+    built: dict[int, dict[str, Any]],
+    chosen: list[int],
+    package: Any,
+    check: Any,
+    ladder: dict | None,
+) -> dict[str, Any]:
+    """What a buckets plan timed on packages adds to its record: `from`, and where a prepare budget
+    was weighed (`ladder`: the ladder's cold prepare, `under_budget`) the chosen buckets' cold
+    prepare as measured (`cold_prepare_s`, `cold_prepare_steps`): the ladder's own run where every
+    bucket was chosen, else a fresh one of the chosen set; `cold_prepare_error` where the cold
+    runs failed (then the budget was not applied)."""
+    from compiler.serving.padding import rows_proven_independent
+
+    if ladder is None:
+        return {"from": "packages"}
+    if "error" in ladder:
+        return {"from": "packages", "cold_prepare_error": ladder["error"]}
+    same = {int(b) for b in ladder["bucket_s"]} == set(chosen)
+    got = (
+        ladder
+        if same
+        else cold_prepare(run, package, built, chosen, rows_proven_independent(check.to_dict()))
+    )
+    if "error" in got:
+        return {"from": "packages", "cold_prepare_error": got["error"]}
+    return {"from": "packages", "cold_prepare_s": got["prepare_s"], "cold_prepare_steps": got["steps"]}
+
+
+def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
+    """In a process of its own: the model built as the job builds it (channels-last where its
+    config says so), then `spec["packages"]` (per bucket its file in `spec["dir"]`, input
+    signature and CUDA graphs) loaded, captured and checked against eager
+    (`load_buckets`, with `spec["rows_independent"]` as the padding check found), timed from the
+    first load to the last check. `run.result["serving_prepare"]`: `cold_prepare`'s figures."""
+    from compiler.aoti import split_inputs
+    from compiler.serving.packaged import PackagedModel, no_fallback
+    from compiler.serving.plan_packages import load_buckets
+    from compiler.serving.served import DeviceClock
+
+    model, input_sets, _ = run.build(keep_fp32_copy=False)
+    cfg = run.job.config
+    prepared = cfg.prepare_model(model) if cfg.channels_last else model
+    example = split_inputs(input_sets[0])
+    folder = Path(spec["dir"])
+    packages = {int(b): info for b, info in spec["packages"].items()}
+
+    def load(b: int) -> Any:
+        info = packages[b]
+        return PackagedModel.load(
+            folder / info["file"],
+            prepared,
+            info["inputs"],
+            info["cudagraphs"],
+            no_fallback(f"bucket {b}'s package"),
+        )
+
+    clock = DeviceClock.of(example)
+    t0 = time.perf_counter()
+    loaded = load_buckets(
+        sorted(packages), load, prepared, example, run.job.dtype, bool(spec["rows_independent"])
+    )
+    seconds = time.perf_counter() - t0
+    run.result["serving_prepare"] = {
+        "prepare_s": seconds,
+        "steps": loaded.steps,
+        "bucket_s": {str(b): s for b, s in loaded.bucket_s.items()},
+        "fixed_s": loaded.fixed_s(),
+        **{k: v for k, v in clock.since().items() if k != "prepare_s"},
+    }
