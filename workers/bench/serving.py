@@ -321,8 +321,9 @@ def package_buckets(
     `<stem>-b<LOW>-<HIGH>.pt2`).
 
     A package's build is mostly one thread's C++ compile, so the builds run side by side: up to
-    half this process's cores at once (`build_processes`), spread round-robin over the GPUs this
-    process sees, each with its share of the cores for Inductor's compile workers. Returns (per
+    half this process's cores at once (`build_processes`), each on the GPU this process sees
+    with the fewest builds running (`least_busy`), each with its share of the cores for
+    Inductor's compile workers. Returns (per
     bucket its file name, input signature, CUDA graphs, compile seconds and build columns; the
     build's wall time, processes and GPUs; "") or ({}, that, why not) after the first failure,
     the other builds stopped and every file removed."""
@@ -338,7 +339,7 @@ def package_buckets(
     env, job_file = helper_process(run, scratch)
     env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
     pending, running, done = list(buckets), {}, {}
-    error, started = "", 0
+    error, on_gpu = "", {}
     t0 = time.perf_counter()
     try:
         while (pending and not error) or running:
@@ -348,8 +349,9 @@ def package_buckets(
                 log = open(scratch / f"b{_label(b)}.log", "w")  # noqa: SIM115 (closed when the process ends)
                 child_env = dict(env)
                 if gpus:
-                    child_env["CUDA_VISIBLE_DEVICES"] = gpus[started % len(gpus)]
-                started += 1
+                    on_gpu[b] = child_env["CUDA_VISIBLE_DEVICES"] = least_busy(
+                        gpus, [on_gpu[r] for r in running]
+                    )
                 spec = f"{b[0]}:{b[1]}" if isinstance(b, tuple) else str(b)
                 cmd = [sys.executable, "-m", "workers.bench", "--bucket-package", spec, str(path)]
                 proc = subprocess.Popen(
@@ -419,6 +421,12 @@ def build_processes(builds: int) -> int:
     """How many package builds run at once: half this process's cores (a build's C++ compile is
     one thread, its Triton kernels a few more), at least one, at most `builds`."""
     return max(1, min(builds, len(os.sched_getaffinity(0)) // 2))
+
+
+def least_busy(gpus: list[str], busy: list[str]) -> str:
+    """Of `gpus`, the one running the fewest of the builds now running (`busy`, each build's GPU);
+    the first listed of those tied."""
+    return min(gpus, key=lambda g: (busy.count(g), gpus.index(g)))
 
 
 def visible_gpus() -> list[str]:
