@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from compiler.config import CompileConfig
 from compiler.hardware import hardware_class
 from compiler.serving import compile_tuned
 from compiler.serving.served import graph_count
@@ -47,7 +48,6 @@ def test_a_buckets_plan_of_packages_is_captured_at_load_and_served_without_dynam
     """Each bucket's AOTInductor package of a reduce-overhead preset, loaded with the caller's
     weights and captured in a CUDA graph at load: no Dynamo graph at all, every size served."""
     from compiler import aoti
-    from compiler.config import CompileConfig
 
     torch._dynamo.reset()
     config = CompileConfig(name="ro", mode="reduce-overhead")
@@ -93,7 +93,6 @@ def test_a_dynamic_plan_package_captures_every_size_of_its_range_and_serves_with
     preset for a model whose rows interact: a CUDA graph per size captured at load into one pool,
     each size's outputs eager's at that size, no Dynamo graph at all."""
     from compiler import aoti
-    from compiler.config import CompileConfig
 
     torch._dynamo.reset()
     model, inputs = toy.batch_centered(4)
@@ -139,3 +138,38 @@ def test_a_dynamic_plan_package_captures_every_size_of_its_range_and_serves_with
         with torch.no_grad():
             torch.testing.assert_close(out, model(x=x), rtol=1e-3, atol=1e-3)
     assert graph_count() == before, "Dynamo compiled something"
+
+
+def test_the_export_job_prepares_a_budgeted_buckets_plan_cold_under_cuda_graphs(tmp_path):
+    """The bundle job of a reduce-overhead preset on CUDA with packages and a prepare budget: each
+    bucket's package built, loaded and captured in a CUDA graph in the job, then prepared cold in a
+    fresh process (`--serving-prepare`), its seconds per bucket weighed against the budget and the
+    chosen set prepared cold once more."""
+    from compiler.job import Job, MeasureSpec, ModelSpec
+    from compiler.serving.plan_packages import STEPS
+    from workers.runner import build_bundle
+
+    dest = tmp_path / "export"
+    (dest / "bundles").mkdir(parents=True)
+    (dest / "packages").mkdir()
+    job = Job(
+        sweep="export",
+        hardware=hardware_class("cuda"),
+        device="cuda",
+        model=ModelSpec(id="python:workers.toy:mlp", name="mlp"),
+        batch_size=4,
+        dtype="fp32",
+        config=CompileConfig(name="ro", mode="reduce-overhead"),
+        measure=MeasureSpec(),
+        timeout_s=600,
+    )
+    profile = {"batch": {"min": 3, "max": 4}, "prepare_budget_s": 60}
+    result = build_bundle(
+        job, dest / "bundles" / "mlp.bin", 1, str(tmp_path), dest / "packages" / "mlp.pt2", profile
+    )
+    assert result["status"] == "ok", result.get("error")
+    b = result["serving"]["plans"]["buckets"]
+    assert b["from"] == "packages" and "cold_prepare_error" not in b, b
+    assert sorted(map(int, b["bucket_prepare_s"])) == [3, 4] and b["cold_prepare_s"] > 0, b
+    assert set(b["cold_prepare_steps"]) == set(STEPS) and b["cold_prepare_steps"]["capture_s"] > 0, b
+    assert b["cold_prepare_s"] <= 60 or b["buckets"] == [4], b  # within the budget, or the largest alone
