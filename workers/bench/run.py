@@ -211,26 +211,14 @@ class JobRun(JobRecord):
         self.result.update(info)
         self.result["status"] = "ok"
 
-    def run_serving_stock(self, spec: dict) -> None:
-        """The stock user under a serving profile's traffic (`workers.bench.serving.serve_stock`),
-        in this process of its own: `spec` is the profile, the torch.compile mode and the dtype."""
-        from workers.bench.serving_stock import serve_stock
-
+    def run_helper(self, work: Any, spec: dict) -> None:
+        """A job's helper work in this process of its own: `work(self, spec)`, the stock user under
+        a serving profile's traffic (`workers.bench.serving_stock.serve_stock`, `--serving-stock`)
+        or a buckets plan's packages prepared cold (`workers.bench.serving_prepare.serve_prepare`,
+        `--serving-prepare`); an exception it raises is the result's `runtime_error`."""
         self.imports()
         try:
-            serve_stock(self, spec)
-        except Exception as exc:
-            return self.fail("runtime_error", exc)
-        self.result["status"] = "ok"
-
-    def run_serving_prepare(self, spec: dict) -> None:
-        """A buckets plan's packages prepared cold (`workers.bench.serving_prepare.serve_prepare`),
-        in this process of its own: `spec` names the packages and how their outputs are checked."""
-        from workers.bench.serving_prepare import serve_prepare
-
-        self.imports()
-        try:
-            serve_prepare(self, spec)
+            work(self, spec)
         except Exception as exc:
             return self.fail("runtime_error", exc)
         self.result["status"] = "ok"
@@ -292,9 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         elif bucket is not None:
             run.run_bucket_package(bucket, package)
         elif stock is not None and bundle is None:
-            run.run_serving_stock(stock)
+            from workers.bench.serving_stock import serve_stock
+
+            run.run_helper(serve_stock, stock)
         elif cold is not None:
-            run.run_serving_prepare(cold)
+            from workers.bench.serving_prepare import serve_prepare
+
+            run.run_helper(serve_prepare, cold)
         elif bundle is not None:
             run.run_bundle(bundle, package, serving, stock)
         else:

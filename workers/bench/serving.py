@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.bench.record import JobRecord
-from workers.bench.serving_prepare import from_packages, under_budget
+from workers.bench.serving_prepare import bucket_loader, from_packages, under_budget
 from workers.bench.serving_stock import TIMED_CALLS, helper_process, stock_under_traffic
 
 TIMED_SIZES = 64
@@ -67,6 +67,7 @@ def prepare_serving(
     packaged = package is not None and not aoti.packageable(cfg)
     ladder = fine_buckets if packaged else default_buckets
     buckets, check = check_ladder(model, *example, profile.min, profile.max, run.job.dtype, ladder)
+    independent = rows_proven_independent(check.to_dict())
     kwargs = cfg.compile_kwargs()
     prepared = cfg.prepare_model(model) if cfg.channels_last else model
     cuda = run.job.device == "cuda"
@@ -77,7 +78,7 @@ def prepare_serving(
         served = None
         if plan == "buckets" and package is not None and packaged:
             served, built, build, why = packaged_buckets(
-                run, prepared, example, profile, buckets, package, rows_proven_independent(check.to_dict())
+                run, prepared, example, profile, buckets, package, independent
             )
             record["package_build"] = build
             if served is None:
@@ -96,12 +97,12 @@ def prepare_serving(
         else:
             prep = served.preparation
         memory = {b: built[b]["memory_gib"] for b in built} if built and cuda and plan == "buckets" else None
-        cold = under_budget(run, profile, built, buckets, package, check) if plan == "buckets" else None
+        cold = under_budget(run, profile, built, buckets, package, independent) if plan == "buckets" else None
         plans[plan] = plan_record(
             served, prep, example, profile, cuda, buckets if plan == "buckets" else [], memory, cold
         )
         if built and plan == "buckets":  # timed on packages; where budgeted, the chosen set prepared cold
-            plans[plan].update(from_packages(run, built, plans[plan]["buckets"], package, check, cold))
+            plans[plan].update(from_packages(run, built, plans[plan]["buckets"], package, independent, cold))
         served = prep = None  # the next plan's memory is measured without this one's
         _release(cuda)
     chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
@@ -208,7 +209,6 @@ def packaged_buckets(
     size, then prepared as `compile_tuned` prepares it. (the prepared `ServedModel`, what was
     built by bucket, the build's wall time, processes and GPUs, "") or (None, {}, that, why not);
     the preparation's time and memory include loading the packages."""
-    from compiler.serving.packaged import PackagedModel, no_fallback
     from compiler.serving.plan_packages import BucketPackages, PlanLoadError, load_buckets
     from compiler.serving.served import DeviceClock, ServedModel
 
@@ -216,19 +216,16 @@ def packaged_buckets(
     if why:
         return None, {}, build, why
 
-    def load(b: int) -> Any:
-        info = built[b]
-        return PackagedModel.load(
-            package.with_name(info["file"]),
-            model,
-            info["inputs"],
-            info["cudagraphs"],
-            no_fallback(f"bucket {b}'s package"),
-        )
-
     clock = DeviceClock.of(example)
     try:
-        prepared = load_buckets(buckets, load, model, example, run.job.dtype, rows_independent)
+        prepared = load_buckets(
+            buckets,
+            bucket_loader(package.parent, built, model),
+            model,
+            example,
+            run.job.dtype,
+            rows_independent,
+        )
     except PlanLoadError as exc:
         for info in built.values():
             package.with_name(info["file"]).unlink(missing_ok=True)

@@ -12,7 +12,6 @@ chosen set is then prepared cold once more, so the export records what it measur
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +44,14 @@ def under_budget(
     built: dict[int, dict[str, Any]],
     buckets: list[int],
     package: Any,
-    check: Any,
+    rows_independent: bool,
 ) -> dict[str, Any] | None:
     """Where the profile caps the buckets plan's prepare (`prepare_budget_s`) and its packages were
-    `built`, every bucket's package prepared cold in a fresh process
-    (`workers.bench.serving_prepare.cold_prepare`): what the bucket choice weighs; else None."""
-    from compiler.serving.padding import rows_proven_independent
-
+    `built`, every bucket's package prepared cold in a fresh process (`cold_prepare`): what the
+    bucket choice weighs; else None."""
     if profile.prepare_budget_s is None or not built:
         return None
-    return cold_prepare(run, package, built, buckets, rows_proven_independent(check.to_dict()))
+    return cold_prepare(run, package, built, buckets, rows_independent)
 
 
 def from_packages(
@@ -62,7 +59,7 @@ def from_packages(
     built: dict[int, dict[str, Any]],
     chosen: list[int],
     package: Any,
-    check: Any,
+    rows_independent: bool,
     ladder: dict | None,
 ) -> dict[str, Any]:
     """What a buckets plan timed on packages adds to its record: `from`, and where a prepare budget
@@ -70,18 +67,12 @@ def from_packages(
     prepare as measured (`cold_prepare_s`, `cold_prepare_steps`): the ladder's own run where every
     bucket was chosen, else a fresh one of the chosen set; `cold_prepare_error` where the cold
     runs failed (then the budget was not applied)."""
-    from compiler.serving.padding import rows_proven_independent
-
     if ladder is None:
         return {"from": "packages"}
     if "error" in ladder:
         return {"from": "packages", "cold_prepare_error": ladder["error"]}
     same = {int(b) for b in ladder["bucket_s"]} == set(chosen)
-    got = (
-        ladder
-        if same
-        else cold_prepare(run, package, built, chosen, rows_proven_independent(check.to_dict()))
-    )
+    got = ladder if same else cold_prepare(run, package, built, chosen, rows_independent)
     if "error" in got:
         return {"from": "packages", "cold_prepare_error": got["error"]}
     return {"from": "packages", "cold_prepare_s": got["prepare_s"], "cold_prepare_steps": got["steps"]}
@@ -94,7 +85,6 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
     (`load_buckets`, with `spec["rows_independent"]` as the padding check found), timed from the
     first load to the last check. `run.result["serving_prepare"]`: `cold_prepare`'s figures."""
     from compiler.aoti import split_inputs
-    from compiler.serving.packaged import PackagedModel, no_fallback
     from compiler.serving.plan_packages import load_buckets
     from compiler.serving.served import DeviceClock
 
@@ -102,29 +92,34 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
     cfg = run.job.config
     prepared = cfg.prepare_model(model) if cfg.channels_last else model
     example = split_inputs(input_sets[0])
-    folder = Path(spec["dir"])
     packages = {int(b): info for b, info in spec["packages"].items()}
+    load = bucket_loader(Path(spec["dir"]), packages, prepared)
+    clock = DeviceClock.of(example)
+    loaded = load_buckets(
+        sorted(packages), load, prepared, example, run.job.dtype, bool(spec["rows_independent"])
+    )
+    run.result["serving_prepare"] = {
+        **clock.since(),  # prepare_s: from the first load to the last check; on CUDA, the memory
+        "steps": loaded.steps,
+        "bucket_s": {str(b): s for b, s in loaded.bucket_s.items()},
+        "fixed_s": loaded.fixed_s(),
+    }
+
+
+def bucket_loader(folder: Path, packages: dict[int, dict[str, Any]], model: Any) -> Any:
+    """`load_buckets`' `load`: bucket N's package (`packages[N]`: its file in `folder`, input
+    signature and CUDA graphs, as `package_buckets` built it) loaded with `model`'s weights, for
+    the job's own timing and for the cold prepare alike."""
+    from compiler.serving.packaged import PackagedModel, no_fallback
 
     def load(b: int) -> Any:
         info = packages[b]
         return PackagedModel.load(
             folder / info["file"],
-            prepared,
+            model,
             info["inputs"],
             info["cudagraphs"],
             no_fallback(f"bucket {b}'s package"),
         )
 
-    clock = DeviceClock.of(example)
-    t0 = time.perf_counter()
-    loaded = load_buckets(
-        sorted(packages), load, prepared, example, run.job.dtype, bool(spec["rows_independent"])
-    )
-    seconds = time.perf_counter() - t0
-    run.result["serving_prepare"] = {
-        "prepare_s": seconds,
-        "steps": loaded.steps,
-        "bucket_s": {str(b): s for b, s in loaded.bucket_s.items()},
-        "fixed_s": loaded.fixed_s(),
-        **{k: v for k, v in clock.since().items() if k != "prepare_s"},
-    }
+    return load

@@ -19,8 +19,9 @@ TIMED_CALLS = 5
 
 def helper_process(run: JobRecord, scratch: Path) -> tuple[dict[str, str], Path]:
     """(the environment, the job file in `scratch`) of a process this job starts to work on its
-    behalf (`--bucket-package`, `--serving-stock`, `--serving-prepare`): its parent is this process, and it neither
-    waits at this job's gate nor takes the cores of a process started ahead."""
+    behalf (`--bucket-package`, `--serving-stock`, `--serving-prepare`): its parent is this
+    process, and it neither waits at this job's gate nor takes the cores of a process started
+    ahead."""
     import json
 
     from workers.affinity import AHEAD_AFFINITY_ENV
