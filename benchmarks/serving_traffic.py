@@ -138,6 +138,7 @@ def child(side: str, args: argparse.Namespace) -> dict:
     `READY` once prepared and replays when a line arrives on its stdin (`serving_oracle.run_oracle`)."""
     import torch
 
+    from compiler.env import process_facts
     from compiler.serving.padding import resize_batch
     from compiler.serving.served import graph_count
 
@@ -173,6 +174,7 @@ def child(side: str, args: argparse.Namespace) -> dict:
     graphs = graph_count()
     return {
         "side": side,
+        "process": process_facts(),
         "prepare_s": prepare_s,
         "compiles_after_prepare": None if graphs is None or graphs0 is None else graphs - graphs0,
         "requests": requests,
@@ -325,7 +327,8 @@ def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side
         "peak_mem_gib": (sides["served"]["peak_mem_bytes"] or 0) / 2**30,
         "plan_mem_gib": (serving.get("reserved_bytes") or 0) / 2**30,
         "package": (sides["served"]["applied"] or {}).get("package"),
-        **({"prepare_steps": serving["prepare_steps"]} if serving.get("prepare_steps") else {}),
+        **{k: serving[k] for k in ("prepare_steps", "bucket_prepare_s") if serving.get(k)},
+        "process": sides["served"].get("process") or {},
     }
 
 

@@ -174,6 +174,22 @@ def describe(device: str) -> dict[str, Any]:
     return env
 
 
+def process_facts() -> dict[str, Any]:
+    """What of this process can change how fast it prepares and serves a model, beside the GPU:
+    the cores it may run on (`cpus`, as `format_cpus` writes them), their NUMA nodes and
+    torch's intra-op threads."""
+    import os
+
+    import torch
+
+    cpus = os.sched_getaffinity(0)
+    return {
+        "cpus": format_cpus(cpus),
+        "cpu_numa_nodes": cpu_numa_nodes(cpus),
+        "threads": torch.get_num_threads(),
+    }
+
+
 def format_cpus(cpus: Iterable[int]) -> str:
     """0,1,2,3,8 -> "0-3,8"."""
     ordered = sorted(set(cpus))

@@ -92,6 +92,19 @@ def test_job_process_pins_itself_from_the_environment():
     assert affinity_text == format_cpus(CPUS) and pinned is False and "could not pin to cores 999999" in note
 
 
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two cores to pin to fewer than it may use")
+def test_a_pinned_process_unpins_itself_onto_every_core_it_may_use():
+    """A helper that stands in for a serving process (`--serving-prepare`) inherits the job's
+    pinning from its parent; `unpin` widens it again, to what this (unpinned) test runs on."""
+    code = (
+        "import os; from workers.affinity import unpin; "
+        f"os.sched_setaffinity(0, {{{CPUS[-1]}}}); print(len(os.sched_getaffinity(0)), unpin())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, after = out.stdout.split()
+    assert before == "1" and parse_cpus(after) >= set(CPUS), out.stdout
+
+
 def test_held_cores_counts_the_cores_another_holder_has_locked(lock_dir):
     """What a sweep checks at its start: cores another sweep's jobs hold; checking takes no lock."""
     assert affinity.held_cores(lock_dir) == (0, len(os.sched_getaffinity(0)))

@@ -267,6 +267,7 @@ def test_serving_traffic_oracle_of_packages_serves_every_size_from_its_own_packa
     out = bench("serving_traffic.py", "--small", "--oracle", "packages", "--save", str(save), timeout=900)
     assert table_row(out, "oracle")[2] == "0", out  # nothing compiled once the packages were loaded
     oracle = json.loads(save.read_text())["sides"]["oracle"]
+    assert oracle["process"]["threads"] >= 1 and oracle["process"]["cpus"], oracle["process"]
     assert oracle["package_build"]["buckets"] == 4, oracle["package_build"]  # sizes 1..4, a package each
     serving = oracle["applied"]["serving"]
     assert serving["buckets"] == [1, 2, 3, 4] and serving["prepare_graphs"] == 0, serving

@@ -157,3 +157,12 @@ def pin_from_environment() -> tuple[str, bool, str | None]:
         except (ValueError, OSError) as exc:
             note = f"could not pin to cores {wanted}: {exc}"
     return format_cpus(os.sched_getaffinity(0)), pinned, note
+
+
+def unpin() -> str:
+    """Undo a pinning this process inherited: let it run on every core the node lets it use (the
+    kernel keeps a cpuset's limit), as a process a user starts would. Returns the affinity it now
+    has, as "0-3"; where the node refuses, the one it had."""
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    return format_cpus(os.sched_getaffinity(0))

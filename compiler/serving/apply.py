@@ -359,6 +359,8 @@ class _Tuning:
         )
         if loaded is not None:  # loading and capturing the packages is part of preparing the plan
             self.applied.serving.update(loading.since(), prepare_steps=loaded.steps)
+            if loaded.bucket_s:  # what each bucket's package took, its first run and capture included
+                self.applied.serving["bucket_prepare_s"] = {str(b): s for b, s in loaded.bucket_s.items()}
         return served
 
     def _cast_call(self) -> tuple[tuple, dict]:

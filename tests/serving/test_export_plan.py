@@ -302,6 +302,9 @@ def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_p
     )  # no Dynamo at all
     assert got["compiles"] == 0 and got["worst"] < 1e-4, got
     assert set(applied["serving"]["prepare_steps"]) == {"reference_s", "load_s", "capture_s", "check_s"}
+    per_bucket = applied["serving"]["bucket_prepare_s"]
+    assert set(per_bucket) == {"2", "4", "8"} and all(s > 0 for s in per_bucket.values()), per_bucket
+    assert sum(per_bucket.values()) <= applied["serving"]["prepare_s"], applied["serving"]
 
     # the buckets' packages run on the caller's weights, not on a copy each
     import torch
@@ -349,6 +352,13 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
     assert cold["buckets"] == [4] and sorted(map(int, cold["bucket_prepare_s"])) == [3, 4], cold
     assert all(v > 0 for v in cold["bucket_prepare_s"].values()) and cold["prepare_fixed_s"] >= 0, cold
     assert cold["cold_prepare_s"] > 0 and set(cold["cold_prepare_steps"]) == set(STEPS), cold
+    # it ran as a serving process a user starts: on every core this test may use, not the job's
+    import os
+
+    from compiler.env import parse_cpus
+
+    ran = cold["cold_prepare_process"]
+    assert parse_cpus(ran["cpus"]) >= os.sched_getaffinity(0) and ran["threads"] >= 1, ran
     assert s["plan"] == "dynamic" or "(budget 0.001 s): OVER BUDGET" in serving_line(s), serving_line(s)
     kept = set(s.get("packages") or {})
     on_disk = {p.name for p in (dest / "packages").iterdir()}

@@ -8,7 +8,11 @@ Cold, because the job's own process is warm: its padding check already ran the m
 the ladder's sizes, and a shape's first call (cuDNN plans, lazily loaded kernels, the library
 handles) is much of what a serving process pays per bucket. What each bucket took there is what
 the bucket choice weighs against the budget (`compiler.serving.traffic.choose_buckets`); the
-chosen set is then prepared cold once more, so the export records what it measured, not a sum."""
+chosen set is then prepared cold once more, so the export records what it measured, not a sum.
+
+The process stands in for a serving process a user starts: it leaves the job's cores and thread
+caps behind (`helper_process(plain=True)`, `workers.affinity.unpin`), and records the cores,
+NUMA nodes and threads it ran with (`compiler.env.process_facts`)."""
 
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ def cold_prepare(
         "packages": {str(b): {k: built[b][k] for k in ("file", "inputs", "cudagraphs")} for b in buckets},
         "rows_independent": rows_independent,
     }
-    return helper_result(run, "--serving-prepare", spec, "serving_prepare")
+    return helper_result(run, "--serving-prepare", spec, "serving_prepare", plain=True)
 
 
 def under_budget(
@@ -75,7 +79,12 @@ def from_packages(
     got = ladder if same else cold_prepare(run, package, built, chosen, rows_independent)
     if "error" in got:
         return {"from": "packages", "cold_prepare_error": got["error"]}
-    return {"from": "packages", "cold_prepare_s": got["prepare_s"], "cold_prepare_steps": got["steps"]}
+    return {
+        "from": "packages",
+        "cold_prepare_s": got["prepare_s"],
+        "cold_prepare_steps": got["steps"],
+        "cold_prepare_process": got.get("process") or {},
+    }
 
 
 def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
@@ -85,6 +94,7 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
     (`load_buckets`, with `spec["rows_independent"]` as the padding check found), timed from the
     first load to the last check. `run.result["serving_prepare"]`: `cold_prepare`'s figures."""
     from compiler.aoti import split_inputs
+    from compiler.env import process_facts
     from compiler.serving.plan_packages import load_buckets
     from compiler.serving.served import DeviceClock
 
@@ -103,6 +113,7 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
         "steps": loaded.steps,
         "bucket_s": {str(b): s for b, s in loaded.bucket_s.items()},
         "fixed_s": loaded.fixed_s(),
+        "process": process_facts(),
     }
 
 

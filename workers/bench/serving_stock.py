@@ -17,19 +17,26 @@ TIMED_CALLS = 5
 """Timed calls per size (after one untimed call), their median the size's latency."""
 
 
-def helper_process(run: JobRecord, scratch: Path) -> tuple[dict[str, str], Path]:
+PLAIN_DROPS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+"""What a `plain` helper's environment leaves out of the job's: its thread caps
+(`workers.runner.job_environment`); its cores (`AFFINITY_ENV`) as well."""
+
+
+def helper_process(run: JobRecord, scratch: Path, plain: bool = False) -> tuple[dict[str, str], Path]:
     """(the environment, the job file in `scratch`) of a process this job starts to work on its
     behalf (`--bucket-package`, `--serving-stock`, `--serving-prepare`): its parent is this
     process, and it neither waits at this job's gate nor takes the cores of a process started
-    ahead."""
+    ahead. A `plain` one (a serving process's stand-in, `--serving-prepare`) has neither the
+    job's thread caps nor its cores in its environment; it leaves the job's pinning itself
+    (`workers.affinity.unpin`)."""
     import json
 
-    from workers.affinity import AHEAD_AFFINITY_ENV
+    from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV
     from workers.bench import PARENT_PID_ENV
     from workers.bench.gate import GATE_FD_ENV
 
     env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
-    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV):
+    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV, *((AFFINITY_ENV, *PLAIN_DROPS) if plain else ())):
         env.pop(name, None)
     job_file = scratch / "job.json"
     job_file.write_text(json.dumps(run.job.to_dict()))
@@ -45,18 +52,19 @@ def stock_under_traffic(run: JobRecord, profile: Any, stock: dict[str, Any]) -> 
 
 
 def helper_result(
-    run: JobRecord, flag: str, spec: dict[str, Any], key: str, cold_cache: bool = False
+    run: JobRecord, flag: str, spec: dict[str, Any], key: str, cold_cache: bool = False, plain: bool = False
 ) -> dict[str, Any]:
     """Run `python -m workers.bench FLAG JSON JOB.json RESULT.json` as this job's helper process
-    (`helper_process`; with `cold_cache`, an Inductor cache of its own, as a stock user compiles
-    cold) and return its result's `key`, or {"error": the first line of why there is none}."""
+    (`helper_process`, `plain` or not; with `cold_cache`, an Inductor cache of its own, as a stock
+    user compiles cold) and return its result's `key`, or {"error": the first line of why there
+    is none}."""
     import json
     import subprocess
     import sys
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix=f"{flag.strip('-')}-") as scratch:
-        env, job_file = helper_process(run, Path(scratch))
+        env, job_file = helper_process(run, Path(scratch), plain)
         if cold_cache:
             env["TORCHINDUCTOR_CACHE_DIR"] = f"{scratch}/inductor"
         result_file = Path(scratch) / "result.json"

@@ -1,0 +1,32 @@
+"""The processes an export job starts on its behalf (`workers.bench.serving_stock.helper_process`):
+a package build or the stock user keeps the job's thread caps and cores; the cold prepare, which
+stands in for a serving process a user starts, leaves both behind."""
+
+from __future__ import annotations
+
+from compiler.config import CompileConfig
+from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV
+from workers.bench import PARENT_PID_ENV
+from workers.bench.run import JobRun
+from workers.bench.serving_stock import PLAIN_DROPS, helper_process
+
+JOB = {"model_spec": {"id": "python:workers.toy:mlp", "name": "mlp"}, "batch_size": 2}
+
+
+def test_a_plain_helper_has_neither_the_jobs_thread_caps_nor_its_cores(tmp_path, monkeypatch):
+    import json
+    import os
+
+    run = JobRun.for_preset("t", "cpu", JOB, CompileConfig(name="default"), "fp32")
+    for name in (AFFINITY_ENV, AHEAD_AFFINITY_ENV, *PLAIN_DROPS):
+        monkeypatch.setenv(name, "1")
+    kept, job_file = helper_process(run, tmp_path)
+    assert all(kept[name] == "1" for name in (AFFINITY_ENV, *PLAIN_DROPS)), kept
+    assert AHEAD_AFFINITY_ENV not in kept and kept[PARENT_PID_ENV] == str(os.getpid())
+    assert json.loads(job_file.read_text())["model"]["name"] == "mlp"
+    plain, _ = helper_process(run, tmp_path, plain=True)
+    assert not {AFFINITY_ENV, AHEAD_AFFINITY_ENV, *PLAIN_DROPS} & set(plain), sorted(plain)
+    from workers.runner import job_environment
+
+    caps = {k for k, v in job_environment(tmp_path, 7, base={}).items() if v == "7"}
+    assert caps == set(PLAIN_DROPS), caps  # every thread cap a job's environment sets
