@@ -56,6 +56,18 @@ def _cudnn_benchmark_write(value: bool) -> None:
     torch.backends.cudnn.benchmark = bool(value)
 
 
+def _cudnn_enabled_read() -> bool:
+    import torch
+
+    return bool(torch.backends.cudnn.enabled)
+
+
+def _cudnn_enabled_write(value: bool) -> None:
+    import torch
+
+    torch.backends.cudnn.enabled = bool(value)
+
+
 SETTINGS: dict[str, RuntimeSetting] = {
     s.name: s
     for s in (
@@ -68,6 +80,18 @@ SETTINGS: dict[str, RuntimeSetting] = {
             ("cuda",),
             _cudnn_benchmark_read,
             _cudnn_benchmark_write,
+        ),
+        RuntimeSetting(
+            "cudnn_enabled",
+            "torch.backends.cudnn.enabled: false runs every convolution, a compiled graph's too, on "
+            "PyTorch's own CUDA kernels instead of cuDNN's; a process then builds no cuDNN plan per "
+            "new input shape (with cuDNN 9.10 and later a depthwise convolution's plan compiles a "
+            "kernel at run time, about a second each: much of a ConvNeXt serving process's prepare)",
+            bool,
+            True,
+            ("cuda",),
+            _cudnn_enabled_read,
+            _cudnn_enabled_write,
         ),
     )
 }

@@ -30,3 +30,26 @@ def test_a_plain_helper_has_neither_the_jobs_thread_caps_nor_its_cores(tmp_path,
 
     caps = {k for k, v in job_environment(tmp_path, 7, base={}).items() if v == "7"}
     assert caps == set(PLAIN_DROPS), caps  # every thread cap a job's environment sets
+
+
+def test_the_stock_user_runs_under_torchs_runtime_defaults_not_the_presets(tmp_path):
+    """The stock user under traffic is torch's defaults: a job whose config turns cuDNN off (or
+    on its benchmark) still times its stock user with cuDNN on, as a stock user runs."""
+    import json
+
+    from compiler import runtime
+    from workers.bench.serving_stock import serve_stock
+
+    before = runtime.current()
+    try:
+        off = CompileConfig(name="off", runtime={"cudnn_enabled": False, "cudnn_benchmark": True})
+        run = JobRun.for_preset("t", "cpu", JOB, off, "fp32")
+        run.imports()
+        serve_stock(run, {"mode": "default", "dtype": "fp32", "profile": {"batch": {"min": 1, "max": 2}}})
+        got = run.result["serving_stock"]
+        assert got["runtime"] == {"cudnn_benchmark": False, "cudnn_enabled": True}, got
+        # the job's own side (what build set) stays recorded as the config's
+        assert json.loads(run.result["runtime"]) == {"cudnn_benchmark": True, "cudnn_enabled": False}
+        assert set(got["ms"]) == {"1", "2"} and got["weighted_ms"] > 0, got
+    finally:
+        runtime.restore(before)

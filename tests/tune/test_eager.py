@@ -240,7 +240,11 @@ def test_compile_tuned_serves_an_eager_preset_uncompiled_under_its_runtime_setti
         " 'config': applied.config, 'runtime': applied.runtime, 'compile_s': applied.compile_s, 'warned': warned,"
         " 'compilers': sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules)}",
     )
-    assert got["same"] is True and got["flag"] is True and got["runtime"] == {"cudnn_benchmark": True}
+    assert (
+        got["same"] is True
+        and got["flag"] is True
+        and got["runtime"] == {"cudnn_benchmark": True, "cudnn_enabled": True}
+    )
     assert got["summary"] == (
         "cpu: exact eager preset, not compiled: compiled reduce-overhead+freezing was 1.27x slower "
         "[1.26, 1.28] over 3 processes on cpu"

@@ -81,7 +81,8 @@ def test_every_row_records_the_settings_it_ran_under(table_jobs):
 
     job = table_jobs["A100/resnet/bs1/fp32/default"]
     plain = row(job)
-    assert json.loads(plain["runtime"]) == {"cudnn_benchmark": False} and plain["cudnn_benchmark"] is False
+    assert json.loads(plain["runtime"]) == {"cudnn_benchmark": False, "cudnn_enabled": True}
+    assert plain["cudnn_benchmark"] is False
     bench_job = dataclasses.replace(
         job, config=dataclasses.replace(job.config, runtime={"cudnn_benchmark": True})
     )
@@ -97,9 +98,28 @@ def test_apply_sets_torch_defaults_for_what_a_config_leaves_out():
         CompileConfig("stock").apply_runtime()
         assert torch.backends.cudnn.benchmark is False
         CompileConfig("b", runtime={"cudnn_benchmark": True}).apply_runtime()
-        assert runtime.current() == {"cudnn_benchmark": True}
+        assert runtime.current() == {"cudnn_benchmark": True, "cudnn_enabled": True}
+        CompileConfig("off", runtime={"cudnn_enabled": False}).apply_runtime()
+        assert torch.backends.cudnn.enabled is False and torch.backends.cudnn.benchmark is False
+        CompileConfig("stock").apply_runtime()
+        assert torch.backends.cudnn.enabled is True  # torch's default again
     finally:
         runtime.restore(before)
+
+
+def test_cudnn_off_is_a_setting_of_its_own_a_job_id_and_a_rows_runtime_tell_apart(table_jobs):
+    """`cudnn_enabled: false` (every convolution on PyTorch's own kernels, no cuDNN plan built
+    per new shape) is validated, changes the job id and is what the row records."""
+    import dataclasses
+
+    job = table_jobs["A100/resnet/bs1/fp32/default"]
+    off = dataclasses.replace(job, config=dataclasses.replace(job.config, runtime={"cudnn_enabled": False}))
+    assert off.job_id != job.job_id
+    assert json.loads(row(off)["runtime"]) == {"cudnn_benchmark": False, "cudnn_enabled": False}
+    assert runtime.explicit({"cudnn_enabled": True}) == {}  # torch's default: nothing to write down
+    assert runtime.setting_problems({"cudnn_enabled": "no"}) == [
+        ("runtime.cudnn_enabled", "runtime setting 'cudnn_enabled' must be bool, got 'no'")
+    ]
 
 
 def test_the_space_turns_cudnn_benchmark_on_gpu_only_and_adds_the_autotuning_modes():
@@ -240,7 +260,11 @@ def test_compile_tuned_sets_the_presets_runtime_settings_in_a_fresh_process(tmp_
         "use_package=False",
         "{'flag': torch.backends.cudnn.benchmark, 'runtime': applied.runtime, 'match': applied.match, 'warned': warned}",
     )
-    assert got["match"] == "exact" and got["flag"] is True and got["runtime"] == {"cudnn_benchmark": True}
+    assert (
+        got["match"] == "exact"
+        and got["flag"] is True
+        and got["runtime"] == {"cudnn_benchmark": True, "cudnn_enabled": True}
+    )
     assert any("cudnn_benchmark: False -> True" in w for w in got["warned"])
 
 

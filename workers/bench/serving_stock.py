@@ -87,12 +87,14 @@ def serve_stock(run: JobRecord, spec: dict[str, Any]) -> None:
     own), compiled with plain `torch.compile` in `spec["mode"]`, and called at every size of
     `spec["profile"]`'s traffic in a seeded order, as a service would first see them: each size's
     first call (its stall: a compile where Dynamo recompiles) and then its latency, timed as the
-    plans are (`time_sizes`). `run.result["serving_stock"]`: the traffic-weighted latency (stalls
-    excluded), the stalls, the Dynamo graphs compiled and the latency per size."""
+    plans are (`time_sizes`), under torch's runtime defaults whatever the job's config sets.
+    `run.result["serving_stock"]`: the traffic-weighted latency (stalls excluded), the stalls, the
+    Dynamo graphs compiled, the runtime settings and the latency per size."""
     import random
 
     import torch
 
+    from compiler import runtime
     from compiler.aoti import split_inputs
     from compiler.measure import time_calls
     from compiler.serving.padding import resize_batch
@@ -101,6 +103,9 @@ def serve_stock(run: JobRecord, spec: dict[str, Any]) -> None:
 
     profile = ServingProfile.from_dict(spec["profile"])
     model, input_sets, _ = run.build(keep_fp32_copy=False, precision=spec.get("dtype") or None)
+    # torch's runtime defaults, not the job's config's (a preset's `cudnn_benchmark` or
+    # `cudnn_enabled: false`): set before the model's first call, as build sets the job's
+    runtime.apply({})
     example = split_inputs(input_sets[0])
     mode = spec.get("mode") or None
     compiled = torch.compile(model, mode=None if mode == "default" else mode)
@@ -131,6 +136,7 @@ def serve_stock(run: JobRecord, spec: dict[str, Any]) -> None:
         "stall_s": sum(stalls.values()),
         "max_first_call_s": max(stalls.values()),
         "graphs": None if graphs is None or graphs0 is None else graphs - graphs0,
+        "runtime": runtime.current(),
         "order": order,
         "ms": {str(s): ms[s] for s in sorted(ms)},
     }
