@@ -18,10 +18,30 @@ from compiler.serving.traffic import ServingProfile
 
 
 def compile_config(args: argparse.Namespace):
-    """The config `--mode` names, as the served plan and the oracle compile it."""
+    """The config `--mode` names, as the served plan and the oracle compile it, under the runtime
+    settings of the export's preset of `--name` where `--export` has one (`export_runtime`): an
+    exact preset per batch size runs as the served one does."""
     from compiler.config import CompileConfig
 
-    return CompileConfig(name=args.mode, mode=None if args.mode == "default" else args.mode)
+    mode = None if args.mode == "default" else args.mode
+    return CompileConfig(name=args.mode, mode=mode, runtime=export_runtime(args))
+
+
+def export_runtime(args: argparse.Namespace) -> dict:
+    """The runtime settings (`compiler.runtime`, e.g. `cudnn_enabled`) of the export's preset of
+    `--name`, read from its verified serving.json; {} without `--export` or such a preset."""
+    if not getattr(args, "export", None):
+        return {}
+    from compiler.config import preset_runtime
+
+    entry = next((p for p in _export(args).presets["presets"] if p["model"] == args.name), None)
+    return preset_runtime(entry) if entry else {}
+
+
+def _export(args: argparse.Namespace):
+    from compiler.serving.files import open_export
+
+    return open_export(args.export)
 
 
 def build_oracle_packages(args: argparse.Namespace, profile: ServingProfile, dest: Path) -> dict:
@@ -62,9 +82,9 @@ def _export_packages(args: argparse.Namespace, dest: Path) -> dict[int, dict]:
     needs), copied to `dest` once their bytes match the export's manifest
     (`compiler.serving.files.open_export`, `verified`), by size: the oracle builds only the sizes
     they miss. A file that does not match is not used."""
-    from compiler.serving.files import ExportError, open_export
+    from compiler.serving.files import ExportError
 
-    export = open_export(args.export)
+    export = _export(args)
     entry = next(
         (
             p

@@ -9,11 +9,12 @@ three ways of serving one model, each in fresh processes.
   prepared before the first request (what an exact preset per batch size would serve): compiled
   with `torch.compile` (`--oracle compile`), or an AOTInductor package per size (`--oracle
   packages`, built before it starts; with `--export`, its bucket packages serve their own
-  sizes), the fair oracle for a served plan of packages;
+  sizes), the fair oracle for a served plan of packages; under the runtime settings of the
+  export's preset (e.g. `cudnn_enabled: false`), as the served plan runs;
 - `stock`: what a stock PyTorch user runs, plain `torch.compile(model)` in the model's own dtype
-  (`--stock-dtype`, fp32) and each `--stock-mode` (compiled on its first request, recompiling as
-  new sizes arrive: the stalls are reported apart and left out of its latencies); the faster mode
-  is the stock user.
+  (`--stock-dtype`, fp32) under torch's runtime defaults, in each `--stock-mode` (compiled on its
+  first request, recompiling as new sizes arrive: the stalls are reported apart and left out of
+  its latencies); the faster mode is the stock user.
 
 Each process builds the model from its sweep id with random weights (as a sweep's job does, in
 the precision `--dtype`), runs the trace once as the requests arrive (the first request of each
@@ -67,9 +68,10 @@ def trace(profile: ServingProfile, requests: int, seed: int) -> list[int]:
     return random.Random(seed).choices(sizes, weights, k=requests)
 
 
-def _build(args: argparse.Namespace, dtype: str):
+def _build(args: argparse.Namespace, dtype: str, stock: bool):
     """The model and one call's (args, kwargs) at batch `--max` in `dtype`, built as a sweep's job
-    builds it."""
+    builds it: under torch's runtime defaults for the stock user, else under the preset's
+    (`compile_config`)."""
     from compiler.aoti import split_inputs
     from compiler.config import CompileConfig
     from workers.bench.run import JobRun
@@ -81,7 +83,8 @@ def _build(args: argparse.Namespace, dtype: str):
     }
     entry = {"model_spec": spec, "batch_size": args.max}
     hardware = "cpu" if args.device == "cpu" else "gpu"
-    run = JobRun.for_preset("serving-traffic", hardware, entry, CompileConfig(name=args.mode), dtype)
+    config = CompileConfig(name=args.mode) if stock else compile_config(args)
+    run = JobRun.for_preset("serving-traffic", hardware, entry, config, dtype)
     run.imports()
     model, input_sets, _ = run.build(keep_fp32_copy=False)
     return model, split_inputs(input_sets[0])
@@ -147,7 +150,7 @@ def child(side: str, args: argparse.Namespace) -> dict:
     if sizes:
         profile = ServingProfile.from_dict({"batch": {"min": min(sizes), "max": max(sizes)}})
     stock = side.startswith("stock:")
-    model, example = _build(args, args.stock_dtype if stock else args.dtype)
+    model, example = _build(args, args.stock_dtype if stock else args.dtype, stock)
     serve, prepare_s, applied = _prepare(side, args, profile, model, example)
     cuda = args.device == "cuda"
     if args.wait:

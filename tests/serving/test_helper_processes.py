@@ -53,3 +53,34 @@ def test_the_stock_user_runs_under_torchs_runtime_defaults_not_the_presets(tmp_p
         assert set(got["ms"]) == {"1", "2"} and got["weighted_ms"] > 0, got
     finally:
         runtime.restore(before)
+
+
+def test_the_traffic_benchmarks_oracle_runs_under_the_presets_runtime_settings(tmp_path):
+    """benchmarks/serving_traffic.py's oracle (an exact preset per batch size) is compiled and run
+    under the runtime settings of the export's preset it is held against, read from the verified
+    serving.json; without an export, or for another model, torch's defaults."""
+    import argparse
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from tests.tune.test_export_apply import edit_presets, write_export
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("serving_oracle", bench / "serving_oracle.py")
+        oracle = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(oracle)
+    finally:
+        sys.path.remove(str(bench))
+
+    def off(presets):
+        presets["presets"][0]["compile"]["runtime"] = {"cudnn_enabled": False}
+
+    dest = edit_presets(write_export(tmp_path / "export"), off)
+    args = argparse.Namespace(mode="reduce-overhead", export=str(dest), name="mlp")
+    config = oracle.compile_config(args)
+    assert config.runtime == {"cudnn_enabled": False} and config.mode == "reduce-overhead", config
+    assert oracle.compile_config(argparse.Namespace(mode="default", export=None, name="mlp")).runtime == {}
+    assert oracle.export_runtime(argparse.Namespace(export=str(dest), name="vit")) == {}
