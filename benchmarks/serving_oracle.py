@@ -109,23 +109,17 @@ def _export_packages(args: argparse.Namespace, dest: Path) -> dict[int, dict]:
 
 def load_oracle_packages(args, profile: ServingProfile, model, example, dest: Path, t0: float):
     """The oracle served from its packages (`build_oracle_packages`), each loaded with the model's
-    weights and captured now, as `compile_tuned` serves a buckets plan of packages."""
-    from compiler.serving.packaged import PackagedModel
-    from compiler.serving.padding import resize_batch
-    from compiler.serving.plan_packages import BucketPackages
+    weights, captured into one CUDA-graph pool and checked against eager at its own size now, by
+    the code `compile_tuned` prepares a buckets plan of packages with (`load_buckets`)."""
+    from compiler.serving.plan_packages import load_buckets
     from compiler.serving.served import ServedModel
+    from workers.bench.serving_prepare import bucket_loader
 
     built = {int(b): info for b, info in json.loads((dest / "oracle.json").read_text()).items()}
-    loaded, pool = {}, None
-    for size in sorted(profile.sizes(), reverse=True):  # one CUDA graph pool, as the served plan's
-        info = built[size]
-        packaged = PackagedModel.load(
-            dest / info["file"], model, info["inputs"], info["cudagraphs"], lambda: model
-        )
-        packaged.capture(*resize_batch(*example, size), pool=pool)
-        pool = packaged.pool or pool
-        loaded[size] = packaged
-    served = ServedModel(lambda dynamic: BucketPackages(loaded), profile, "buckets", profile.sizes(), example)
+    sizes = profile.sizes()
+    # every size its own bucket: nothing padded, so each is checked against eager at its size
+    loaded = load_buckets(sizes, bucket_loader(dest, built, model), model, example, args.dtype, False)
+    served = ServedModel(lambda dynamic: loaded.serve(), profile, "buckets", sizes, example)
     served.prepare()
     return served, time.perf_counter() - t0, {"serving": served.describe()}
 
