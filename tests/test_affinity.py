@@ -103,6 +103,15 @@ def test_a_pinned_process_unpins_itself_onto_every_core_it_may_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     before, after = out.stdout.split()
     assert before == "1" and parse_cpus(after) >= set(CPUS), out.stdout
+    # a helper marked to unpin does so where a job process pins itself, whatever cores it names
+    code = (
+        "import os; from workers.affinity import pin_from_environment; "
+        f"os.sched_setaffinity(0, {{{CPUS[-1]}}}); print(pin_from_environment())"
+    )
+    env = {**os.environ, affinity.UNPIN_ENV: "1", affinity.AFFINITY_ENV: str(CPUS[-1])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    cpus, pinned, note = ast.literal_eval(out.stdout.strip())
+    assert parse_cpus(cpus) >= set(CPUS) and pinned is False and note is None, out.stdout
 
 
 def test_held_cores_counts_the_cores_another_holder_has_locked(lock_dir):

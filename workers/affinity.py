@@ -31,6 +31,10 @@ AFFINITY_ENV = "CO_CPU_AFFINITY"
 AHEAD_AFFINITY_ENV = "CO_AHEAD_CPU_AFFINITY"
 """In a process started ahead (`workers.ahead`): the cores it runs on until its gate opens; it
 moves onto the job's (`AFFINITY_ENV`) there."""
+UNPIN_ENV = "CO_UNPIN"
+"""In a job's helper that stands in for a serving process a user starts
+(`workers.bench.serving_stock.helper_process(plain=True)`): leave the pinning it inherited
+(`unpin`)."""
 
 
 def lock_dir() -> Path:
@@ -144,9 +148,12 @@ def core_lease(n: int, prefer: Iterable[int] = ()) -> Iterator[CoreLease]:
 
 def pin_from_environment() -> tuple[str, bool, str | None]:
     """In the job process, first thing: pin to the cores the runner reserved (if any): a process
-    started ahead to the cores it has until its gate opens, any other to the job's.
+    started ahead to the cores it has until its gate opens, any other to the job's; a helper
+    marked `UNPIN_ENV` onto every core it may use instead (`unpin`).
 
     Returns (the affinity the process now has as "0-3", whether it was pinned, a note)."""
+    if os.environ.get(UNPIN_ENV):
+        return unpin(), False, None
     wanted = os.environ.get(AHEAD_AFFINITY_ENV) or os.environ.get(AFFINITY_ENV)
     note = None
     pinned = False

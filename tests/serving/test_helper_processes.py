@@ -5,7 +5,7 @@ stands in for a serving process a user starts, leaves both behind."""
 from __future__ import annotations
 
 from compiler.config import CompileConfig
-from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV
+from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV, UNPIN_ENV
 from workers.bench import PARENT_PID_ENV
 from workers.bench.run import JobRun
 from workers.bench.serving_stock import PLAIN_DROPS, helper_process
@@ -24,8 +24,10 @@ def test_a_plain_helper_has_neither_the_jobs_thread_caps_nor_its_cores(tmp_path,
     assert all(kept[name] == "1" for name in (AFFINITY_ENV, *PLAIN_DROPS)), kept
     assert AHEAD_AFFINITY_ENV not in kept and kept[PARENT_PID_ENV] == str(os.getpid())
     assert json.loads(job_file.read_text())["model"]["name"] == "mlp"
+    assert UNPIN_ENV not in kept
     plain, _ = helper_process(run, tmp_path, plain=True)
     assert not {AFFINITY_ENV, AHEAD_AFFINITY_ENV, *PLAIN_DROPS} & set(plain), sorted(plain)
+    assert plain[UNPIN_ENV] == "1"  # it leaves the pinning it inherits (pin_from_environment)
     from workers.runner import job_environment
 
     caps = {k for k, v in job_environment(tmp_path, 7, base={}).items() if v == "7"}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler.env import die_with_parent, guard_process_group
-from workers.affinity import pin_from_environment, unpin
+from workers.affinity import pin_from_environment
 from workers.bench import PARENT_PID_ENV
 from workers.bench.accuracy import check_accuracy
 from workers.bench.baseline import baseline_phase
@@ -269,8 +269,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _die_with_parent()
     affinity, pinned, pin_note = pin_from_environment()
-    if cold is not None:  # it stands in for a serving process: not on the job's cores
-        affinity = unpin()
     run = JobRun(Path(argv[0]), Path(argv[1]))
     run.result.update(cpu_affinity=affinity, cpu_pinned=pinned)
     if pin_note:

@@ -11,7 +11,7 @@ the bucket choice weighs against the budget (`compiler.serving.traffic.choose_bu
 chosen set is then prepared cold once more, so the export records what it measured, not a sum.
 
 The process stands in for a serving process a user starts: it leaves the job's cores and thread
-caps behind (`helper_process(plain=True)`, `workers.affinity.unpin`), and records the cores,
+caps behind (`helper_process(plain=True)`, `workers.affinity.UNPIN_ENV`), and records the cores,
 NUMA nodes and threads it ran with (`compiler.env.process_facts`)."""
 
 from __future__ import annotations

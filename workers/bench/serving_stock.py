@@ -27,17 +27,24 @@ def helper_process(run: JobRecord, scratch: Path, plain: bool = False) -> tuple[
     behalf (`--bucket-package`, `--serving-stock`, `--serving-prepare`): its parent is this
     process, and it neither waits at this job's gate nor takes the cores of a process started
     ahead. A `plain` one (a serving process's stand-in, `--serving-prepare`) has neither the
-    job's thread caps nor its cores in its environment; it leaves the job's pinning itself
-    (`workers.affinity.unpin`)."""
+    job's thread caps nor its cores in its environment, and leaves the job's pinning it inherits
+    (`workers.affinity.UNPIN_ENV`)."""
     import json
 
-    from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV
+    from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV, UNPIN_ENV
     from workers.bench import PARENT_PID_ENV
     from workers.bench.gate import GATE_FD_ENV
 
     env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
-    for name in (GATE_FD_ENV, AHEAD_AFFINITY_ENV, *((AFFINITY_ENV, *PLAIN_DROPS) if plain else ())):
+    for name in (
+        GATE_FD_ENV,
+        AHEAD_AFFINITY_ENV,
+        UNPIN_ENV,
+        *((AFFINITY_ENV, *PLAIN_DROPS) if plain else ()),
+    ):
         env.pop(name, None)
+    if plain:
+        env[UNPIN_ENV] = "1"
     job_file = scratch / "job.json"
     job_file.write_text(json.dumps(run.job.to_dict()))
     return env, job_file
