@@ -86,7 +86,7 @@ SETTINGS: dict[str, RuntimeSetting] = {
             "torch.backends.cudnn.enabled: false runs every convolution, a compiled graph's too, on "
             "PyTorch's own CUDA kernels instead of cuDNN's; a process then builds no cuDNN plan per "
             "new input shape (with cuDNN 9.10 and later a depthwise convolution's plan compiles a "
-            "kernel at run time, about a second each: much of a ConvNeXt serving process's prepare)",
+            "kernel at run time, a cost its first call at each shape pays)",
             bool,
             True,
             ("cuda",),
