@@ -164,7 +164,8 @@ class Comparison:
 
 def compare_outputs(reference: list[torch.Tensor], actual: list[torch.Tensor], precision: str) -> Comparison:
     """Compare flattened output tensors. Relative error is normalized by the largest reference
-    magnitude of each tensor, so near-zero elements do not dominate."""
+    magnitude of each tensor, so near-zero elements do not dominate. Computed in float64 where the
+    tensors are (`_float_errors`), not on the host."""
     if len(reference) != len(actual):
         return Comparison(
             math.inf, math.inf, False, f"{len(actual)} output tensors, eager gave {len(reference)}"
@@ -176,19 +177,17 @@ def compare_outputs(reference: list[torch.Tensor], actual: list[torch.Tensor], p
                 math.inf, math.inf, False, f"output {i}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
             )
         if not ref.is_floating_point():
-            if not torch.equal(ref, out):
+            if not torch.equal(ref, out.to(ref.device)):
                 return Comparison(math.inf, math.inf, False, f"output {i}: integer outputs differ")
             continue
-        ref64, out64 = ref.detach().double().cpu(), out.detach().double().cpu()
-        ref_finite, out_finite = torch.isfinite(ref64), torch.isfinite(out64)
-        if not torch.equal(ref_finite, out_finite):
+        errors = _float_errors(ref.detach(), out.detach())
+        if errors is None:
             return Comparison(
                 math.inf, math.inf, False, f"output {i}: inf/nan where eager has none, or vice versa"
             )
-        if not ref_finite.any():
+        if not errors:  # no finite element
             continue
-        diff = (ref64 - out64)[ref_finite].abs().max().item()
-        scale = ref64[ref_finite].abs().max().item()
+        diff, scale = errors
         max_abs = max(max_abs, diff)
         max_rel = max(max_rel, diff / max(scale, 1e-12))
     tol = TOLERANCE[precision]
@@ -196,6 +195,37 @@ def compare_outputs(reference: list[torch.Tensor], actual: list[torch.Tensor], p
     return Comparison(
         max_abs, max_rel, ok, "" if ok else f"max relative error {max_rel:.3g} > tolerance {tol:g}"
     )
+
+
+COMPARE_CHUNK = 1 << 22
+"""Elements `_float_errors` takes at a time: 32 MiB of float64 per operand, however large the
+output (a segmentation map of 32 rows is 80 M elements)."""
+
+
+def _float_errors(ref: torch.Tensor, out: torch.Tensor) -> tuple[float, float] | tuple[()] | None:
+    """(max |ref - out|, max |ref|) over `ref`'s finite elements, in float64; () where it has none;
+    None where `out` is finite elsewhere than `ref`. On the GPU where either tensor is on one (a
+    CUDA output is not copied to the host), a chunk of `COMPARE_CHUNK` elements at a time, with one
+    synchronization at the end."""
+    device = ref.device if ref.device.type != "cpu" else out.device
+    r, o = ref.reshape(-1), out.reshape(-1)
+    mismatch, any_finite, diffs, scales = [], [], [], []
+    for start in range(0, r.numel(), COMPARE_CHUNK):
+        rc = r[start : start + COMPARE_CHUNK].to(device, torch.float64)
+        oc = o[start : start + COMPARE_CHUNK].to(device, torch.float64)
+        finite = torch.isfinite(rc)
+        mismatch.append((finite != torch.isfinite(oc)).any())
+        any_finite.append(finite.any())
+        zero = rc.new_zeros(())
+        diffs.append(torch.where(finite, (rc - oc).abs(), zero).max())
+        scales.append(torch.where(finite, rc.abs(), zero).max())
+    if not diffs:
+        return ()
+    if bool(torch.stack(mismatch).any()):
+        return None
+    if not bool(torch.stack(any_finite).any()):
+        return ()
+    return torch.stack(diffs).max().item(), torch.stack(scales).max().item()
 
 
 def rel_err_against(reference: list[torch.Tensor], actual: list[torch.Tensor]) -> float:

@@ -102,6 +102,33 @@ def test_bf16_outputs_are_compared_in_float64():
     assert compare_outputs(ref, [ref[0].clone()], "bf16").ok
 
 
+def test_chunked_comparison_matches_the_whole_tensors_in_float64(monkeypatch):
+    """A large output is compared a chunk at a time: the same errors as over the whole tensors at
+    once, wherever in it the largest difference and the largest magnitude fall, and a non-finite
+    mismatch in a later chunk is still found."""
+    import compiler.measure as measure
+
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(10, 37, generator=g)
+    out = ref + 1e-4 * torch.randn(10, 37, generator=g)
+    ref[9, 30], out[9, 30] = 50.0, 50.5  # both maxima in the last, short chunk
+    ref[0, 1], out[0, 1] = float("nan"), float("nan")  # non-finite alike: skipped
+    whole = (ref.double() - out.double()).nan_to_num().abs().max().item(), 50.0
+    monkeypatch.setattr(measure, "COMPARE_CHUNK", 64)  # 370 elements: six chunks
+    c = compare_outputs([ref], [out], "bf16")
+    assert c.max_abs_err == pytest.approx(whole[0], rel=1e-12)
+    assert c.max_rel_err == pytest.approx(whole[0] / whole[1], rel=1e-12)
+    late = out.clone()
+    late[8, 20] = float("inf")
+    bad = compare_outputs([ref], [late], "bf16")
+    assert not bad.ok and "inf/nan" in bad.detail
+
+
+def test_outputs_with_no_finite_element_compare_as_nothing():
+    nan = torch.full((3, 2), float("nan"))
+    assert compare_outputs([nan, torch.zeros(0)], [nan.clone(), torch.zeros(0)], "fp32").ok
+
+
 def test_shape_mismatch(ref):
     c = compare_outputs(ref, [ref[0].reshape(16, 4), ref[1]], "fp32")
     assert not c.ok and math.isinf(c.max_abs_err)
