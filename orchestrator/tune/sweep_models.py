@@ -106,16 +106,24 @@ def serving_line(serving: dict[str, Any] | None) -> str:
     return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed}){packed}{against}"
 
 
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
 def _cold_clause(serving: dict[str, Any]) -> str:
     """The export line's words for a buckets plan under a prepare budget: its chosen set's cold
-    prepare as measured, or why the budget was not applied; "" without a budget."""
+    prepare as measured (and which set it was, where the first measured over the budget:
+    `workers.bench.serving_prepare.from_packages`), or why the budget was not applied; "" without
+    a budget."""
     budget = ServingProfile.from_dict(serving["profile"]).prepare_budget_s
     plan = (serving.get("plans") or {}).get("buckets") or {}
     if serving["plan"] != "buckets" or budget is None:
         return ""
     if plan.get("cold_prepare_s") is not None:
         over = ": OVER BUDGET" if plan["cold_prepare_s"] > budget else ""
-        return f", prepared cold in {plan['cold_prepare_s']:.1f} s (budget {budget:g} s){over}"
+        tries = plan.get("cold_prepare_tries") or 1
+        sets = f", the {_ordinal(tries)} set tried" if tries > 1 else ""
+        return f", prepared cold in {plan['cold_prepare_s']:.1f} s (budget {budget:g} s{sets}){over}"
     if plan.get("cold_prepare_error"):
         return f", prepare budget not applied (no cold prepare: {plan['cold_prepare_error'][:200]})"
     return ", prepare budget not applied (it weighs packages' cold prepare; this plan has none)"

@@ -200,6 +200,8 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
     assert serving_line(cold).endswith(", a package per bucket (22 s), prepared cold in 8.0 s (budget 10 s)")
     cold["plans"]["buckets"]["cold_prepare_s"] = 12.5
     assert serving_line(cold).endswith("prepared cold in 12.5 s (budget 10 s): OVER BUDGET")
+    cold["plans"]["buckets"].update(cold_prepare_s=9.1, cold_prepare_tries=2)
+    assert serving_line(cold).endswith("prepared cold in 9.1 s (budget 10 s, the second set tried)")
     cold["plans"]["buckets"] = {"weighted_ms": 0.2, "cold_prepare_error": "exit 1"}
     assert serving_line(cold).endswith(", prepare budget not applied (no cold prepare: exit 1)")
     assert serving_line({**buckets, "profile": budget}).endswith("this plan has none)")
@@ -352,6 +354,7 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
     assert cold["buckets"] == [4] and sorted(map(int, cold["bucket_prepare_s"])) == [3, 4], cold
     assert all(v > 0 for v in cold["bucket_prepare_s"].values()) and cold["prepare_fixed_s"] >= 0, cold
     assert cold["cold_prepare_s"] > 0 and set(cold["cold_prepare_steps"]) == set(STEPS), cold
+    assert cold["cold_prepare_tries"] == 1, cold  # over budget, but no smaller set than [4] to try
     # it ran as a serving process a user starts: on every core this test may use, not the job's
     import os
 

@@ -173,3 +173,63 @@ def test_the_export_drops_a_bucket_whose_sizes_the_next_one_up_serves_as_fast():
     assert got["buckets"] == [1, 2, 3, 8], got
     assert got["weighted_ms"] == pytest.approx((0.5 + 0.6 + 0.7 + 5 * 0.9) / 8)
     assert bucket_set({1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0}, profile)["buckets"] == [1, 2, 4, 8]
+
+
+def _cold(bucket_s: dict[int, float], fixed_s: float, prepare_s: float | None = None) -> dict:
+    """A cold prepare's figures as `workers.bench.serving_prepare.cold_prepare` reports them."""
+    total = sum(bucket_s.values()) + fixed_s if prepare_s is None else prepare_s
+    return {
+        "prepare_s": total,
+        "steps": {"reference_s": fixed_s, "capture_s": total - fixed_s},
+        "bucket_s": {str(b): s for b, s in bucket_s.items()},
+        "fixed_s": fixed_s,
+    }
+
+
+def test_a_set_measured_over_the_prepare_budget_is_chosen_again_under_scaled_seconds():
+    """The export chooses buckets by the ladder's cold seconds, then prepares the chosen set cold:
+    where that measurement exceeds the budget, the seconds are scaled by how far it did and the
+    set chosen again and measured again, so the set shipped is one measured to fit."""
+    import functools
+
+    from workers.bench.serving import bucket_set
+    from workers.bench.serving_prepare import FIT_TRIES, from_packages
+
+    profile = ServingProfile.from_dict({"batch": {"min": 1, "max": 8}, "prepare_budget_s": 10})
+    at_bucket = {1: 1.0, 2: 1.4, 4: 2.0, 8: 3.0}
+    ladder = _cold({1: 3.0, 2: 3.0, 4: 3.0, 8: 1.0}, 1.0)  # 11 s: not every bucket fits 10 s
+    first = bucket_set(at_bucket, profile, None, ladder)
+    assert len(first["buckets"]) == 3 and 8 in first["buckets"], first  # 8 s by the ladder's seconds
+    choose = functools.partial(bucket_set, at_bucket, profile, None)
+    measured: list[list[int]] = []
+
+    def measure(buckets: list[int], answers: list[float]) -> dict:
+        measured.append(list(buckets))
+        return _cold({b: 1.0 for b in buckets}, 1.0, answers[len(measured) - 1])
+
+    # the chosen set took 12 s, 1.5x its ladder seconds: under 1.5x, two buckets fit (7.5 s)
+    got = from_packages(first["buckets"], ladder, functools.partial(measure, answers=[12.0, 7.0]), 10, choose)
+    assert measured == [first["buckets"], got["buckets"]] and len(got["buckets"]) == 2, (measured, got)
+    assert got["cold_prepare_s"] == 7.0 and got["cold_prepare_tries"] == 2, got
+    assert got["prepare_scale"] == pytest.approx(1.5), got
+    want = weighted_mean(padded_latency(got["buckets"], at_bucket, profile), profile)
+    assert got["weighted_ms"] == pytest.approx(want) and "bucket_prepare_s" not in got, got
+
+    # a set that fits as measured is kept as it is
+    measured.clear()
+    kept = from_packages(first["buckets"], ladder, functools.partial(measure, answers=[9.5]), 10, choose)
+    assert measured == [first["buckets"]] and "buckets" not in kept and kept["cold_prepare_tries"] == 1, kept
+    assert "prepare_scale" not in kept
+
+    # a process that never fits: at most FIT_TRIES sets, the last one reported as measured
+    measured.clear()
+    never = from_packages(
+        first["buckets"], ladder, functools.partial(measure, answers=[100.0] * 9), 10, choose
+    )
+    assert 1 < len(measured) <= FIT_TRIES and never["cold_prepare_tries"] == len(measured), measured
+    assert never["cold_prepare_s"] == 100.0 and never["buckets"] == measured[-1], never
+    assert len(measured[-1]) < len(measured[0]), measured
+
+    # a cold prepare that failed: the budget is not applied
+    failed = from_packages([8], ladder, lambda buckets: {"error": "exit 1"}, 10, choose)
+    assert failed == {"from": "packages", "cold_prepare_error": "exit 1"}

@@ -18,6 +18,7 @@ buckets, the padding check, and per plan what preparing cost here and its weight
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import os
 import shutil
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.bench.record import JobRecord
-from workers.bench.serving_prepare import bucket_loader, from_packages, under_budget
+from workers.bench.serving_prepare import bucket_loader, cold_prepare, from_packages, under_budget
 from workers.bench.serving_stock import TIMED_CALLS, helper_process, stock_under_traffic
 
 TIMED_SIZES = 64
@@ -102,7 +103,11 @@ def prepare_serving(
             served, prep, example, profile, cuda, buckets if plan == "buckets" else [], memory, cold
         )
         if built and plan == "buckets":  # timed on packages; where budgeted, the chosen set prepared cold
-            plans[plan].update(from_packages(run, built, plans[plan]["buckets"], package, independent, cold))
+            at_bucket = {int(b): ms for b, ms in plans[plan]["ladder_ms"].items()}
+            choose = functools.partial(bucket_set, at_bucket, profile, memory)  # a set under other seconds
+            measure = functools.partial(cold_prepare, run, package, built, rows_independent=independent)
+            fit = from_packages(plans[plan]["buckets"], cold, measure, profile.prepare_budget_s, choose)
+            plans[plan].update(fit)
         served = prep = None  # the next plan's memory is measured without this one's
         _release(cuda)
     chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])

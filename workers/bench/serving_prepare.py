@@ -16,6 +16,7 @@ NUMA nodes and threads it ran with (`compiler.env.process_facts`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,32 +59,69 @@ def under_budget(
     return cold_prepare(run, package, built, buckets, rows_independent)
 
 
+FIT_TRIES = 3
+"""How many times at most a buckets plan's chosen set is prepared cold under a prepare budget
+(`from_packages`): the first choice, and up to two smaller ones where a measurement exceeded it."""
+
+
 def from_packages(
-    run: JobRecord,
-    built: dict[int, dict[str, Any]],
     chosen: list[int],
-    package: Any,
-    rows_independent: bool,
     ladder: dict | None,
+    measure: Callable[[list[int]], dict[str, Any]],
+    budget_s: float | None = None,
+    choose: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """What a buckets plan timed on packages adds to its record: `from`, and where a prepare budget
     was weighed (`ladder`: the ladder's cold prepare, `under_budget`) the chosen buckets' cold
     prepare as measured (`cold_prepare_s`, `cold_prepare_steps`): the ladder's own run where every
-    bucket was chosen, else a fresh one of the chosen set; `cold_prepare_error` where the cold
-    runs failed (then the budget was not applied)."""
+    bucket was chosen, else a fresh one of the chosen set (`measure(buckets)`: `cold_prepare`'s); `cold_prepare_error` where the cold
+    runs failed (then the budget was not applied).
+
+    A set chosen from the ladder's seconds may still prepare slower than `budget_s` when
+    measured (a fresh process's seconds vary from run to run). Then the ladder's seconds are
+    scaled by how far that measurement exceeded their sum (`prepare_scale`), the set is chosen
+    again under them (`choose`, given them as `cold_prepare`'s: `bucket_set`'s record of the new
+    choice), and that set is
+    prepared cold in turn, up to `FIT_TRIES` sets in all (`cold_prepare_tries`); the record then
+    carries the last choice."""
     if ladder is None:
         return {"from": "packages"}
     if "error" in ladder:
         return {"from": "packages", "cold_prepare_error": ladder["error"]}
-    same = {int(b) for b in ladder["bucket_s"]} == set(chosen)
-    got = ladder if same else cold_prepare(run, package, built, chosen, rows_independent)
+    seconds = {int(b): s for b, s in ladder["bucket_s"].items()}
+    same = set(seconds) == set(chosen)
+    got = ladder if same else measure(chosen)
+    again: dict[str, Any] = {}
+    tries, scale = 1, 1.0
+    while "error" not in got and budget_s is not None and choose is not None:
+        if got["prepare_s"] <= budget_s or tries >= FIT_TRIES:
+            break
+        summed = sum(seconds[b] for b in chosen) + ladder["fixed_s"]
+        scale = max(scale, got["prepare_s"] / summed)
+        choice = choose(scaled_cold(ladder, scale))
+        if choice["buckets"] == chosen:  # nothing smaller fits better: the largest bucket alone
+            break
+        again, chosen = choice, choice["buckets"]
+        got, tries = measure(chosen), tries + 1
     if "error" in got:
         return {"from": "packages", "cold_prepare_error": got["error"]}
     return {
+        **{k: v for k, v in again.items() if k not in ("bucket_prepare_s", "prepare_fixed_s")},
         "from": "packages",
         "cold_prepare_s": got["prepare_s"],
         "cold_prepare_steps": got["steps"],
         "cold_prepare_process": got.get("process") or {},
+        "cold_prepare_tries": tries,
+        **({"prepare_scale": scale} if scale != 1.0 else {}),
+    }
+
+
+def scaled_cold(ladder: dict[str, Any], scale: float) -> dict[str, Any]:
+    """The ladder's cold prepare (`cold_prepare`'s `bucket_s` and `fixed_s`) with every second
+    times `scale`, for choosing a set again (`from_packages`)."""
+    return {
+        "bucket_s": {b: s * scale for b, s in ladder["bucket_s"].items()},
+        "fixed_s": ladder["fixed_s"] * scale,
     }
 
 
