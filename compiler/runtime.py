@@ -85,8 +85,8 @@ SETTINGS: dict[str, RuntimeSetting] = {
             "cudnn_enabled",
             "torch.backends.cudnn.enabled: false runs every convolution, a compiled graph's too, on "
             "PyTorch's own CUDA kernels instead of cuDNN's; a process then builds no cuDNN plan per "
-            "new input shape (with cuDNN 9.10 and later a depthwise convolution's plan compiles a "
-            "kernel at run time, a cost its first call at each shape pays)",
+            "new input shape (cuDNN 9.10 and later may compile a depthwise convolution's kernel at "
+            "run time, a cost its first call at each shape pays)",
             bool,
             True,
             ("cuda",),
