@@ -362,6 +362,8 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
 
     ran = cold["cold_prepare_process"]
     assert parse_cpus(ran["cpus"]) >= os.sched_getaffinity(0) and ran["threads"] >= 1, ran
+    # with an Inductor cache of its own, as a fresh serving node has
+    assert ran["inductor_cache"].endswith("/inductor") and "serving-prepare-" in ran["inductor_cache"], ran
     assert s["plan"] == "dynamic" or "(budget 0.001 s): OVER BUDGET" in serving_line(s), serving_line(s)
     kept = set(s.get("packages") or {})
     on_disk = {p.name for p in (dest / "packages").iterdir()}

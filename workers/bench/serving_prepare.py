@@ -11,11 +11,14 @@ the bucket choice weighs against the budget (`compiler.serving.traffic.choose_bu
 chosen set is then prepared cold once more, so the export records what it measured, not a sum.
 
 The process stands in for a serving process a user starts: it leaves the job's cores and thread
-caps behind (`helper_process(plain=True)`, `workers.affinity.UNPIN_ENV`), and records the cores,
-NUMA nodes and threads it ran with (`compiler.env.process_facts`)."""
+caps behind (`helper_process(plain=True)`, `workers.affinity.UNPIN_ENV`), has an Inductor cache
+of its own, empty, as a fresh serving node has (`cold_cache`; the traffic benchmark's served
+process has one too), and records the cores, NUMA nodes and threads it ran with
+(`compiler.env.process_facts`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ def cold_prepare(
         "packages": {str(b): {k: built[b][k] for k in ("file", "inputs", "cudagraphs")} for b in buckets},
         "rows_independent": rows_independent,
     }
-    return helper_result(run, "--serving-prepare", spec, "serving_prepare", plain=True)
+    return helper_result(run, "--serving-prepare", spec, "serving_prepare", cold_cache=True, plain=True)
 
 
 def under_budget(
@@ -151,7 +154,8 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
         "steps": loaded.steps,
         "bucket_s": {str(b): s for b, s in loaded.bucket_s.items()},
         "fixed_s": loaded.fixed_s(),
-        "process": process_facts(),
+        # where it ran, and the Inductor cache it had (its own, empty at the start: `cold_prepare`)
+        "process": {**process_facts(), "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")},
     }
 
 
