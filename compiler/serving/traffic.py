@@ -18,7 +18,8 @@ A bucket plan serves a size on the smallest bucket at least as large (`next_buck
 batch up and slicing the outputs back; `padded_latency` is what a size then costs, and
 `choose_buckets` picks the set that minimises the traffic-weighted padded latency from latencies
 measured at candidate buckets, under a cap on how many graphs the plan may hold, on the memory
-they hold or on the seconds they take to prepare.
+they hold or on the seconds they take to prepare; `bucket_set` is the export's record of that
+choice.
 
 This module imports nothing outside the standard library.
 """
@@ -348,3 +349,35 @@ def as_profile(value: Any) -> ServingProfile | None:
     if value is None or isinstance(value, ServingProfile):
         return value
     return ServingProfile.from_dict(value)
+
+
+def bucket_set(
+    at_bucket: dict[int, float],
+    profile: Any,
+    memory: dict[int, float] | None = None,
+    cold: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The buckets plan's set, chosen from the ladder's buckets by their measured latencies
+    (`at_bucket`, ms; `choose_buckets`: the least traffic-weighted padded latency, ties to fewer
+    buckets; a bucket is dropped where the next one up serves its sizes as fast; with the
+    profile's `memory_gib` and `memory`, GiB per bucket, the best set that fits; with its
+    `prepare_budget_s` and `cold`, the ladder prepared cold as
+    `workers.bench.serving_prepare.cold_prepare` reports it, its `bucket_s` and `fixed_s`, the best
+    set whose cold seconds fit), and that set's weighted latency, which the plans are compared by
+    (`weighted_ms`; the full ladder's, as measured, is `ladder_ms`; each bucket's memory
+    `bucket_gib`, its cold seconds `bucket_prepare_s`)."""
+    seconds = {int(b): s for b, s in cold["bucket_s"].items()} if cold and "error" not in cold else None
+    fixed = cold["fixed_s"] if seconds is not None else 0.0
+    chosen = choose_buckets(at_bucket, profile, len(at_bucket), memory, seconds, fixed)
+    record = {
+        "buckets": chosen,
+        "ladder_ms": {str(b): at_bucket[b] for b in sorted(at_bucket)},
+        "weighted_ms": weighted_mean(padded_latency(chosen, at_bucket, profile), profile),
+    }
+    if memory is not None:
+        record["bucket_gib"] = {str(b): memory[b] for b in sorted(memory)}
+        record["memory_gib"] = sum(memory[b] for b in chosen)
+    if seconds is not None:
+        record["bucket_prepare_s"] = {str(b): seconds[b] for b in sorted(seconds)}
+        record["prepare_fixed_s"] = fixed
+    return record

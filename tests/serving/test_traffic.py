@@ -165,7 +165,7 @@ def test_under_a_prepare_budget_choose_buckets_is_the_exact_optimum_of_the_sets_
 
 
 def test_the_export_drops_a_bucket_whose_sizes_the_next_one_up_serves_as_fast():
-    from workers.bench.serving import bucket_set
+    from compiler.serving.traffic import bucket_set
 
     profile = ServingProfile.uniform(1, 8)
     at_bucket = {1: 0.5, 2: 0.6, 3: 0.7, 4: 0.95, 6: 0.9, 8: 0.9}  # 4 and 6 no faster than 8
@@ -190,9 +190,7 @@ def test_a_set_measured_over_the_prepare_budget_is_chosen_again_under_scaled_sec
     """The export chooses buckets by the ladder's cold seconds, then prepares the chosen set cold:
     where that measurement exceeds the budget, the seconds are scaled by how far it did and the
     set chosen again and measured again, so the set shipped is one measured to fit."""
-    import functools
-
-    from workers.bench.serving import bucket_set
+    from compiler.serving.traffic import bucket_set
     from workers.bench.serving_prepare import FIT_TRIES, from_packages
 
     profile = ServingProfile.from_dict({"batch": {"min": 1, "max": 8}, "prepare_budget_s": 10})
@@ -200,15 +198,19 @@ def test_a_set_measured_over_the_prepare_budget_is_chosen_again_under_scaled_sec
     ladder = _cold({1: 3.0, 2: 3.0, 4: 3.0, 8: 1.0}, 1.0)  # 11 s: not every bucket fits 10 s
     first = bucket_set(at_bucket, profile, None, ladder)
     assert len(first["buckets"]) == 3 and 8 in first["buckets"], first  # 8 s by the ladder's seconds
-    choose = functools.partial(bucket_set, at_bucket, profile, None)
     measured: list[list[int]] = []
 
-    def measure(buckets: list[int], answers: list[float]) -> dict:
-        measured.append(list(buckets))
-        return _cold({b: 1.0 for b in buckets}, 1.0, answers[len(measured) - 1])
+    def measuring(*answers: float):
+        measured.clear()
+
+        def measure(buckets: list[int]) -> dict:
+            measured.append(list(buckets))
+            return _cold({b: 1.0 for b in buckets}, 1.0, answers[len(measured) - 1])
+
+        return measure
 
     # the chosen set took 12 s, 1.5x its ladder seconds: under 1.5x, two buckets fit (7.5 s)
-    got = from_packages(first["buckets"], ladder, functools.partial(measure, answers=[12.0, 7.0]), 10, choose)
+    got = from_packages(first, ladder, measuring(12.0, 7.0), profile)
     assert measured == [first["buckets"], got["buckets"]] and len(got["buckets"]) == 2, (measured, got)
     assert got["cold_prepare_s"] == 7.0 and got["cold_prepare_tries"] == 2, got
     assert got["prepare_scale"] == pytest.approx(1.5), got
@@ -216,20 +218,16 @@ def test_a_set_measured_over_the_prepare_budget_is_chosen_again_under_scaled_sec
     assert got["weighted_ms"] == pytest.approx(want) and "bucket_prepare_s" not in got, got
 
     # a set that fits as measured is kept as it is
-    measured.clear()
-    kept = from_packages(first["buckets"], ladder, functools.partial(measure, answers=[9.5]), 10, choose)
+    kept = from_packages(first, ladder, measuring(9.5), profile)
     assert measured == [first["buckets"]] and "buckets" not in kept and kept["cold_prepare_tries"] == 1, kept
     assert "prepare_scale" not in kept
 
     # a process that never fits: at most FIT_TRIES sets, the last one reported as measured
-    measured.clear()
-    never = from_packages(
-        first["buckets"], ladder, functools.partial(measure, answers=[100.0] * 9), 10, choose
-    )
+    never = from_packages(first, ladder, measuring(*[100.0] * 9), profile)
     assert 1 < len(measured) <= FIT_TRIES and never["cold_prepare_tries"] == len(measured), measured
     assert never["cold_prepare_s"] == 100.0 and never["buckets"] == measured[-1], never
     assert len(measured[-1]) < len(measured[0]), measured
 
     # a cold prepare that failed: the budget is not applied
-    failed = from_packages([8], ladder, lambda buckets: {"error": "exit 1"}, 10, choose)
+    failed = from_packages({**first, "buckets": [8]}, ladder, lambda buckets: {"error": "exit 1"}, profile)
     assert failed == {"from": "packages", "cold_prepare_error": "exit 1"}

@@ -69,7 +69,6 @@ def prepare_serving(
     ladder = fine_buckets if packaged else default_buckets
     buckets, check = check_ladder(model, *example, profile.min, profile.max, run.job.dtype, ladder)
     independent = rows_proven_independent(check.to_dict())
-    kwargs = cfg.compile_kwargs()
     prepared = cfg.prepare_model(model) if cfg.channels_last else model
     cuda = run.job.device == "cuda"
     record: dict[str, Any] = {"profile": profile.to_dict(), "padding": check.to_dict()}
@@ -86,7 +85,7 @@ def prepare_serving(
                 record["package_error"] = why
         if served is None:
             served = ServedModel(
-                lambda dynamic: torch.compile(prepared, **{**kwargs, "dynamic": dynamic}),
+                lambda dynamic: torch.compile(prepared, **{**cfg.compile_kwargs(), "dynamic": dynamic}),
                 profile,
                 plan,
                 buckets,
@@ -103,11 +102,8 @@ def prepare_serving(
             served, prep, example, profile, cuda, buckets if plan == "buckets" else [], memory, cold
         )
         if built and plan == "buckets":  # timed on packages; where budgeted, the chosen set prepared cold
-            at_bucket = {int(b): ms for b, ms in plans[plan]["ladder_ms"].items()}
-            choose = functools.partial(bucket_set, at_bucket, profile, memory)  # a set under other seconds
             measure = functools.partial(cold_prepare, run, package, built, rows_independent=independent)
-            fit = from_packages(plans[plan]["buckets"], cold, measure, profile.prepare_budget_s, choose)
-            plans[plan].update(fit)
+            plans[plan].update(from_packages(plans[plan], cold, measure, profile, memory))
         served = prep = None  # the next plan's memory is measured without this one's
         _release(cuda)
     chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
@@ -141,7 +137,7 @@ def plan_record(
 ) -> dict:
     """A prepared plan's record: its latency at every size of the traffic (`time_sizes`) and their
     traffic-weighted mean, what preparing it cost (`prep`, a `Preparation`), and for a buckets
-    plan (`buckets`) the set chosen from them (`bucket_set`; under the profile's memory cap where
+    plan (`buckets`) the set chosen from them (`compiler.serving.traffic.bucket_set`; under the profile's memory cap where
     `memory` says what each bucket holds, GiB, and under its prepare budget where `cold` says
     what each bucket took to prepare cold, `cold_prepare`)."""
     from compiler.serving.traffic import weighted_mean
@@ -159,6 +155,8 @@ def plan_record(
     if prep.steps:
         record["prepare_steps"] = prep.steps
     if buckets:
+        from compiler.serving.traffic import bucket_set
+
         record.update(bucket_set(at_bucket, profile, memory, cold))
     return record
 
@@ -440,39 +438,6 @@ def visible_gpus() -> list[str]:
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def bucket_set(
-    at_bucket: dict[int, float],
-    profile: Any,
-    memory: dict[int, float] | None = None,
-    cold: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The buckets plan's set, chosen from the ladder's buckets by their measured latencies
-    (`compiler.serving.traffic.choose_buckets`: the least traffic-weighted padded latency, ties to
-    fewer buckets; a bucket is dropped where the next one up serves its sizes as fast; with the
-    profile's `memory_gib` and `memory`, GiB per bucket, the best set that fits; with its
-    `prepare_budget_s` and `cold`, the ladder prepared cold (`cold_prepare`), the best set whose
-    cold seconds fit), and that set's weighted latency, which the plans are compared by
-    (`weighted_ms`; the full ladder's, as measured, is `ladder_ms`; each bucket's memory
-    `bucket_gib`, its cold seconds `bucket_prepare_s`)."""
-    from compiler.serving.traffic import choose_buckets, padded_latency, weighted_mean
-
-    seconds = {int(b): s for b, s in cold["bucket_s"].items()} if cold and "error" not in cold else None
-    fixed = cold["fixed_s"] if seconds is not None else 0.0
-    chosen = choose_buckets(at_bucket, profile, len(at_bucket), memory, seconds, fixed)
-    record = {
-        "buckets": chosen,
-        "ladder_ms": {str(b): at_bucket[b] for b in sorted(at_bucket)},
-        "weighted_ms": weighted_mean(padded_latency(chosen, at_bucket, profile), profile),
-    }
-    if memory is not None:
-        record["bucket_gib"] = {str(b): memory[b] for b in sorted(memory)}
-        record["memory_gib"] = sum(memory[b] for b in chosen)
-    if seconds is not None:
-        record["bucket_prepare_s"] = {str(b): seconds[b] for b in sorted(seconds)}
-        record["prepare_fixed_s"] = fixed
-    return record
 
 
 def time_sizes(

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from compiler.serving.traffic import bucket_set
 from workers.bench.record import JobRecord
 from workers.bench.serving_stock import helper_result
 
@@ -68,40 +69,42 @@ FIT_TRIES = 3
 
 
 def from_packages(
-    chosen: list[int],
+    record: dict[str, Any],
     ladder: dict | None,
     measure: Callable[[list[int]], dict[str, Any]],
-    budget_s: float | None = None,
-    choose: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    profile: Any,
+    memory: dict[int, float] | None = None,
 ) -> dict[str, Any]:
-    """What a buckets plan timed on packages adds to its record: `from`, and where a prepare budget
-    was weighed (`ladder`: the ladder's cold prepare, `under_budget`) the chosen buckets' cold
-    prepare as measured (`cold_prepare_s`, `cold_prepare_steps`): the ladder's own run where every
-    bucket was chosen, else a fresh one of the chosen set (`measure(buckets)`: `cold_prepare`'s); `cold_prepare_error` where the cold
-    runs failed (then the budget was not applied).
+    """What a buckets plan timed on packages adds to its `record` (`plan_record`'s): `from`, and
+    where a prepare budget was weighed (`ladder`: the ladder's cold prepare, `under_budget`) the
+    chosen buckets' cold prepare as measured (`cold_prepare_s`, `cold_prepare_steps`): the
+    ladder's own run where every bucket was chosen, else a fresh one of the chosen set
+    (`measure(buckets)`, `cold_prepare`'s); `cold_prepare_error` where the cold runs failed (then
+    the budget was not applied).
 
-    A set chosen from the ladder's seconds may still prepare slower than `budget_s` when
-    measured (a fresh process's seconds vary from run to run). Then the ladder's seconds are
-    scaled by how far that measurement exceeded their sum (`prepare_scale`), the set is chosen
-    again under them (`choose`, given them as `cold_prepare`'s: `bucket_set`'s record of the new
-    choice), and that set is
-    prepared cold in turn, up to `FIT_TRIES` sets in all (`cold_prepare_tries`); the record then
-    carries the last choice."""
+    A set chosen from the ladder's seconds may still take longer than the profile's
+    `prepare_budget_s` when measured (a fresh process's seconds vary from run to run). Then the
+    ladder's seconds are scaled by how far that measurement exceeded their sum (`prepare_scale`),
+    the set is chosen again under them from the record's latencies and `memory`
+    (`compiler.serving.traffic.bucket_set`, whose record of the new choice this returns), and that
+    set is prepared cold in turn, up to `FIT_TRIES` sets in all (`cold_prepare_tries`)."""
     if ladder is None:
         return {"from": "packages"}
     if "error" in ladder:
         return {"from": "packages", "cold_prepare_error": ladder["error"]}
     seconds = {int(b): s for b, s in ladder["bucket_s"].items()}
+    chosen, budget_s = record["buckets"], profile.prepare_budget_s
+    at_bucket = {int(b): ms for b, ms in record["ladder_ms"].items()}
     same = set(seconds) == set(chosen)
     got = ladder if same else measure(chosen)
     again: dict[str, Any] = {}
     tries, scale = 1, 1.0
-    while "error" not in got and budget_s is not None and choose is not None:
+    while "error" not in got and budget_s is not None:
         if got["prepare_s"] <= budget_s or tries >= FIT_TRIES:
             break
         summed = sum(seconds[b] for b in chosen) + ladder["fixed_s"]
         scale = max(scale, got["prepare_s"] / summed)
-        choice = choose(scaled_cold(ladder, scale))
+        choice = bucket_set(at_bucket, profile, memory, scaled_cold(ladder, scale))
         if choice["buckets"] == chosen:  # nothing smaller fits better: the largest bucket alone
             break
         again, chosen = choice, choice["buckets"]
