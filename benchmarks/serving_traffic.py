@@ -24,13 +24,15 @@ prepared at once and replayed one after another (each only its sizes' requests).
 each side's preparation time, Dynamo graphs compiled after preparation (Dynamo's own counter; the
 served plan and the oracle must show 0), the largest first call of a size, the stalls, p50 and p99
 (stalls excluded) and the traffic-weighted mean latency (each size's median, weighted by the
-profile), then served / oracle and stock / served on it. `--summary FILE` adds the model's figures
+profile), then served / oracle and stock / served on it. A fresh process's prepare varies from run
+to run: with `--prepare-repeats N` the served plan is prepared in N fresh processes (the first
+replays the trace) and its prepare time is the slowest of them, each one listed. `--summary FILE` adds the model's figures
 to a serving summary (docs/results/serving-summary.json) under `--budget`.
 
     python benchmarks/serving_traffic.py MODEL_ID [--name NAME] [--export DIR] [--min 1] [--max 32]
         [--traffic 1:0.4,8:0.6] [--requests 400] [--seed 0] [--dtype fp32] [--mode default]
         [--stock-mode default[,reduce-overhead]] [--stock-dtype fp32] [--oracle compile|packages]
-        [--oracle-processes 1]
+        [--oracle-processes 1] [--prepare-repeats 1]
         [--device cpu|cuda] [--input-size N] [--save FILE.json] [--summary FILE --budget NAME]
 
 `--small` is the CPU mode CI's benchmark tier runs: batch 1..4, 40 requests.
@@ -288,6 +290,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device", default="cpu", choices=["cpu", "cuda"], help="where the model runs (default cpu)"
     )
+    p.add_argument(
+        "--prepare-repeats",
+        type=int,
+        default=1,
+        help="fresh processes the served plan is prepared in (the first replays the trace, the others "
+        "only prepare); its prepare time is the slowest of them, each listed (default 1)",
+    )
     p.add_argument("--input-size", type=int, help="the model's input size (a sweep entry's input_size)")
     p.add_argument("--save", type=Path, help="write every request's measurement to this JSON file")
     p.add_argument(
@@ -307,6 +316,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _prepared(side: dict) -> dict:
+    """What preparing took in one served process: its seconds and, where compile_tuned timed them,
+    its steps."""
+    steps = ((side.get("applied") or {}).get("serving") or {}).get("prepare_steps")
+    return {"prepare_s": side["prepare_s"], **({"steps": steps} if steps else {})}
+
+
 def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side: str) -> dict:
     """A model's figures for the serving summary (`--summary`)."""
     serving = sides["served"]["applied"].get("serving") or {}
@@ -316,6 +332,7 @@ def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side
         "plan": serving.get("plan"),
         "buckets": serving.get("buckets") or [],
         "prepare_s": rows["served"]["prepare_s"],
+        **({"prepare_s_runs": rows["served"]["prepare_s_runs"]} if args.prepare_repeats > 1 else {}),
         "max_first_call_s": rows["served"]["max_first_call_s"],
         "compiles_after_prepare": rows["served"]["compiles_after_prepare"],
         "weighted_ms_served": served,
@@ -352,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     sides: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="serving-traffic-") as caches:  # each side's caches cold
         sides["served"] = _run_child("served", argv, f"{caches}/served")
+        again = [  # the served plan prepared in more fresh processes, each replaying nothing
+            _run_child("served", [*argv, "--requests", "0"], f"{caches}/served-{i}")
+            for i in range(1, max(1, args.prepare_repeats))
+        ]
+        sides["served"]["prepare_runs"] = [_prepared(side) for side in (sides["served"], *again)]
         if args.oracle == "packages":
             build = build_oracle_packages(args, profile, Path(caches))
             sides["oracle"] = _run_child("oracle", [*argv, "--oracle-dir", caches], f"{caches}/oracle")
@@ -363,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.stock_mode.split(","):
             sides[f"stock:{mode}"] = _run_child(f"stock:{mode}", argv, f"{caches}/stock-{mode}")
     rows = {side: summary(sides[side], profile) for side in sides}
+    runs = [r["prepare_s"] for r in sides["served"]["prepare_runs"]]
+    rows["served"].update(prepare_s=max(runs), prepare_s_runs=runs)  # the slowest fresh process's
     stock_side = min((s for s in rows if s.startswith("stock:")), key=lambda s: rows[s]["weighted_ms"])
     print(
         "| side | prepare s | compiles after prepare | max first call s | stalls s | p50 ms | p99 ms | weighted ms |"
@@ -375,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     served, oracle, stock = (rows[s]["weighted_ms"] for s in ("served", "oracle", stock_side))
     serving = sides["served"]["applied"].get("serving") or {}
+    if len(runs) > 1:
+        print(f"served prepare in {len(runs)} fresh processes: {', '.join(f'{r:.2f}' for r in runs)} s")
     print(
         f"served plan: {serving.get('plan')} {serving.get('buckets') or ''}; served / oracle "
         f"{served / oracle:.3f}x; {stock_side} / served {stock / served:.3f}x (stalls excluded)"
