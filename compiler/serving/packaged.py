@@ -105,7 +105,7 @@ class PackagedModel:
         packaged.constants = fill_constants(runner, model, path)  # the package runs on these
         return packaged
 
-    def capture(self, args: tuple, kwargs: dict, pool: Any = None) -> None:
+    def capture(self, args: tuple, kwargs: dict, pool: Any = None) -> dict[str, float]:
         """Warm the package up on these inputs (the first run folds the weights) and, for a CUDA
         graph preset, capture a graph of it for their shape with static copies of them, into the
         memory pool `pool` where given (another graph's `pool`: `compiler.serving.plan_packages`
@@ -118,14 +118,24 @@ class PackagedModel:
         the last (`cudaEventQuery`, `cudaEventSynchronize` in `model_container.h`), which
         invalidates a stream capture ("operation failed due to a previous error during
         capture", ResNet-50 on an H200). Neither that runner nor the graph's static inputs are
-        for calls from several threads at once."""
+        for calls from several threads at once.
+
+        Returns `first_run_s`: the seconds of the package's first run at these inputs, its GPU
+        work finished (where the weights are folded, its kernels loaded and the libraries it
+        calls meet the shape for the first time), apart from the warm-ups and the capture."""
+        import time
+
         import torch
         import torch.utils._pytree as pytree
 
+        t = time.perf_counter()
         with torch.no_grad():
             self.runner(*args, **kwargs)
+        if any(v.is_cuda for v in tensors((args, kwargs))):
+            torch.cuda.synchronize()
+        timed = {"first_run_s": time.perf_counter() - t}
         if not self.cudagraphs:
-            return
+            return timed
         static_args, static_kwargs = pytree.tree_map(
             lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs)
         )
@@ -141,6 +151,7 @@ class PackagedModel:
         self.pool = graph.pool()
         static_inputs = tensors((static_args, static_kwargs))
         self.graphs[str(describe(static_inputs))] = (graph, static_inputs, static_out)
+        return timed
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch

@@ -32,9 +32,11 @@ from typing import Any
 
 from compiler.serving.padding import batch_size, resize_batch, slice_batch
 
-STEPS = ("reference_s", "load_s", "capture_s", "check_s")
+STEPS = ("reference_s", "load_s", "first_run_s", "capture_s", "check_s")
 """What `LoadedPlan.steps` times: the eager reference, loading each package (its library and the
-model's weights), warming up and capturing its graphs, and checking its outputs."""
+model's weights), each package's first run at its size (`PackagedModel.capture`'s `first_run_s`:
+folding the weights, loading its kernels), warming up and capturing its graphs, and checking its
+outputs."""
 
 
 class PlanLoadError(RuntimeError):
@@ -121,7 +123,7 @@ def load_buckets(
         try:
             packaged = load(bucket)
             t1 = time.perf_counter()
-            packaged.capture(b_args, b_kwargs, pool=pool)
+            first = (packaged.capture(b_args, b_kwargs, pool=pool) or {}).get("first_run_s", 0.0)
             with torch.no_grad():
                 got = packaged(*b_args, **b_kwargs)
             sync()
@@ -132,7 +134,8 @@ def load_buckets(
             raise PlanLoadError(bucket, "failed", f"{type(exc).__name__}: {_first_line(exc)}") from exc
         pool = packaged.pool or pool
         steps["load_s"] += t1 - t
-        steps["capture_s"] += t2 - t1
+        steps["first_run_s"] += first
+        steps["capture_s"] += t2 - t1 - first
         if device is not None:
             now = torch.cuda.memory_reserved(device)
             out.memory_gib[bucket], reserved = (now - reserved) / 2**30, now
@@ -178,8 +181,10 @@ def load_dynamic(
         packaged = load()
         t1 = time.perf_counter()
         sizes = range(high, low - 1, -1) if packaged.cudagraphs else reversed(ends)
+        first = 0.0  # each size's first run
         for size in sizes:
-            packaged.capture(*resize_batch(*example, size))  # into the pool of the size before
+            timed = packaged.capture(*resize_batch(*example, size))  # into the pool of the size before
+            first += (timed or {}).get("first_run_s", 0.0)
         sync()
         t2 = time.perf_counter()
         outputs = {}
@@ -193,7 +198,7 @@ def load_dynamic(
         raise
     except Exception as exc:  # a package that will not load or run here
         raise PlanLoadError(DYNAMIC, "failed", f"{type(exc).__name__}: {_first_line(exc)}") from exc
-    steps["load_s"], steps["capture_s"] = t1 - t, t2 - t1
+    steps["load_s"], steps["first_run_s"], steps["capture_s"] = t1 - t, first, t2 - t1 - first
     for size in ends:
         cmp = compare_outputs(aoti.tensors(references[size]), outputs[size], precision)
         if not cmp.ok:

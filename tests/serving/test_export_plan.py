@@ -15,6 +15,7 @@ from compiler.config import CompileConfig
 from compiler.hardware import hardware_class, software_stack
 from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.serving import EXPORT_FORMAT, SERVING_FILE
+from compiler.serving.plan_packages import STEPS
 from orchestrator.tune.sweep_models import serving_profiles
 from store.runlog import read_runs, start_run
 from tests.tune.test_export_apply import ROOT, edit_presets, rehash, write_export
@@ -303,7 +304,7 @@ def test_a_buckets_plan_with_a_package_per_bucket_is_served_without_dynamo(tmp_p
         applied
     )  # no Dynamo at all
     assert got["compiles"] == 0 and got["worst"] < 1e-4, got
-    assert set(applied["serving"]["prepare_steps"]) == {"reference_s", "load_s", "capture_s", "check_s"}
+    assert set(applied["serving"]["prepare_steps"]) == set(STEPS)
     per_bucket = applied["serving"]["bucket_prepare_s"]
     assert set(per_bucket) == {"2", "4", "8"} and all(s > 0 for s in per_bucket.values()), per_bucket
     assert sum(per_bucket.values()) <= applied["serving"]["prepare_s"], applied["serving"]
@@ -334,7 +335,6 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
     Under a prepare budget, the packages are prepared cold in a fresh process, each bucket's
     seconds weighed, and the chosen set prepared cold once more. A model torch.export cannot
     capture gets `package_error` and the plan compiled instead."""
-    from compiler.serving.plan_packages import STEPS
     from orchestrator.tune.sweep_models import serving_line
 
     dest = tmp_path / "export"
@@ -394,7 +394,6 @@ def test_a_model_whose_rows_interact_ships_one_package_for_its_range_served_with
     `torch.export.Dim` over the range, built by a `--bucket-package LOW:HIGH` process, loaded,
     checked and timed in the bundle job; a fresh process's `compile_tuned` serves every size of the
     range from it without Dynamo, each size's outputs those of eager at that size."""
-    from compiler.serving.plan_packages import STEPS
     from orchestrator.tune.sweep_models import packaged_plan, serving_line
 
     dest = tmp_path / "export"

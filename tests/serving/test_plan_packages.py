@@ -69,6 +69,41 @@ def test_each_bucket_is_timed_apart_from_the_one_reference_every_set_of_them_tak
     assert sum(loaded.bucket_s.values()) >= sum(loaded.steps.values()) - loaded.steps["reference_s"] - 1e-9
 
 
+def test_a_packages_first_run_is_timed_apart_from_its_capture():
+    """`first_run_s` is each package's first run at its size (`PackagedModel.capture` reports it:
+    folding the weights, loading its kernels), `capture_s` the rest of warming up and capturing."""
+    import time
+
+    class SlowFirstRun(EagerPackage):
+        def capture(self, args, kwargs, pool=None):
+            t = time.perf_counter()
+            time.sleep(0.2)  # the first run
+            first = time.perf_counter() - t
+            time.sleep(0.1)  # the capture
+            return {"first_run_s": first}
+
+    model, inputs = toy_mlp(3)
+    loaded = load_buckets([2, 4], lambda b: SlowFirstRun(model, []), model, ((), inputs), "fp32", True)
+    assert loaded.steps["first_run_s"] >= 0.4, loaded.steps
+    assert 0.2 <= loaded.steps["capture_s"] < loaded.steps["first_run_s"], loaded.steps
+
+
+def test_a_real_package_reports_its_first_run(tmp_path):
+    """A CPU AOTInductor package, loaded as a plan loads it: its first run is timed and counted."""
+    from compiler import aoti
+    from compiler.config import CompileConfig
+    from compiler.serving.packaged import PackagedModel, no_fallback
+
+    model, inputs = toy_mlp(2)
+    info = aoti.build_package(model, inputs, CompileConfig(name="default"), tmp_path / "mlp.pt2")
+    model2, _ = toy_mlp(2)
+    packaged = PackagedModel.load(
+        tmp_path / "mlp.pt2", model2, info["package_inputs"], False, no_fallback("mlp")
+    )
+    timed = packaged.capture((), inputs)
+    assert set(timed) == {"first_run_s"} and timed["first_run_s"] > 0, timed
+
+
 def test_a_package_that_does_not_reproduce_eager_is_named_by_its_bucket():
     model, inputs = toy_mlp(3)
     other, _ = toy_mlp(3)
