@@ -26,8 +26,9 @@ served plan and the oracle must show 0), the largest first call of a size, the s
 (stalls excluded) and the traffic-weighted mean latency (each size's median, weighted by the
 profile), then served / oracle and stock / served on it. A fresh process's prepare varies from run
 to run: with `--prepare-repeats N` the served plan is prepared in N fresh processes (the first
-replays the trace) and its prepare time is the slowest of them, each one listed. `--summary FILE` adds the model's figures
-to a serving summary (docs/results/serving-summary.json) under `--budget`.
+replays the trace) and its prepare time is the slowest of them, each one listed. `--summary FILE`
+adds the model's figures to a serving summary (docs/results/serving-summary.json) under
+`--budget`.
 
     python benchmarks/serving_traffic.py MODEL_ID [--name NAME] [--export DIR] [--min 1] [--max 32]
         [--traffic 1:0.4,8:0.6] [--requests 400] [--seed 0] [--dtype fp32] [--mode default]

@@ -123,7 +123,7 @@ def load_buckets(
         try:
             packaged = load(bucket)
             t1 = time.perf_counter()
-            first = (packaged.capture(b_args, b_kwargs, pool=pool) or {}).get("first_run_s", 0.0)
+            first = packaged.capture(b_args, b_kwargs, pool=pool)["first_run_s"]
             with torch.no_grad():
                 got = packaged(*b_args, **b_kwargs)
             sync()
@@ -183,8 +183,7 @@ def load_dynamic(
         sizes = range(high, low - 1, -1) if packaged.cudagraphs else reversed(ends)
         first = 0.0  # each size's first run
         for size in sizes:
-            timed = packaged.capture(*resize_batch(*example, size))  # into the pool of the size before
-            first += (timed or {}).get("first_run_s", 0.0)
+            first += packaged.capture(*resize_batch(*example, size))["first_run_s"]  # pool of the size before
         sync()
         t2 = time.perf_counter()
         outputs = {}

@@ -137,10 +137,10 @@ def plan_record(
 ) -> dict:
     """A prepared plan's record: its latency at every size of the traffic (`time_sizes`) and their
     traffic-weighted mean, what preparing it cost (`prep`, a `Preparation`), and for a buckets
-    plan (`buckets`) the set chosen from them (`compiler.serving.traffic.bucket_set`; under the profile's memory cap where
-    `memory` says what each bucket holds, GiB, and under its prepare budget where `cold` says
-    what each bucket took to prepare cold, `cold_prepare`)."""
-    from compiler.serving.traffic import weighted_mean
+    plan (`buckets`) the set chosen from them (`compiler.serving.traffic.bucket_set`; under the
+    profile's memory cap where `memory` says what each bucket holds, GiB, and under its prepare
+    budget where `cold` says what each bucket took to prepare cold, `cold_prepare`)."""
+    from compiler.serving.traffic import bucket_set, weighted_mean
 
     at_size, at_bucket = time_sizes(served, example, profile, cuda, buckets)
     record = {
@@ -155,8 +155,6 @@ def plan_record(
     if prep.steps:
         record["prepare_steps"] = prep.steps
     if buckets:
-        from compiler.serving.traffic import bucket_set
-
         record.update(bucket_set(at_bucket, profile, memory, cold))
     return record
 
