@@ -134,6 +134,28 @@ class _Centered(nn.Module):
         return self.linear(x - x.mean(0, keepdim=True))
 
 
+def batch_branching(
+    batch_size: int, input_size: int | None = None, overrides: dict | None = None
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A model whose code branches on its batch size: ``nn.Linear`` (``input_size`` -> 16, default
+    32), then ``relu`` above a batch of 4 and ``clamp(min=0)`` up to it, the same values either
+    way. Its rows are independent, but Dynamo guards its graph on the branch, so marking the batch
+    dynamic over a range that spans 4 fails (ConstraintViolationError): the model that can take
+    only the buckets plan (DETR's graph specializes its batch size too). No overrides."""
+    return _one_linear(_Branching, "batch_branching", batch_size, input_size, overrides)
+
+
+class _Branching(nn.Module):
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            return self.linear(x).relu()
+        return torch.clamp(self.linear(x), min=0)
+
+
 def checked(
     batch_size: int, input_size: int | None = None, overrides: dict | None = None
 ) -> tuple[nn.Module, dict[str, torch.Tensor]]:

@@ -60,7 +60,10 @@ def serving_line(serving: dict[str, Any] | None) -> str:
     if not serving:
         return ""
     plans = serving.get("plans") or {}
-    timed = ", ".join(f"{p} {v['weighted_ms']:.3f} ms" for p, v in plans.items())
+    timed = ", ".join(
+        f"{p} {v['weighted_ms']:.3f} ms" if "error" not in v else f"{p} failed: {v['error'][:150]}"
+        for p, v in plans.items()
+    )
     on = f" {serving['buckets']}" if serving["plan"] == "buckets" else ""
     why = "" if serving["padding"].get("ok") else " (padding refused: rows interact)"
     profile = ServingProfile.from_dict(serving["profile"]).describe()

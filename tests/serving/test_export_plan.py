@@ -16,7 +16,7 @@ from compiler.hardware import hardware_class, software_stack
 from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.serving import EXPORT_FORMAT, SERVING_FILE
 from compiler.serving.plan_packages import STEPS
-from orchestrator.tune.sweep_models import serving_profiles
+from orchestrator.tune.sweep_models import serving_line, serving_profiles
 from store.runlog import read_runs, start_run
 from tests.tune.test_export_apply import ROOT, edit_presets, rehash, write_export
 from workers.runner import build_bundle
@@ -135,6 +135,19 @@ def test_the_bundle_job_prepares_the_plan_and_a_fresh_process_serves_it_from_the
         assert got["compiles"] == 0 and got["worst"] < 1e-4, got
         # the bundle held the graphs: the fresh process's compiles of them were cache hits
         assert applied["cache_artifacts"].get("inductor", 0) >= (6 if plan == "buckets" else 2), applied
+
+
+def test_a_plan_the_model_cannot_take_is_recorded_with_its_error_and_the_other_serves(tmp_path):
+    # batch_branching's graph is guarded on its batch size (as DETR's is): the dynamic plan's
+    # compile fails; that is the plan's error, not the preset's
+    result = build_bundle(_job("batch_branching"), tmp_path / "b.bin", 1, str(tmp_path), serving=PROFILE)
+    assert result["status"] == "ok", result.get("error")
+    s = result["serving"]
+    assert s["plan"] == "buckets" and s["padding"]["ok"], s
+    assert s["plans"]["dynamic"]["error"].startswith("ConstraintViolationError"), s["plans"]["dynamic"]
+    assert sorted(map(int, s["plans"]["buckets"]["ms"])) == list(range(1, 9)), s
+    line = serving_line(s)
+    assert "on buckets" in line and "dynamic failed: ConstraintViolationError" in line, line
 
 
 SERVING_SWEEP = (

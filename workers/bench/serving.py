@@ -9,7 +9,9 @@ they were; one dynamic-batch graph always) are each prepared as `compile_tuned` 
 subset of the ladder that serves the traffic fastest by the buckets' own latencies (a bucket goes
 where the next one up is as fast), and the plan with the lower traffic-weighted mean latency is
 the preset's (neither wins everywhere: in bf16 under CUDA graphs
-ResNet-50 runs faster on buckets, ViT on one dynamic graph). Every graph compiled
+ResNet-50 runs faster on buckets, ViT on one dynamic graph). A plan the model cannot take (DETR's
+graph specializes its batch size, so marking it dynamic fails) records its `error` instead, and
+the other serves; the phase fails only where neither prepares. Every graph compiled
 here is in the bundle written next, so a serving process prepares its plan from cache hits. The
 result's `serving` is what serving.json records for the preset: the profile, the plan, its
 buckets, the padding check, and per plan what preparing cost here and its weighted latency.
@@ -22,18 +24,13 @@ import functools
 import gc
 import os
 import shutil
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from workers.bench.record import JobRecord
 from workers.bench.serving_prepare import bucket_loader, cold_prepare, from_packages, under_budget
-from workers.bench.serving_stock import TIMED_CALLS, helper_process, stock_under_traffic
-
-TIMED_SIZES = 64
-"""At most this many sizes are timed per plan; a wider traffic is timed on the bucket ladder,
-each size costed at the next timed size up."""
+from workers.bench.serving_stock import helper_process, stock_under_traffic, time_sizes
 
 
 def prepare_serving(
@@ -53,12 +50,9 @@ def prepare_serving(
     fails (`package_error`), the plan is compiled here, its graphs in the bundle. With `stock` (a
     mode and a dtype), the stock user is timed under the same traffic in a process of its own
     (`stock_under_traffic`): `stock`, and `vs_stock` the plan's gain over it, stalls excluded."""
-    import torch
-
     from compiler import aoti
-    from compiler.aoti import package_options, split_inputs
-    from compiler.serving.padding import check_ladder, rows_proven_independent
-    from compiler.serving.served import ServedModel
+    from compiler.aoti import split_inputs
+    from compiler.serving.padding import check_ladder
     from compiler.serving.traffic import ServingProfile, default_buckets, fine_buckets
 
     run.enter("serving")
@@ -68,45 +62,25 @@ def prepare_serving(
     packaged = package is not None and not aoti.packageable(cfg)
     ladder = fine_buckets if packaged else default_buckets
     buckets, check = check_ladder(model, *example, profile.min, profile.max, run.job.dtype, ladder)
-    independent = rows_proven_independent(check.to_dict())
     prepared = cfg.prepare_model(model) if cfg.channels_last else model
     cuda = run.job.device == "cuda"
     record: dict[str, Any] = {"profile": profile.to_dict(), "padding": check.to_dict()}
     plans: dict[str, dict[str, Any]] = {}
     built: dict[int, dict[str, Any]] = {}
     for plan in ("buckets", "dynamic") if check.ok else ("dynamic",):
-        served = None
-        if plan == "buckets" and package is not None and packaged:
-            served, built, build, why = packaged_buckets(
-                run, prepared, example, profile, buckets, package, independent
+        try:
+            plans[plan] = _timed_plan(
+                run, plan, prepared, example, profile, buckets, check, package, record, built
             )
-            record["package_build"] = build
-            if served is None:
-                record["package_error"] = why
-        if served is None:
-            served = ServedModel(
-                lambda dynamic: torch.compile(prepared, **{**cfg.compile_kwargs(), "dynamic": dynamic}),
-                profile,
-                plan,
-                buckets,
-                example,
-                cudagraphs=cuda and package_options(cfg)[1],
-                rows_independent=check.ok,
-            )
-            prep = served.prepare()
-        else:
-            prep = served.preparation
-        memory = {b: built[b]["memory_gib"] for b in built} if built and cuda and plan == "buckets" else None
-        cold = under_budget(run, profile, built, buckets, package, independent) if plan == "buckets" else None
-        plans[plan] = plan_record(
-            served, prep, example, profile, cuda, buckets if plan == "buckets" else [], memory, cold
+        except Exception as exc:  # a plan this model cannot take (DETR's graph specializes its batch)
+            plans[plan] = {"error": plan_error(exc)}
+        _release(cuda)  # the next plan's memory is measured without this one's
+    failed = {p: v["error"] for p, v in plans.items() if "error" in v}
+    if len(failed) == len(plans):
+        raise RuntimeError(
+            "no serving plan prepared: " + "; ".join(f"{p}: {why}" for p, why in failed.items())
         )
-        if built and plan == "buckets":  # timed on packages; where budgeted, the chosen set prepared cold
-            measure = functools.partial(cold_prepare, run, package, built, rows_independent=independent)
-            plans[plan].update(from_packages(plans[plan], cold, measure, profile, memory))
-        served = prep = None  # the next plan's memory is measured without this one's
-        _release(cuda)
-    chosen = min(plans, key=lambda p: plans[p]["weighted_ms"])
+    chosen = min((p for p in plans if p not in failed), key=lambda p: plans[p]["weighted_ms"])
     record.update(plan=chosen, buckets=plans[chosen].get("buckets", []), plans=plans)
     if package is not None and packaged:  # the chosen plan's packages, and only those, ship
         if built:
@@ -116,6 +90,70 @@ def prepare_serving(
     if stock is not None:
         _against_stock(run, profile, stock, record)
     run.result["serving"] = record
+
+
+def plan_error(exc: BaseException) -> str:
+    """A plan's `error` in the record: the exception's type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
+
+
+def _timed_plan(
+    run: JobRecord,
+    plan: str,
+    prepared: Any,
+    example: tuple,
+    profile: Any,
+    buckets: list[int],
+    check: Any,
+    package: Path | None,
+    record: dict[str, Any],
+    built: dict[int, dict[str, Any]],
+) -> dict[str, Any]:
+    """`plan` prepared as a serving process prepares it and timed under the traffic: its record in
+    `plans`. The buckets plan of a packaging preset runs on a package per bucket of the ladder
+    (`packaged_buckets`, which fills `built`), else on graphs compiled here."""
+    import torch
+
+    from compiler import aoti
+    from compiler.aoti import package_options
+    from compiler.serving.padding import rows_proven_independent
+    from compiler.serving.served import ServedModel
+
+    cfg = run.job.config
+    cuda = run.job.device == "cuda"
+    independent = rows_proven_independent(check.to_dict())
+    served = None
+    if plan == "buckets" and package is not None and not aoti.packageable(cfg):
+        served, got, build, why = packaged_buckets(
+            run, prepared, example, profile, buckets, package, independent
+        )
+        built.update(got)
+        record["package_build"] = build
+        if served is None:
+            record["package_error"] = why
+    if served is None:
+        served = ServedModel(
+            lambda dynamic: torch.compile(prepared, **{**cfg.compile_kwargs(), "dynamic": dynamic}),
+            profile,
+            plan,
+            buckets,
+            example,
+            cudagraphs=cuda and package_options(cfg)[1],
+            rows_independent=check.ok,
+        )
+        prep = served.prepare()
+    else:
+        prep = served.preparation
+    memory = {b: built[b]["memory_gib"] for b in built} if built and cuda and plan == "buckets" else None
+    cold = under_budget(run, profile, built, buckets, package, independent) if plan == "buckets" else None
+    record_ = plan_record(
+        served, prep, example, profile, cuda, buckets if plan == "buckets" else [], memory, cold
+    )
+    if built and plan == "buckets":  # timed on packages; where budgeted, the chosen set prepared cold
+        measure = functools.partial(cold_prepare, run, package, built, rows_independent=independent)
+        record_.update(from_packages(record_, cold, measure, profile, memory))
+    return record_
 
 
 def _against_stock(run: JobRecord, profile: Any, stock: dict[str, Any], record: dict[str, Any]) -> None:
@@ -436,28 +474,3 @@ def visible_gpus() -> list[str]:
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def time_sizes(
-    served: Any, example: tuple, profile: Any, cuda: bool, buckets: list[int]
-) -> tuple[dict[int, float], dict[int, float]]:
-    """The prepared plan's latency (ms, median of `TIMED_CALLS` per-call times of
-    `compiler.measure.time_calls`: CUDA events around each call on a GPU, as a job's rows time) at
-    every size the traffic sends (or, beyond `TIMED_SIZES` of them, at the bucket ladder's sizes,
-    each size costed at the next one up), and at each of `buckets` (each run at its own size,
-    unpadded)."""
-    from compiler.measure import time_calls
-    from compiler.serving.padding import resize_batch
-    from compiler.serving.traffic import default_buckets, next_bucket
-
-    sizes = [s for s, _ in profile.traffic]
-    ladder = default_buckets(profile.min, profile.max)
-    timed = sorted(set(sizes if len(sizes) <= TIMED_SIZES else ladder) | set(buckets))
-    measured: dict[int, float] = {}
-    for size in timed:
-        args, kwargs = resize_batch(*example, size)
-        served(*args, **kwargs)  # one untimed call: the first replay after another size's
-        times = time_calls(lambda a=args, k=kwargs: served(*a, **k), TIMED_CALLS, "cuda" if cuda else "cpu")
-        measured[size] = statistics.median(times)
-    at_size = {s: measured[s] if s in measured else measured[next_bucket(ladder, s)] for s in sizes}
-    return at_size, {b: measured[b] for b in buckets}

@@ -1,7 +1,7 @@
 """The stock user under a serving profile's traffic, for the export's serving phase
 (`workers.bench.serving`): plain `torch.compile` in the stock mode and dtype, timed in a process of
 its own (`python -m workers.bench --serving-stock JSON`) at every size the traffic sends, each
-size's first call its stall."""
+size's first call its stall; and a prepared plan timed at those sizes as well (`time_sizes`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from workers.bench.record import JobRecord
 
 TIMED_CALLS = 5
 """Timed calls per size (after one untimed call), their median the size's latency."""
+
+TIMED_SIZES = 64
+"""At most this many sizes are timed per plan; a wider traffic is timed on the bucket ladder,
+each size costed at the next timed size up."""
 
 
 PLAIN_DROPS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
@@ -147,3 +151,28 @@ def serve_stock(run: JobRecord, spec: dict[str, Any]) -> None:
         "order": order,
         "ms": {str(s): ms[s] for s in sorted(ms)},
     }
+
+
+def time_sizes(
+    served: Any, example: tuple, profile: Any, cuda: bool, buckets: list[int]
+) -> tuple[dict[int, float], dict[int, float]]:
+    """The prepared plan's latency (ms, median of `TIMED_CALLS` per-call times of
+    `compiler.measure.time_calls`: CUDA events around each call on a GPU, as a job's rows time) at
+    every size the traffic sends (or, beyond `TIMED_SIZES` of them, at the bucket ladder's sizes,
+    each size costed at the next one up), and at each of `buckets` (each run at its own size,
+    unpadded)."""
+    from compiler.measure import time_calls
+    from compiler.serving.padding import resize_batch
+    from compiler.serving.traffic import default_buckets, next_bucket
+
+    sizes = [s for s, _ in profile.traffic]
+    ladder = default_buckets(profile.min, profile.max)
+    timed = sorted(set(sizes if len(sizes) <= TIMED_SIZES else ladder) | set(buckets))
+    measured: dict[int, float] = {}
+    for size in timed:
+        args, kwargs = resize_batch(*example, size)
+        served(*args, **kwargs)  # one untimed call: the first replay after another size's
+        times = time_calls(lambda a=args, k=kwargs: served(*a, **k), TIMED_CALLS, "cuda" if cuda else "cpu")
+        measured[size] = statistics.median(times)
+    at_size = {s: measured[s] if s in measured else measured[next_bucket(ladder, s)] for s in sizes}
+    return at_size, {b: measured[b] for b in buckets}
