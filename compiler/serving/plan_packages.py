@@ -124,10 +124,10 @@ def load_buckets(
     warm = order[1:] if makes_cudnn_plans(model, device) else []  # the other buckets' cuDNN plans
     with eager_beside(model, example, warm, sync):
         reference = eager(top) if rows_independent else None
-    if warm:
-        torch.cuda.empty_cache()  # their activations are not the plan's memory
     steps["reference_s"] = time.perf_counter() - t
     out = LoadedPlan({}, steps)
+    if device is not None:  # neither the eager calls' activations nor what the process cached
+        torch.cuda.empty_cache()  # before are a bucket's (the first capture would free them)
     reserved = torch.cuda.memory_reserved(device) if device is not None else 0
     pool = None
     for bucket in order:

@@ -89,6 +89,36 @@ def test_a_buckets_plan_of_packages_is_captured_at_load_and_served_without_dynam
     assert graph_count() == before, "Dynamo compiled something"
 
 
+def test_a_conv_models_buckets_have_their_cudnn_plans_made_beside_the_reference():
+    """`load_buckets` on CUDA runs a convolutional model eagerly at every other bucket beside its
+    one reference (`eager_beside`), all before the first package's first run; and what each
+    bucket adds to the reserved memory is measured from an emptied cache (never below 0)."""
+    from compiler.serving.plan_packages import load_buckets
+
+    model, inputs = toy.conv_bn(16)
+    model, inputs = model.cuda(), {k: v.cuda() for k, v in inputs.items()}
+    events: list[tuple[str, int]] = []
+    model.register_forward_hook(
+        lambda mod, args, kwargs, out: events.append(("eager", kwargs["x"].shape[0])), with_kwargs=True
+    )
+    torch.ones(256, 2**20, device="cuda").sum()  # 1 GiB cached before the plan
+
+    class Stand:  # a package stand-in that runs the model eagerly
+        pool = None
+
+        def capture(self, args, kwargs, pool=None):
+            events.append(("capture", kwargs["x"].shape[0]))
+            return {"first_run_s": 0.0}
+
+        def __call__(self, *args, **kwargs):
+            return model(*args, **kwargs)
+
+    loaded = load_buckets([2, 4, 8, 16], lambda b: Stand(), model, ((), inputs), "fp32", True)
+    first_capture = events.index(("capture", 16))
+    assert sorted(n for kind, n in events[:first_capture] if kind == "eager") == [2, 4, 8, 16], events
+    assert all(g >= 0 for g in loaded.memory_gib.values()), loaded.memory_gib
+
+
 def test_a_dynamic_plan_package_captures_every_size_of_its_range_and_serves_without_dynamo(tmp_path):
     """The dynamic plan's one AOTInductor package (batch a `Dim` over 1..16) of a reduce-overhead
     preset for a model whose rows interact: a CUDA graph per size captured at load into one pool,
