@@ -253,6 +253,12 @@ def test_two_class_rehearsal_places_each_class_on_its_nodes(tmp_path):
     assert len(summary["checks"]["nightly_flags_one_class"]["runs"]) == 3
 
 
+def test_bucket_prepare_times_each_buckets_first_run_in_a_fresh_process():
+    out = bench("bucket_prepare.py", "--small", timeout=600)
+    row = table_row(out, "beside")
+    assert len(row) == 8 and all(float(cell) >= 0 for cell in row[1:]), out
+
+
 def test_serving_traffic_replays_the_trace_and_the_served_plan_never_compiles_after_preparing(tmp_path):
     save, summary = tmp_path / "trace.json", tmp_path / "summary.json"
     out = bench(

@@ -75,6 +75,8 @@ class LoadedPlan:
     steps: dict[str, float] = field(default_factory=dict)
     memory_gib: dict[int, float] = field(default_factory=dict)
     bucket_s: dict[int, float] = field(default_factory=dict)
+    first_run_s: dict[int, float] = field(default_factory=dict)
+    """Each bucket's package's first run at its size (seconds; `STEPS`' `first_run_s` is their sum)."""
 
     def fixed_s(self) -> float:
         """The steps' seconds that no one bucket took (`bucket_s`): the one eager reference."""
@@ -94,14 +96,18 @@ def load_buckets(
     example: tuple[tuple, dict],
     precision: str,
     rows_independent: bool,
+    beside: bool = True,
 ) -> LoadedPlan:
     """Each bucket's package, `load(bucket)` (a loaded `compiler.serving.packaged.PackagedModel`),
     captured on `example` resized to the bucket and checked against `model`'s eager outputs
     within `precision`'s budget, largest bucket first (see the module's docstring): against one
     reference's first rows where the padding check proved that rows do not interact
     (`rows_independent`: it padded some size and passed), else against a reference per bucket (a
-    ladder of every size pads nothing, so proves nothing). Raises `PlanLoadError` for the first
-    bucket that cannot serve (`load` may raise one itself)."""
+    ladder of every size pads nothing, so proves nothing). With `beside` (where
+    `makes_cudnn_plans`), eager calls at the other buckets run beside the reference
+    (`eager_beside`); without, each package's first run makes its bucket's cuDNN plans, one bucket
+    after another (what `benchmarks/bucket_prepare.py` compares). Raises `PlanLoadError` for the
+    first bucket that cannot serve (`load` may raise one itself)."""
     import torch
 
     from compiler import aoti
@@ -121,7 +127,7 @@ def load_buckets(
         return out
 
     t = time.perf_counter()
-    warm = order[1:] if makes_cudnn_plans(model, device) else []  # the other buckets' cuDNN plans
+    warm = order[1:] if beside and makes_cudnn_plans(model, device) else []  # their cuDNN plans
     with eager_beside(model, example, warm, sync):
         reference = eager(top) if rows_independent else None
     steps["reference_s"] = time.perf_counter() - t
@@ -148,6 +154,7 @@ def load_buckets(
         pool = packaged.pool or pool
         steps["load_s"] += t1 - t
         steps["first_run_s"] += first
+        out.first_run_s[bucket] = first
         steps["capture_s"] += t2 - t1 - first
         if device is not None:
             now = torch.cuda.memory_reserved(device)
