@@ -250,7 +250,9 @@ def eager_beside(
 ) -> Iterator[None]:
     """Run `model` eagerly on `example` resized to each of `sizes`, in threads (at most
     `WARM_THREADS`, and the cores this process may use) while the block runs, and wait for them
-    at its end; their outputs are dropped, and an exception one raised is raised there.
+    at its end; their outputs are dropped, and an exception one raised is raised there, but for
+    running out of GPU memory (the calls at once may need more than one at a time: a size whose
+    call did not fit is left to its package's first run).
 
     `load_buckets` runs it beside its reference where `makes_cudnn_plans`: a convolution's first
     call at a new shape has cuDNN build its plan (its heuristics, and for some kernels a compile
@@ -261,7 +263,11 @@ def eager_beside(
     operator, so the threads build them side by side."""
 
     def run(size: int) -> None:  # (grad mode is per thread: _eager_at sets no_grad in this one)
-        _eager_at(model, example, size, sync)
+        import torch
+
+        # side by side they may not fit: a size that does not is left to its package's first run
+        with contextlib.suppress(torch.cuda.OutOfMemoryError):
+            _eager_at(model, example, size, sync)
 
     if not sizes:
         yield
