@@ -103,11 +103,10 @@ def load_buckets(
     within `precision`'s budget, largest bucket first (see the module's docstring): against one
     reference's first rows where the padding check proved that rows do not interact
     (`rows_independent`: it padded some size and passed), else against a reference per bucket (a
-    ladder of every size pads nothing, so proves nothing). With `beside` (where
-    `makes_cudnn_plans`), eager calls at the other buckets run beside the reference
-    (`eager_beside`); without, each package's first run makes its bucket's cuDNN plans, one bucket
-    after another (what `benchmarks/bucket_prepare.py` compares). Raises `PlanLoadError` for the
-    first bucket that cannot serve (`load` may raise one itself)."""
+    ladder of every size pads nothing, so proves nothing). `beside`: eager calls at the other
+    buckets beside the reference where `makes_cudnn_plans` (`eager_beside`; without, each first
+    run makes its cuDNN plans in turn). Raises `PlanLoadError` for the first bucket that cannot
+    serve (`load` may raise one itself)."""
     import torch
 
     from compiler import aoti
