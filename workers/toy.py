@@ -141,8 +141,15 @@ def batch_branching(
     32), then ``relu`` above a batch of 4 and ``clamp(min=0)`` up to it, the same values either
     way. Its rows are independent, but Dynamo guards its graph on the branch, so marking the batch
     dynamic over a range that spans 4 fails (ConstraintViolationError): the model that can take
-    only the buckets plan (DETR's graph specializes its batch size too). No overrides."""
-    return _one_linear(_Branching, "batch_branching", batch_size, input_size, overrides)
+    only the buckets plan (DETR's graph specializes its batch size too). Override ``centered``
+    (default false): each row centred on the batch's mean first, so its rows interact and it can
+    take neither plan."""
+    options = {"centered": False, **(overrides or {})}
+    if set(options) != {"centered"}:
+        raise ValueError(f"unknown batch_branching override(s) {sorted(set(options) - {'centered'})}")
+    model, inputs = _one_linear(_Branching, "batch_branching", batch_size, input_size, None)
+    model.centered = bool(options["centered"])
+    return model, inputs
 
 
 class _Branching(nn.Module):
@@ -150,7 +157,11 @@ class _Branching(nn.Module):
         super().__init__()
         self.linear = nn.Linear(features, 16)
 
+    centered = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.centered:
+            x = x - x.mean(0, keepdim=True)
         if x.shape[0] > 4:
             return self.linear(x).relu()
         return torch.clamp(self.linear(x), min=0)

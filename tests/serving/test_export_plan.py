@@ -73,12 +73,12 @@ def _packaged_bundle(tmp_path, factory: str, profile: dict, stock: dict | None =
     )
 
 
-def _job(factory: str) -> Job:
+def _job(factory: str, overrides: dict | None = None) -> Job:
     return Job(
         sweep="export",
         hardware="cpu",
         device="cpu",
-        model=ModelSpec(id=f"python:workers.toy:{factory}", name=factory),
+        model=ModelSpec(id=f"python:workers.toy:{factory}", name=factory, overrides=overrides or {}),
         batch_size=4,
         dtype="fp32",
         config=CompileConfig(name="default"),
@@ -148,6 +148,15 @@ def test_a_plan_the_model_cannot_take_is_recorded_with_its_error_and_the_other_s
     assert sorted(map(int, s["plans"]["buckets"]["ms"])) == list(range(1, 9)), s
     line = serving_line(s)
     assert "on buckets" in line and "dynamic failed: ConstraintViolationError" in line, line
+
+
+def test_a_model_that_can_take_neither_plan_fails_its_bundle_job_saying_why(tmp_path):
+    # rows that interact rule the buckets plan out; a batch-guarded graph, the dynamic one
+    result = build_bundle(
+        _job("batch_branching", {"centered": True}), tmp_path / "b.bin", 1, str(tmp_path), serving=PROFILE
+    )
+    assert result["status"] == "compile_error", result
+    assert "no serving plan prepared: dynamic: ConstraintViolationError" in result["error"], result["error"]
 
 
 SERVING_SWEEP = (
