@@ -181,7 +181,9 @@ def load_dynamic(
     """The dynamic plan's package, `load()` (a loaded `compiler.serving.packaged.PackagedModel`
     for the batch range `batch`), checked against `model`'s eager outputs at the range's ends on
     `example` resized to each, and captured at every size of the range where it runs under CUDA
-    graphs, largest first into one pool (else warmed up at the ends). Raises `PlanLoadError`."""
+    graphs, largest first into one pool (else warmed up at the ends); on CUDA, each size's cuDNN
+    plans made beside the references where `makes_cudnn_plans` (`eager_beside`), so that neither
+    a capture nor, without CUDA graphs, a request makes them. Raises `PlanLoadError`."""
     import torch
 
     from compiler import aoti
@@ -189,11 +191,14 @@ def load_dynamic(
     from compiler.serving.served import cuda_device
 
     low, high = batch
-    sync = _synchronizer(cuda_device(example))
+    device = cuda_device(example)
+    sync = _synchronizer(device)
     steps = dict.fromkeys(STEPS, 0.0)
     ends = sorted({low, high})
     t = time.perf_counter()
-    references = {size: _eager_at(model, example, size, sync) for size in ends}
+    middle = list(range(high - 1, low, -1)) if makes_cudnn_plans(model, device) else []
+    with eager_beside(model, example, middle, sync):  # the other sizes' cuDNN plans
+        references = {size: _eager_at(model, example, size, sync) for size in ends}
     steps["reference_s"] = time.perf_counter() - t
     try:
         t = time.perf_counter()

@@ -118,6 +118,14 @@ def test_a_conv_models_buckets_have_their_cudnn_plans_made_beside_the_reference(
     assert sorted(n for kind, n in events[:first_capture] if kind == "eager") == [2, 4, 8, 16], events
     assert all(g >= 0 for g in loaded.memory_gib.values()), loaded.memory_gib
 
+    from compiler.serving.plan_packages import load_dynamic
+
+    events.clear()
+    Stand.cudagraphs = True
+    load_dynamic(lambda: Stand(), model, ((), inputs), (1, 8), "fp32")
+    first_capture = events.index(("capture", 8))
+    assert sorted(n for kind, n in events[:first_capture] if kind == "eager") == list(range(1, 9)), events
+
 
 def test_a_dynamic_plan_package_captures_every_size_of_its_range_and_serves_without_dynamo(tmp_path):
     """The dynamic plan's one AOTInductor package (batch a `Dim` over 1..16) of a reduce-overhead
