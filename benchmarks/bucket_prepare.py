@@ -14,7 +14,9 @@ checked, largest first), under each condition of `--conditions`:
 Each condition runs in `--repeats` fresh processes (a fresh process's first calls vary from one to
 the next). The table gives per process the eager reference's seconds (with the calls beside it),
 the sum of the packages' first runs, the whole prepare, each bucket's first run and, once
-prepared, each bucket's steady latency (median of 20 calls, synchronized, in ms).
+prepared, each bucket's steady latency in ms: the median of 20 per-call times after one untimed
+call (`compiler.measure.time_calls`: CUDA events around each call on a GPU, as the export times
+a plan's sizes).
 
     python benchmarks/bucket_prepare.py MODEL_ID [--sizes 32,16,8,3] [--dtype bf16]
         [--mode reduce-overhead] [--device cuda] [--conditions beside,serial,no-cudnn]
@@ -81,6 +83,7 @@ def child(args: argparse.Namespace, condition: str, folder: Path) -> dict:
     import torch
 
     from compiler.aoti import split_inputs
+    from compiler.measure import time_calls
     from compiler.serving.padding import resize_batch
     from compiler.serving.plan_packages import load_buckets
     from workers.bench.serving_prepare import bucket_loader
@@ -104,20 +107,12 @@ def child(args: argparse.Namespace, condition: str, folder: Path) -> dict:
         beside=condition != "serial",
     )
     prepare_s = time.perf_counter() - t
-    cuda = args.device == "cuda"
     steady = {}
     for size, packaged in loaded.packages.items():
         call_args, call_kwargs = resize_batch(*example, size)
-        times = []
-        for _ in range(21):
-            if cuda:
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            packaged(*call_args, **call_kwargs)
-            if cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t)
-        steady[size] = statistics.median(times[1:]) * 1e3
+        packaged(*call_args, **call_kwargs)  # one untimed call: the first replay after another size's
+        times = time_calls(lambda p=packaged, a=call_args, k=call_kwargs: p(*a, **k), 20, args.device)
+        steady[size] = statistics.median(times)
     return {
         "condition": condition,
         "prepare_s": prepare_s,

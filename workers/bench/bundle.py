@@ -11,7 +11,7 @@ import copy
 from pathlib import Path
 
 from compiler import durable
-from workers.bench.record import JobRecord
+from workers.bench.record import JobRecord, error_line
 
 
 def write_bundle(run: JobRecord, bundle: Path) -> bool:
@@ -61,8 +61,6 @@ def build_package(run: JobRecord, model, inputs, package: Path) -> None:
     try:  # the compiled model may hold the module: export a copy laid out as the config says
         info = aoti.build_package(cfg.prepare_model(copy.deepcopy(model)), inputs, cfg, package)
     except Exception as exc:
-        run.result["package_error"] = (
-            f"{type(exc).__name__}: {str(exc).splitlines()[0][:500] if str(exc) else ''}"
-        )
+        run.result["package_error"] = error_line(exc, 500)
         return
     run.result.update(info)

@@ -52,6 +52,13 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
+def error_line(exc: BaseException, chars: int) -> str:
+    """`Type: ` and the first line of the message, cut to `chars`: an error a record names in one
+    line (a package's or a serving plan's)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0][:chars] if text else ''}"
+
+
 def is_oom(exc: BaseException) -> bool:
     """Whether `exc` says the device or the host ran out of memory."""
     import torch

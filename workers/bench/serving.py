@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.bench.record import JobRecord
+from workers.bench.record import JobRecord, error_line
 from workers.bench.serving_prepare import bucket_loader, cold_prepare, from_packages, under_budget
 from workers.bench.serving_stock import helper_process, stock_under_traffic, time_sizes
 
@@ -70,10 +70,10 @@ def prepare_serving(
     for plan in ("buckets", "dynamic") if check.ok else ("dynamic",):
         try:
             plans[plan] = _timed_plan(
-                run, plan, prepared, example, profile, buckets, check, package, record, built
+                run, plan, prepared, example, profile, buckets, check, package, packaged, record, built
             )
         except Exception as exc:  # a plan this model cannot take (DETR's graph specializes its batch)
-            plans[plan] = {"error": plan_error(exc)}
+            plans[plan] = {"error": error_line(exc, 300)}
         _release(cuda)  # the next plan's memory is measured without this one's
     failed = {p: v["error"] for p, v in plans.items() if "error" in v}
     if len(failed) == len(plans):
@@ -92,12 +92,6 @@ def prepare_serving(
     run.result["serving"] = record
 
 
-def plan_error(exc: BaseException) -> str:
-    """A plan's `error` in the record: the exception's type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
-
-
 def _timed_plan(
     run: JobRecord,
     plan: str,
@@ -107,15 +101,16 @@ def _timed_plan(
     buckets: list[int],
     check: Any,
     package: Path | None,
+    packaged: bool,
     record: dict[str, Any],
     built: dict[int, dict[str, Any]],
 ) -> dict[str, Any]:
     """`plan` prepared as a serving process prepares it and timed under the traffic: its record in
-    `plans`. The buckets plan of a packaging preset runs on a package per bucket of the ladder
-    (`packaged_buckets`, which fills `built`), else on graphs compiled here."""
+    `plans`. The buckets plan of a `packaged` preset (the export ships packages and its config
+    packages) runs on a package per bucket of the ladder (`packaged_buckets`, which fills
+    `built`), else on graphs compiled here."""
     import torch
 
-    from compiler import aoti
     from compiler.aoti import package_options
     from compiler.serving.padding import rows_proven_independent
     from compiler.serving.served import ServedModel
@@ -124,7 +119,7 @@ def _timed_plan(
     cuda = run.job.device == "cuda"
     independent = rows_proven_independent(check.to_dict())
     served = None
-    if plan == "buckets" and package is not None and not aoti.packageable(cfg):
+    if plan == "buckets" and packaged:
         served, got, build, why = packaged_buckets(
             run, prepared, example, profile, buckets, package, independent
         )
