@@ -22,6 +22,9 @@ a plan's sizes).
         [--mode reduce-overhead] [--device cuda] [--conditions beside,serial,no-cudnn]
         [--repeats 1] [--packages DIR]
 
+`--packages DIR` keeps the packages there and reuses them on the next run; the folder and its
+files must be this user's and writable by no one else (a package is code the processes run).
+
 `--small` is the CPU mode CI's benchmark tier runs: the toy conv_bn model at sizes 4 and 2, fp32,
 mode default, condition `beside` (on the CPU it makes nothing beside the reference).
 """
@@ -58,6 +61,17 @@ def _run(args: argparse.Namespace):
     return JobRun.for_preset(
         "bucket-prepare", hardware, {"model_spec": spec, "batch_size": max(args.sizes)}, config, args.dtype
     )
+
+
+def not_private(folder: Path) -> str:
+    """Why the packages in `folder` could be someone else's (a package is a compiled library the
+    child processes run): the folder or a file in it not owned by this user, or writable by
+    others; "" when neither."""
+    for path in (folder, *folder.iterdir()):
+        st = path.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return f"{path} is not this user's alone (owner {st.st_uid}, mode {st.st_mode & 0o777:o})"
+    return ""
 
 
 def build(args: argparse.Namespace, folder: Path) -> dict:
@@ -135,7 +149,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"what each fresh process prepares under, comma-separated: {', '.join(CONDITIONS)} (default all)",
     )
     p.add_argument("--repeats", type=int, default=1, help="fresh processes per condition (default 1)")
-    p.add_argument("--packages", type=Path, help="keep the packages in this folder (reused when it has them)")
+    p.add_argument(
+        "--packages",
+        type=Path,
+        help="keep the packages in this folder (reused when it has them; it must be writable by you alone)",
+    )
     p.add_argument("--small", action="store_true", help="CI's CPU mode: conv_bn at 4 and 2, fp32")
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p
@@ -162,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="bucket-prepare-") as scratch:
         folder = args.packages or Path(scratch)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        why = not_private(folder)
+        if why:  # its packages, built here or kept from before, must be ours when the children load them
+            raise SystemExit(f"--packages {folder}: {why}; use a folder only you can write (chmod go-w)")
         build(args, folder)
         env = {**os.environ, "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH"))}
         rows = []

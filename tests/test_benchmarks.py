@@ -259,6 +259,28 @@ def test_bucket_prepare_times_each_buckets_first_run_in_a_fresh_process():
     assert len(row) == 8 and all(float(cell) >= 0 for cell in row[1:]), out
 
 
+def test_bucket_prepare_refuses_a_packages_folder_others_can_write(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could put a package there for its processes to run
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bucket_prepare.py"),
+            "--small",
+            "--packages",
+            str(shared),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "| beside |" not in done.stdout, done.stdout
+    assert "not this user's alone" in done.stderr and "chmod go-w" in done.stderr, done.stderr
+    assert list(shared.iterdir()) == [], "nothing was built there"
+
+
 def test_serving_traffic_replays_the_trace_and_the_served_plan_never_compiles_after_preparing(tmp_path):
     save, summary = tmp_path / "trace.json", tmp_path / "summary.json"
     out = bench(
