@@ -4,29 +4,31 @@ prepared in fresh processes as `compile_tuned` prepares a buckets plan (`load_bu
 reference at the largest bucket, then each package loaded, run once, warmed up, captured and
 checked, largest first), under each condition of `--conditions`:
 
-- `beside`: as served: on CUDA, for a model with convolutions, eager calls at the other buckets
-  run in threads beside the reference (`eager_beside`), making cuDNN's plans for their shapes;
-- `serial`: without them: each package's first run makes its bucket's cuDNN plans, one bucket
-  after another;
+- `served`: as `compile_tuned` prepares them on a node that has started the model before: each
+  package's first run makes its bucket's cuDNN plans, one bucket after another, with the CUDA
+  driver's JIT cache as this user has it (`~/.nv/ComputeCache`, or `CUDA_CACHE_PATH`);
+- `cold-jit`: the same with the driver's JIT cache empty, of its own (`compiler.env.cold_caches`),
+  as a new node's first start has it, and as the export's cold prepare and the traffic
+  benchmark's processes run;
 - `no-cudnn`: cuDNN off (`torch.backends.cudnn.enabled = False`): no plan to make, at the cost
   of PyTorch's own convolution kernels in the steady state.
 
 Each condition runs in `--repeats` fresh processes (a fresh process's first calls vary from one to
-the next). The table gives per process the eager reference's seconds (with the calls beside it),
+the next). The table gives per process the eager reference's seconds,
 the sum of the packages' first runs, the whole prepare, each bucket's first run and, once
 prepared, each bucket's steady latency in ms: the median of 20 per-call times after one untimed
 call (`compiler.measure.time_calls`: CUDA events around each call on a GPU, as the export times
 a plan's sizes).
 
     python benchmarks/bucket_prepare.py MODEL_ID [--sizes 32,16,8,3] [--dtype bf16]
-        [--mode reduce-overhead] [--device cuda] [--conditions beside,serial,no-cudnn]
+        [--mode reduce-overhead] [--device cuda] [--conditions served,cold-jit,no-cudnn]
         [--repeats 1] [--packages DIR]
 
 `--packages DIR` keeps the packages there and reuses them on the next run; the folder and its
 files must be this user's and writable by no one else (a package is code the processes run).
 
 `--small` is the CPU mode CI's benchmark tier runs: the toy conv_bn model at sizes 4 and 2, fp32,
-mode default, condition `beside` (on the CPU it makes nothing beside the reference).
+mode default, condition `cold-jit`.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from compiler.env import project_pythonpath  # noqa: E402
+from compiler.env import cold_caches, project_pythonpath  # noqa: E402
 
-CONDITIONS = ("beside", "serial", "no-cudnn")
+CONDITIONS = ("served", "cold-jit", "no-cudnn")
 
 
 def _run(args: argparse.Namespace):
@@ -118,7 +120,6 @@ def child(args: argparse.Namespace, condition: str, folder: Path) -> dict:
         example,
         args.dtype,
         rows_independent=True,
-        beside=condition != "serial",
     )
     prepare_s = time.perf_counter() - t
     steady = {}
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             "fp32",
             "default",
             "cpu",
-            "beside",
+            "cold-jit",
         )
     args.sizes = sorted({int(s) for s in str(args.sizes).split(",")}, reverse=True)
     conditions = args.conditions.split(",")
@@ -190,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         for condition in conditions:
             for _ in range(args.repeats):
                 cmd = [sys.executable, __file__, *argv, "--child", condition, "--packages", str(folder)]
-                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+                with tempfile.TemporaryDirectory(prefix="cold-", dir=scratch) as cold:
+                    here = {**env, **cold_caches(cold)} if condition == "cold-jit" else env
+                    done = subprocess.run(cmd, env=here, capture_output=True, text=True, timeout=1800)
                 if done.returncode:
                     raise SystemExit(f"{condition}: the process failed:\n{done.stderr[-3000:]}")
                 rows.append(json.loads(done.stdout.strip().splitlines()[-1]))

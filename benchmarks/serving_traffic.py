@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 from serving_oracle import build_oracle_packages, compile_config, load_oracle_packages, run_oracle  # noqa: E402  (beside this file)
 from serving_summary import add_to_summary  # noqa: E402
 
-from compiler.env import project_pythonpath  # noqa: E402
+from compiler.env import cold_caches, project_pythonpath  # noqa: E402
 from compiler.serving.traffic import ServingProfile, weighted_mean  # noqa: E402
 from compiler.statistics import percentile, summarize  # noqa: E402
 
@@ -227,11 +227,12 @@ def _profile(args: argparse.Namespace) -> ServingProfile:
 
 
 def _env(cache: str) -> dict[str, str]:
-    """A child's environment: this project importable, and Inductor's caches in `cache`."""
+    """A child's environment: this project importable, and a fresh node's caches, empty, in
+    `cache` (`compiler.env.cold_caches`: Inductor's and the CUDA driver's JIT cache)."""
     return {
         **os.environ,
         "PYTHONPATH": project_pythonpath(os.environ.get("PYTHONPATH")),
-        "TORCHINDUCTOR_CACHE_DIR": cache,
+        **cold_caches(cache),
     }
 
 

@@ -74,6 +74,14 @@ def project_pythonpath(current: str | None, extra: Iterable[str] = ()) -> str:
     return os.pathsep.join(dict.fromkeys([root, *extra, *paths]))
 
 
+def cold_caches(folder: str | Path) -> dict[str, str]:
+    """Environment settings under which a process starts with a fresh node's caches, empty, in
+    `folder`: Inductor's (Triton's under it) and the CUDA driver's JIT cache (`CUDA_CACHE_PATH`:
+    PTX compiled for this GPU at run time, kept across processes in `~/.nv/ComputeCache` by
+    default), so a prepare timed there is what a new node's first start pays."""
+    return {"TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "CUDA_CACHE_PATH": f"{folder}/cuda-jit"}
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)

@@ -9,11 +9,15 @@ A buckets plan of many buckets must prepare in seconds, not a compile per bucket
   largest's (`compiler.serving.padding.resize_batch` cuts a batch to its first rows and pads by
   repeating the last), and a buckets plan exists only for a model whose padding check proved that
   rows do not interact: each bucket's package must reproduce the reference's first rows.
-- cuDNN's plans made side by side. A convolution's first call at each new shape builds its cuDNN
-  plan, which the process keeps; a package's convolutions find the plans an eager call at the
-  same shape made. So, on CUDA, eager calls at the other buckets run in threads beside the
-  reference (`eager_beside`), instead of each package's first run building its plans one bucket
-  after another.
+- Each bucket's own cuDNN plans, made by its package's first run. A convolution's first call at
+  a new shape builds its cuDNN plan (heuristics, and for some engines a compile at run time),
+  and the process keeps it, so the package of the reference's size finds the reference's plans
+  and each other bucket pays for its own (ConvNeXt-Large on an H200: 0.6-1.3 s a bucket, 98% of
+  its first run). torch keeps those plans per thread (a cuDNN execution plan is not safe to share
+  across threads), so eager calls at the other sizes in threads beside the reference made none
+  that a package's first run then found: measured, each first run took as long, and the
+  reference longer (docs/results/serving-h200.md). The prepare budget is what bounds the sum:
+  the export keeps the buckets whose cold prepare fits it.
 - One CUDA graph memory pool for every graph. The buckets are captured largest first, each into
   the pool of the one before, as vLLM captures its batch sizes: their intermediates are held
   once, not once per bucket. A graph's outputs stay allocated while it lives, so a later capture
@@ -28,19 +32,15 @@ This module imports neither Ray nor the orchestrator package."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from compiler.serving.padding import batch_size, resize_batch, slice_batch
 
 STEPS = ("reference_s", "load_s", "first_run_s", "capture_s", "check_s")
-"""What `LoadedPlan.steps` times: the eager reference (with the other buckets' eager calls beside
-it, where they make cuDNN plans: `eager_beside`), loading each package (its library and the
+"""What `LoadedPlan.steps` times: the eager reference, loading each package (its library and the
 model's weights), each package's first run at its size (`PackagedModel.capture`'s `first_run_s`:
 folding the weights, loading its kernels), warming up and capturing its graphs, and checking its
 outputs."""
@@ -96,16 +96,13 @@ def load_buckets(
     example: tuple[tuple, dict],
     precision: str,
     rows_independent: bool,
-    beside: bool = True,
 ) -> LoadedPlan:
     """Each bucket's package, `load(bucket)` (a loaded `compiler.serving.packaged.PackagedModel`),
     captured on `example` resized to the bucket and checked against `model`'s eager outputs
     within `precision`'s budget, largest bucket first (see the module's docstring): against one
     reference's first rows where the padding check proved that rows do not interact
     (`rows_independent`: it padded some size and passed), else against a reference per bucket (a
-    ladder of every size pads nothing, so proves nothing). `beside`: eager calls at the other
-    buckets beside the reference where `makes_cudnn_plans` (`eager_beside`; without, each first
-    run makes its cuDNN plans in turn). Raises `PlanLoadError` for the first bucket that cannot
+    ladder of every size pads nothing, so proves nothing). Raises `PlanLoadError` for the first bucket that cannot
     serve (`load` may raise one itself)."""
     import torch
 
@@ -125,11 +122,7 @@ def load_buckets(
         steps["reference_s"] += time.perf_counter() - t
         return out
 
-    t = time.perf_counter()
-    warm = order[1:] if beside and makes_cudnn_plans(model, device) else []  # their cuDNN plans
-    with eager_beside(model, example, warm, sync):
-        reference = eager(top) if rows_independent else None
-    steps["reference_s"] = time.perf_counter() - t
+    reference = eager(top) if rows_independent else None
     out = LoadedPlan({}, steps)
     if device is not None:  # neither the eager calls' activations nor what the process cached
         torch.cuda.empty_cache()  # before are a bucket's (the first capture would free them)
@@ -181,9 +174,7 @@ def load_dynamic(
     """The dynamic plan's package, `load()` (a loaded `compiler.serving.packaged.PackagedModel`
     for the batch range `batch`), checked against `model`'s eager outputs at the range's ends on
     `example` resized to each, and captured at every size of the range where it runs under CUDA
-    graphs, largest first into one pool (else warmed up at the ends); on CUDA, each size's cuDNN
-    plans made beside the references where `makes_cudnn_plans` (`eager_beside`), so that neither
-    a capture nor, without CUDA graphs, a request makes them. Raises `PlanLoadError`."""
+    graphs, largest first into one pool (else warmed up at the ends). Raises `PlanLoadError`."""
     import torch
 
     from compiler import aoti
@@ -196,9 +187,7 @@ def load_dynamic(
     steps = dict.fromkeys(STEPS, 0.0)
     ends = sorted({low, high})
     t = time.perf_counter()
-    middle = list(range(high - 1, low, -1)) if makes_cudnn_plans(model, device) else []
-    with eager_beside(model, example, middle, sync):  # the other sizes' cuDNN plans
-        references = {size: _eager_at(model, example, size, sync) for size in ends}
+    references = {size: _eager_at(model, example, size, sync) for size in ends}
     steps["reference_s"] = time.perf_counter() - t
     try:
         t = time.perf_counter()
@@ -230,58 +219,6 @@ def load_dynamic(
             )
     steps["check_s"] = time.perf_counter() - t2
     return LoadedPlan({DYNAMIC: packaged}, steps)
-
-
-WARM_THREADS = 16
-"""At most this many threads make cuDNN's plans for a buckets plan's other buckets (`eager_beside`)."""
-
-
-def makes_cudnn_plans(model: Any, device: Any) -> bool:
-    """Whether `model`'s first call at a new batch size builds cuDNN plans here: on a CUDA
-    `device` with cuDNN enabled, for a model with convolutions."""
-    import torch
-
-    return (
-        device is not None
-        and torch.backends.cudnn.enabled
-        and any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    )
-
-
-@contextlib.contextmanager
-def eager_beside(
-    model: Any, example: tuple[tuple, dict], sizes: list[int], sync: Callable[[], None]
-) -> Iterator[None]:
-    """Run `model` eagerly on `example` resized to each of `sizes`, in threads (at most
-    `WARM_THREADS`, and the cores this process may use) while the block runs, and wait for them
-    at its end; their outputs are dropped, and an exception one raised is raised there, but for
-    running out of GPU memory (the calls at once may need more than one at a time: a size whose
-    call did not fit is left to its package's first run).
-
-    `load_buckets` runs it beside its reference where `makes_cudnn_plans`: a convolution's first
-    call at a new shape has cuDNN build its plan (its heuristics, and for some kernels a compile
-    at run time), kept process-wide by shape, dtype and layout. ConvNeXt-Large's bucket packages
-    on an H200 took 0.6-1.3 s each for their first run, 98% of it in `cudnn_convolution`, and
-    0.02 s for the bucket whose size the eager reference had run. An eager call at each bucket
-    makes the plans its package's convolutions then find, and torch releases the GIL inside each
-    operator, so the threads build them side by side."""
-
-    def run(size: int) -> None:  # (grad mode is per thread: _eager_at sets no_grad in this one)
-        import torch
-
-        # side by side they may not fit: a size that does not is left to its package's first run
-        with contextlib.suppress(torch.cuda.OutOfMemoryError):
-            _eager_at(model, example, size, sync)
-
-    if not sizes:
-        yield
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    with concurrent.futures.ThreadPoolExecutor(min(len(sizes), WARM_THREADS, cores), "eager-beside") as pool:
-        runs = [pool.submit(run, size) for size in sizes]
-        yield
-        for done in runs:
-            done.result()
 
 
 def _synchronizer(device: Any) -> Callable[[], None]:

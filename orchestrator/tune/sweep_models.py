@@ -115,7 +115,7 @@ def _ordinal(n: int) -> str:
 
 def _cold_clause(serving: dict[str, Any]) -> str:
     """The export line's words for a buckets plan under a prepare budget: its chosen set's cold
-    prepare as measured (and which set it was, where the first measured over the budget:
+    prepare as measured, the slowest of its fresh processes (and which set it was, where the first measured over the budget:
     `workers.bench.serving_prepare.from_packages`), or why the budget was not applied; "" without
     a budget."""
     budget = ServingProfile.from_dict(serving["profile"]).prepare_budget_s
@@ -126,7 +126,9 @@ def _cold_clause(serving: dict[str, Any]) -> str:
         over = ": OVER BUDGET" if plan["cold_prepare_s"] > budget else ""
         tries = plan.get("cold_prepare_tries") or 1
         sets = f", the {_ordinal(tries)} set tried" if tries > 1 else ""
-        return f", prepared cold in {plan['cold_prepare_s']:.1f} s (budget {budget:g} s{sets}){over}"
+        runs = len(plan.get("cold_prepare_runs") or [])
+        slowest = f"the slowest of {runs} fresh processes; " if runs > 1 else ""
+        return f", prepared cold in {plan['cold_prepare_s']:.1f} s ({slowest}budget {budget:g} s{sets}){over}"
     if plan.get("cold_prepare_error"):
         return f", prepare budget not applied (no cold prepare: {plan['cold_prepare_error'][:200]})"
     return ", prepare budget not applied (it weighs packages' cold prepare; this plan has none)"

@@ -225,6 +225,10 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why():
     assert serving_line(cold).endswith("prepared cold in 12.5 s (budget 10 s): OVER BUDGET")
     cold["plans"]["buckets"].update(cold_prepare_s=9.1, cold_prepare_tries=2)
     assert serving_line(cold).endswith("prepared cold in 9.1 s (budget 10 s, the second set tried)")
+    cold["plans"]["buckets"].update(cold_prepare_runs=[8.2, 9.1, 8.7])
+    assert serving_line(cold).endswith(
+        "prepared cold in 9.1 s (the slowest of 3 fresh processes; budget 10 s, the second set tried)"
+    )
     cold["plans"]["buckets"] = {"weighted_ms": 0.2, "cold_prepare_error": "exit 1"}
     assert serving_line(cold).endswith(", prepare budget not applied (no cold prepare: exit 1)")
     assert serving_line({**buckets, "profile": budget}).endswith("this plan has none)")
@@ -355,7 +359,8 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
     finer ladder, each built by a `workers.bench --bucket-package` process, loaded and checked in
     the bundle job; the chosen buckets' packages stay, the preset's own is its batch's bucket.
     Under a prepare budget, the packages are prepared cold in a fresh process, each bucket's
-    seconds weighed, and the chosen set prepared cold once more. A model torch.export cannot
+    seconds weighed, and the chosen set prepared cold again (in up to three fresh processes; one
+    where it takes longer than the budget). A model torch.export cannot
     capture gets `package_error` and the plan compiled instead."""
     from orchestrator.tune.sweep_models import serving_line
 
@@ -384,8 +389,10 @@ def test_the_bundle_job_times_the_buckets_plan_on_packages_it_builds_in_processe
 
     ran = cold["cold_prepare_process"]
     assert parse_cpus(ran["cpus"]) >= os.sched_getaffinity(0) and ran["threads"] >= 1, ran
-    # with an Inductor cache of its own, as a fresh serving node has
+    # with a fresh serving node's caches, its own: Inductor's and the CUDA driver's JIT cache
     assert ran["inductor_cache"].endswith("/inductor") and "serving-prepare-" in ran["inductor_cache"], ran
+    assert ran["cuda_jit_cache"].endswith("/cuda-jit") and "serving-prepare-" in ran["cuda_jit_cache"], ran
+    assert cold["cold_prepare_runs"] == [cold["cold_prepare_s"]], cold  # over the budget: one process
     assert s["plan"] == "dynamic" or "(budget 0.001 s): OVER BUDGET" in serving_line(s), serving_line(s)
     kept = set(s.get("packages") or {})
     on_disk = {p.name for p in (dest / "packages").iterdir()}

@@ -13,11 +13,8 @@ from compiler.serving.plan_packages import (
     STEPS,
     BucketPackages,
     PlanLoadError,
-    eager_beside,
     load_buckets,
-    makes_cudnn_plans,
 )
-from workers.toy import conv_bn
 from workers.toy import mlp as toy_mlp
 
 
@@ -174,40 +171,3 @@ def test_a_range_package_fits_every_batch_size_of_its_range_and_no_other_shape()
     assert fits(signature(args, {}), list(args), None) and not fits(
         signature(args, {}), [torch.zeros(5, 32), args[1]], None
     )
-
-
-def test_eager_calls_beside_the_reference_run_each_size_in_threads_without_grad():
-    """`eager_beside` (cuDNN's plans for the other buckets, made while the reference runs) calls
-    the real model at each size on threads other than the caller's, with grad off there too (it
-    is per thread), and waits for them all before the block's end."""
-    import threading
-
-    model, inputs = conv_bn(4)
-    calls: list[tuple[int, str, bool]] = []
-    model.register_forward_hook(
-        lambda mod, args, kwargs, out: calls.append(
-            (kwargs["x"].shape[0], threading.current_thread().name, torch.is_grad_enabled())
-        ),
-        with_kwargs=True,
-    )
-    with eager_beside(model, ((), inputs), [3, 2, 1], lambda: None), torch.no_grad():
-        model(**inputs)  # the reference, in the caller's thread
-    assert sorted(n for n, _, _ in calls) == [1, 2, 3, 4], calls
-    beside = [c for c in calls if c[0] != 4]
-    assert all(name.startswith("eager-beside") and not grad for _, name, grad in beside), calls
-
-
-def test_an_eager_call_beside_the_reference_that_fails_is_raised_at_the_blocks_end():
-    model, inputs = conv_bn(4)
-    bad = ((), {"x": inputs["x"][:, :2]})  # two channels where the convolution takes three
-    with pytest.raises(RuntimeError), eager_beside(model, bad, [2], lambda: None):
-        pass
-
-
-def test_only_a_model_with_convolutions_on_cuda_makes_cudnn_plans():
-    conv, _ = conv_bn(2)
-    mlp, _ = toy_mlp(2)
-    assert not makes_cudnn_plans(conv, None)  # the CPU: no cuDNN
-    if torch.cuda.is_available():
-        device = torch.device("cuda", 0)
-        assert makes_cudnn_plans(conv, device) and not makes_cudnn_plans(mlp, device)

@@ -8,12 +8,13 @@ Cold, because the job's own process is warm: its padding check already ran the m
 the ladder's sizes, and a shape's first call (cuDNN plans, lazily loaded kernels, the library
 handles) is much of what a serving process pays per bucket. What each bucket took there is what
 the bucket choice weighs against the budget (`compiler.serving.traffic.choose_buckets`); the
-chosen set is then prepared cold once more, so the export records what it measured, not a sum.
+chosen set is then prepared cold in `COLD_PROCESSES` fresh processes and kept where the slowest
+fits, so the export records what it measured, not a sum.
 
 The process stands in for a serving process a user starts: it leaves the job's cores and thread
-caps behind (`helper_process(plain=True)`, `workers.affinity.UNPIN_ENV`), has an Inductor cache
-of its own, empty, as a fresh serving node has (`cold_cache`; the traffic benchmark's served
-process has one too), and records the cores, NUMA nodes and threads it ran with
+caps behind (`helper_process(plain=True)`, `workers.affinity.UNPIN_ENV`), has a fresh node's
+caches of its own, empty (`compiler.env.cold_caches`: Inductor's and the CUDA driver's JIT cache;
+the traffic benchmark's served processes have them too), and records the cores, NUMA nodes and threads it ran with
 (`compiler.env.process_facts`)."""
 
 from __future__ import annotations
@@ -64,8 +65,34 @@ def under_budget(
 
 
 FIT_TRIES = 3
-"""How many times at most a buckets plan's chosen set is prepared cold under a prepare budget
+"""How many sets at most a buckets plan's choice prepares cold under a prepare budget
 (`from_packages`): the first choice, and up to two smaller ones where a measurement exceeded it."""
+
+COLD_PROCESSES = 3
+"""Fresh processes a chosen set is prepared cold in under a prepare budget (`slowest_cold`): it is
+kept where the slowest fits, as the traffic benchmark judges a plan (`--prepare-repeats 3`). A
+fresh process's seconds vary from one to the next: SegFormer-B0's 9 buckets on an H200 prepared in
+11.2, 8.8 and 9.0 s in three, where the export's one measurement had found 9.3 s."""
+
+
+def slowest_cold(
+    measure: Callable[[list[int]], dict[str, Any]],
+    buckets: list[int],
+    budget_s: float | None,
+    first: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`buckets`' cold prepare (`measure`, `cold_prepare`'s) in up to `COLD_PROCESSES` fresh
+    processes (`first`: one already run), stopping at the first that fails or takes longer than
+    `budget_s` (one process where there is no budget): the slowest's figures with `runs`, each
+    process's seconds; or the failed one's, with its `error`."""
+    runs = [first if first is not None else measure(buckets)]
+    while budget_s is not None and len(runs) < COLD_PROCESSES:
+        if "error" in runs[-1] or runs[-1]["prepare_s"] > budget_s:
+            break
+        runs.append(measure(buckets))
+    if "error" in runs[-1]:
+        return runs[-1]
+    return {**max(runs, key=lambda r: r["prepare_s"]), "runs": [r["prepare_s"] for r in runs]}
 
 
 def from_packages(
@@ -96,7 +123,7 @@ def from_packages(
     chosen, budget_s = record["buckets"], profile.prepare_budget_s
     at_bucket = {int(b): ms for b, ms in record["ladder_ms"].items()}
     same = set(seconds) == set(chosen)
-    got = ladder if same else measure(chosen)
+    got = slowest_cold(measure, chosen, budget_s, ladder if same else None)
     again: dict[str, Any] = {}
     tries, scale = 1, 1.0
     while "error" not in got and budget_s is not None:
@@ -108,7 +135,7 @@ def from_packages(
         if choice["buckets"] == chosen:  # nothing smaller fits better: the largest bucket alone
             break
         again, chosen = choice, choice["buckets"]
-        got, tries = measure(chosen), tries + 1
+        got, tries = slowest_cold(measure, chosen, budget_s), tries + 1
     if "error" in got:
         return {"from": "packages", "cold_prepare_error": got["error"]}
     return {
@@ -116,6 +143,7 @@ def from_packages(
         "from": "packages",
         "cold_prepare_s": got["prepare_s"],
         "cold_prepare_steps": got["steps"],
+        "cold_prepare_runs": got["runs"],
         "cold_prepare_process": got.get("process") or {},
         "cold_prepare_tries": tries,
         **({"prepare_scale": scale} if scale != 1.0 else {}),
@@ -157,8 +185,12 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
         "steps": loaded.steps,
         "bucket_s": {str(b): s for b, s in loaded.bucket_s.items()},
         "fixed_s": loaded.fixed_s(),
-        # where it ran, and the Inductor cache it had (its own, empty at the start: `cold_prepare`)
-        "process": {**process_facts(), "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")},
+        # where it ran, and the caches it had (its own, empty at the start: `cold_prepare`)
+        "process": {
+            **process_facts(),
+            "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""),
+            "cuda_jit_cache": os.environ.get("CUDA_CACHE_PATH", ""),
+        },
     }
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from compiler.env import cold_caches
 from workers.bench.record import JobRecord
 
 TIMED_CALLS = 5
@@ -66,8 +67,8 @@ def helper_result(
     run: JobRecord, flag: str, spec: dict[str, Any], key: str, cold_cache: bool = False, plain: bool = False
 ) -> dict[str, Any]:
     """Run `python -m workers.bench FLAG JSON JOB.json RESULT.json` as this job's helper process
-    (`helper_process`, `plain` or not; with `cold_cache`, an Inductor cache of its own, as a stock
-    user compiles cold) and return its result's `key`, or {"error": the first line of why there
+    (`helper_process`, `plain` or not; with `cold_cache`, a fresh node's caches of its own, empty:
+    `compiler.env.cold_caches`) and return its result's `key`, or {"error": the first line of why there
     is none}."""
     import json
     import subprocess
@@ -77,7 +78,7 @@ def helper_result(
     with tempfile.TemporaryDirectory(prefix=f"{flag.strip('-')}-") as scratch:
         env, job_file = helper_process(run, Path(scratch), plain)
         if cold_cache:
-            env["TORCHINDUCTOR_CACHE_DIR"] = f"{scratch}/inductor"
+            env.update(cold_caches(scratch))
         result_file = Path(scratch) / "result.json"
         done = subprocess.run(
             [sys.executable, "-m", "workers.bench", flag, json.dumps(spec), str(job_file), str(result_file)],
