@@ -97,6 +97,7 @@ def cmd_export(args) -> int:
     if problem := scratch_problem(args.scratch):
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    new_dest = _new_local_dir(args.dest)
     try:
         sign_key = named_key(key_file=args.sign_key_file)  # read before anything is compiled
         source = checked(args.out)
@@ -117,6 +118,9 @@ def cmd_export(args) -> int:
             if remote is not None:
                 publish(dest, remote, log)
     except (ExportError, StorageError, ValueError) as exc:
+        if new_dest is not None:  # refused: a --dest this command made (to check it) goes again, if empty
+            with contextlib.suppress(OSError):
+                new_dest.rmdir()
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     bundles = sum(1 for f in manifest["files"] if f.startswith("bundles/"))
@@ -209,6 +213,20 @@ def publish(staging: Path, remote: Location, log) -> None:
         size += path.stat().st_size
     log(f"uploaded {len(files) + 1} files ({format_size(size)}) to {remote}")
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _new_local_dir(text: str) -> Path | None:
+    """`--dest`'s local directory where it does not exist yet (so that a refused export can remove
+    the one it made), else None (it exists, or it is an object store, or not a valid location)."""
+    from store.storage import is_uri, resolve
+
+    if is_uri(text) and not text.lower().startswith("file://"):
+        return None
+    try:
+        dest = resolve(text).local_path
+        return None if dest.exists() or dest.is_symlink() else dest
+    except (OSError, ValueError):
+        return None
 
 
 def _local_dest(text: str) -> Path:

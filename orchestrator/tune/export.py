@@ -88,12 +88,13 @@ def _cell(entry: dict[str, Any]) -> str:
 
 
 def plan_export(
-    out: Target, hardware: str, budget: str | None = None
+    out: Target, hardware: str, budget: str | None = None, left_out: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(preset entries, class defaults, stack) of `hardware` under `out`: the presets a tune wrote
     there under accuracy budget `budget` (needed where it decided under several), else those
-    derived from a sweep's results; raises ExportError when there is nothing to export or the
-    figures mix stacks."""
+    derived from a sweep's results; raises ExportError when there is nothing to export (saying
+    why each cell has no preset) or the figures mix stacks. `left_out`, where given, gets a line
+    per cell of `hardware` without a preset, saying why (its `no_preset` entry)."""
     location = resolve(out)
     if location.join(TUNE_FILE).exists():
         return _tuned_plan(location, hardware, budget)
@@ -114,7 +115,29 @@ def plan_export(
     import pyarrow as pa
 
     derived = derive_presets(pa.Table.from_pylist(rows))
+    missing = no_preset_lines(derived["no_preset"])
+    if not derived["presets"]:
+        raise ExportError(f"no {hardware} preset under {out}: nothing to export. {'; '.join(missing)}")
+    if left_out is not None:
+        left_out.extend(missing)
     return derived["presets"], derived["defaults"][hardware], row_stack(ok[0])
+
+
+def no_preset_lines(missing: list[dict[str, Any]]) -> list[str]:
+    """A line per cell without a preset (`presets`' `no_preset` entries): the cell, why, and what
+    to do where its timing was doubted."""
+    lines = []
+    for m in missing:
+        cell = f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}"
+        if m.get("undecided"):
+            why = "; ".join(f"{c}: {status}" for c, status in m["statuses"].items())
+            lines.append(
+                f"{cell}: undecided, {m['undecided']} ({why}); measure it again on a quiet host "
+                f"(`orchestrate sweep SWEEP --out NEW --only '{cell}/*'`) and export that"
+            )
+        else:
+            lines.append(f"{cell}: no ok config ({'; '.join(f'{c}: {v}' for c, v in m['statuses'].items())})")
+    return lines
 
 
 def _one_stack(items: list[dict[str, Any]], what: str, fix: str) -> None:
@@ -236,7 +259,10 @@ def _export(
 ) -> dict[str, Any]:
     """The export's steps: plan it and refuse what this node cannot build; pick up an interrupted
     export's progress; a bundle (and package) per preset; serving.json; the manifest, last."""
-    entries, defaults, stack = plan_export(out, hardware, budget)
+    left_out: list[str] = []
+    entries, defaults, stack = plan_export(out, hardware, budget, left_out)
+    for line in left_out:
+        log(f"warning: no preset for {line}")
     device = "cpu" if hardware == "cpu" else "cuda"
     _check_this_node(hardware, device, stack)
     check_supported(entries, defaults, hardware)

@@ -93,6 +93,13 @@ def test_busy_cores_mark_every_cell_and_presets_leave_them_undecided(tmp_path: P
     data = json.loads((out / "presets.json").read_text())
     assert data["presets"] == []
     assert {(m["model"], m["batch_size"]) for m in data["no_preset"] if m.get("undecided")} == CELLS
+    # export: nothing decided, so nothing to ship: refused, each cell named with the command that
+    # measures it again, before any compile and without a --dest left behind
+    dest = tmp_path / "export"
+    refused = orchestrate("export", str(out), "--hardware", "cpu", "--dest", str(dest), check=False)
+    assert refused.returncode == 2 and "nothing to export" in refused.stderr, refused.stderr
+    assert "undecided, timing doubted" in refused.stderr and "--only 'cpu/mlp/bs1/fp32/*'" in refused.stderr
+    assert not dest.exists()
 
     # the same cells on the host as it is: presets and the report agree on every cell
     quiet = tmp_path / "quiet"

@@ -119,6 +119,36 @@ def test_export_refuses_before_compiling(results_dir, tmp_path, table_jobs, make
         plan_export(results_dir, "cpu")
 
 
+def test_a_cell_whose_timing_is_doubted_is_left_out_by_name_and_none_left_refuses_the_export(
+    tmp_path, table_jobs, make_result, monkeypatch
+):
+    """A sweep cell timed while other processes held its cores (`host_other_share`) has no preset
+    (`presets` leaves it undecided): the export says which cell and how to measure it again, and
+    refuses where that leaves nothing, rather than write an export of no presets."""
+    from compiler.statistics.thresholds import THRESHOLDS_ENV
+
+    monkeypatch.delenv(THRESHOLDS_ENV)  # the project's limits, not the suite's trusting ones
+    doubted = {"host_other_share": [0.27], **local_stack_fields()}
+    out = tmp_path / "out"
+    sink = ResultSink(out)
+    sink.add(make_row(table_jobs["cpu/mlp/bs4/fp32/ro"], make_result("ok", 5.0, 4.0, **doubted), run_id="r"))
+    sink.close()
+    with pytest.raises(
+        ExportError,
+        match=r"no cpu preset under .*nothing to export\. cpu/mlp/bs4/fp32: "
+        r"undecided, timing doubted .*other processes took 27% of its cores.*--only 'cpu/mlp/bs4/fp32/\*'",
+    ):
+        plan_export(out, "cpu")
+    sink = ResultSink(out)
+    row = make_result("ok", 50.0, 25.0, **local_stack_fields())
+    sink.add(make_row(table_jobs["cpu/resnet/bs1/fp32/tuned"], row, run_id="r"))
+    sink.close()
+    left_out: list[str] = []
+    entries, _, _ = plan_export(out, "cpu", left_out=left_out)
+    assert [e["model"] for e in entries] == ["resnet"], entries
+    assert len(left_out) == 1 and left_out[0].startswith("cpu/mlp/bs4/fp32: undecided"), left_out
+
+
 HIDE_TRANSFORMERS = """
 import sys
 sys.modules["transformers"] = None  # as in an environment without the hf extra: nothing imports it
