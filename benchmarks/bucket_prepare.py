@@ -4,13 +4,16 @@ prepared in fresh processes as `compile_tuned` prepares a buckets plan (`load_bu
 reference at the largest bucket, then each package loaded, run once, warmed up, captured and
 checked, largest first), under each condition of `--conditions`:
 
-- `served`: as `compile_tuned` prepares them on a node that has started the model before: each
-  package's first run makes its bucket's cuDNN plans, one bucket after another, with the CUDA
-  driver's JIT cache as this user has it (`~/.nv/ComputeCache`, or `CUDA_CACHE_PATH`);
-- `cold-jit`: the same with the driver's JIT cache empty, of its own (`compiler.env.cold_caches`),
-  as a new node's first start has it, and as the export's cold prepare and the traffic
-  benchmark's processes run;
-- `no-cudnn`: cuDNN off (`torch.backends.cudnn.enabled = False`): no plan to make, at the cost
+- `served`: as `compile_tuned` prepares them on a new node, and as the export's cold prepare and
+  the traffic benchmark's processes measure it: each package's first run makes its bucket's cuDNN
+  plans, one bucket after another, with a new node's caches, empty, of its own
+  (`compiler.env.cold_caches`: Inductor's and the CUDA driver's JIT cache);
+- `warm`: the same with this user's caches as they are (a node that has started the model
+  before: `~/.nv/ComputeCache` or `CUDA_CACHE_PATH`, and Inductor's cache);
+- `cold-jit`: this user's Inductor cache, but the driver's JIT cache empty: against `warm`, what
+  the JIT cache saves; against `served`, what the Inductor cache does (on the CPU, a package's
+  first load compiles Inductor's vector ISA probes there: 8.5 s on a 2-core machine);
+- `no-cudnn`: as `served`, with cuDNN off (`torch.backends.cudnn.enabled = False`): no plan to make, at the cost
   of PyTorch's own convolution kernels in the steady state.
 
 Each condition runs in `--repeats` fresh processes (a fresh process's first calls vary from one to
@@ -21,14 +24,14 @@ call (`compiler.measure.time_calls`: CUDA events around each call on a GPU, as t
 a plan's sizes).
 
     python benchmarks/bucket_prepare.py MODEL_ID [--sizes 32,16,8,3] [--dtype bf16]
-        [--mode reduce-overhead] [--device cuda] [--conditions served,cold-jit,no-cudnn]
+        [--mode reduce-overhead] [--device cuda] [--conditions served,warm,cold-jit,no-cudnn]
         [--repeats 1] [--packages DIR]
 
 `--packages DIR` keeps the packages there and reuses them on the next run; the folder and its
 files must be this user's and writable by no one else (a package is code the processes run).
 
 `--small` is the CPU mode CI's benchmark tier runs: the toy conv_bn model at sizes 4 and 2, fp32,
-mode default, condition `cold-jit`.
+mode default, condition `served`.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from compiler.env import cold_caches, project_pythonpath  # noqa: E402
 
-CONDITIONS = ("served", "cold-jit", "no-cudnn")
+CONDITIONS = ("served", "warm", "cold-jit", "no-cudnn")
 
 
 def _run(args: argparse.Namespace):
@@ -137,6 +140,17 @@ def child(args: argparse.Namespace, condition: str, folder: Path) -> dict:
     }
 
 
+def _caches(condition: str, folder: str) -> dict[str, str]:
+    """The cache settings of a process of `condition`: a new node's, empty, in `folder`; this
+    user's as they are (`warm`); or only the CUDA driver's JIT cache empty (`cold-jit`)."""
+    cold = cold_caches(folder)
+    if condition == "warm":
+        return {}
+    if condition == "cold-jit":
+        return {"CUDA_CACHE_PATH": cold["CUDA_CACHE_PATH"]}
+    return cold
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_id", nargs="?", default="python:workers.toy:conv_bn", help="a sweep's model id")
@@ -169,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             "fp32",
             "default",
             "cpu",
-            "cold-jit",
+            "served",
         )
     args.sizes = sorted({int(s) for s in str(args.sizes).split(",")}, reverse=True)
     conditions = args.conditions.split(",")
@@ -192,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):
                 cmd = [sys.executable, __file__, *argv, "--child", condition, "--packages", str(folder)]
                 with tempfile.TemporaryDirectory(prefix="cold-", dir=scratch) as cold:
-                    here = {**env, **cold_caches(cold)} if condition == "cold-jit" else env
+                    here = {**env, **_caches(condition, cold)}
                     done = subprocess.run(cmd, env=here, capture_output=True, text=True, timeout=1800)
                 if done.returncode:
                     raise SystemExit(f"{condition}: the process failed:\n{done.stderr[-3000:]}")

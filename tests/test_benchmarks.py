@@ -255,7 +255,7 @@ def test_two_class_rehearsal_places_each_class_on_its_nodes(tmp_path):
 
 def test_bucket_prepare_times_each_buckets_first_run_in_a_fresh_process():
     out = bench("bucket_prepare.py", "--small", timeout=600)
-    row = table_row(out, "cold-jit")
+    row = table_row(out, "served")
     assert len(row) == 8 and all(float(cell) >= 0 for cell in row[1:]), out
 
 
@@ -276,7 +276,7 @@ def test_bucket_prepare_refuses_a_packages_folder_others_can_write(tmp_path):
         text=True,
         timeout=120,
     )
-    assert done.returncode != 0 and "| cold-jit |" not in done.stdout, done.stdout
+    assert done.returncode != 0 and "| served |" not in done.stdout, done.stdout
     assert "not this user's alone" in done.stderr and "chmod go-w" in done.stderr, done.stderr
     assert list(shared.iterdir()) == [], "nothing was built there"
 
