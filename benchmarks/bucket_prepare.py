@@ -13,8 +13,8 @@ checked, largest first), under each condition of `--conditions`:
 - `cold-jit`: this user's Inductor cache, but the driver's JIT cache empty: against `warm`, what
   the JIT cache saves; against `served`, what the Inductor cache does (on the CPU, a package's
   first load compiles Inductor's vector ISA probes there: 8.5 s on a 2-core machine);
-- `no-cudnn`: as `served`, with cuDNN off (`torch.backends.cudnn.enabled = False`): no plan to make, at the cost
-  of PyTorch's own convolution kernels in the steady state.
+- `no-cudnn`: as `served`, with cuDNN off (`torch.backends.cudnn.enabled = False`): no plan to
+  make, at the cost of PyTorch's own convolution kernels in the steady state.
 
 Each condition runs in `--repeats` fresh processes (a fresh process's first calls vary from one to
 the next). The table gives per process the eager reference's seconds,

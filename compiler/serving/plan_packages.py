@@ -102,8 +102,8 @@ def load_buckets(
     within `precision`'s budget, largest bucket first (see the module's docstring): against one
     reference's first rows where the padding check proved that rows do not interact
     (`rows_independent`: it padded some size and passed), else against a reference per bucket (a
-    ladder of every size pads nothing, so proves nothing). Raises `PlanLoadError` for the first bucket that cannot
-    serve (`load` may raise one itself)."""
+    ladder of every size pads nothing, so proves nothing). Raises `PlanLoadError` for the first
+    bucket that cannot serve (`load` may raise one itself)."""
     import torch
 
     from compiler import aoti
@@ -182,8 +182,7 @@ def load_dynamic(
     from compiler.serving.served import cuda_device
 
     low, high = batch
-    device = cuda_device(example)
-    sync = _synchronizer(device)
+    sync = _synchronizer(cuda_device(example))
     steps = dict.fromkeys(STEPS, 0.0)
     ends = sorted({low, high})
     t = time.perf_counter()

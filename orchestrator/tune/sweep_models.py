@@ -115,9 +115,9 @@ def _ordinal(n: int) -> str:
 
 def _cold_clause(serving: dict[str, Any]) -> str:
     """The export line's words for a buckets plan under a prepare budget: its chosen set's cold
-    prepare as measured, the slowest of its fresh processes (and which set it was, where the first measured over the budget:
-    `workers.bench.serving_prepare.from_packages`), or why the budget was not applied; "" without
-    a budget."""
+    prepare as measured, the slowest of its fresh processes (and which set it was, where the
+    first measured over the budget: `workers.bench.serving_prepare.from_packages`), or why the
+    budget was not applied; "" without a budget."""
     budget = ServingProfile.from_dict(serving["profile"]).prepare_budget_s
     plan = (serving.get("plans") or {}).get("buckets") or {}
     if serving["plan"] != "buckets" or budget is None:

@@ -14,8 +14,8 @@ fits, so the export records what it measured, not a sum.
 The process stands in for a serving process a user starts: it leaves the job's cores and thread
 caps behind (`helper_process(plain=True)`, `workers.affinity.UNPIN_ENV`), has a fresh node's
 caches of its own, empty (`compiler.env.cold_caches`: Inductor's and the CUDA driver's JIT cache;
-the traffic benchmark's served processes have them too), and records the cores, NUMA nodes and threads it ran with
-(`compiler.env.process_facts`)."""
+the traffic benchmark's served processes have them too), and records the cores, NUMA nodes and
+threads it ran with (`compiler.env.process_facts`)."""
 
 from __future__ import annotations
 
