@@ -14,7 +14,10 @@ checked, largest first), under each condition of `--conditions`:
   the JIT cache saves; against `served`, what the Inductor cache does (on the CPU, a package's
   first load compiles Inductor's vector ISA probes there: 8.5 s on a 2-core machine);
 - `no-cudnn`: as `served`, with cuDNN off (`torch.backends.cudnn.enabled = False`): no plan to
-  make, at the cost of PyTorch's own convolution kernels in the steady state.
+  make, at the cost of PyTorch's own convolution kernels in the steady state;
+- `cudnn-v7`: as `served`, with PyTorch's legacy cuDNN v7 API (`TORCH_CUDNN_V8_API_DISABLED=1`,
+  read once per process): an algorithm per convolution from cuDNN's heuristics instead of the v8
+  API's engine configs and execution plans, whether that makes a bucket's first run cheaper.
 
 Each condition runs in `--repeats` fresh processes (a fresh process's first calls vary from one to
 the next). The table gives per process the eager reference's seconds,
@@ -24,7 +27,7 @@ call (`compiler.measure.time_calls`: CUDA events around each call on a GPU, as t
 a plan's sizes).
 
     python benchmarks/bucket_prepare.py MODEL_ID [--sizes 32,16,8,3] [--dtype bf16]
-        [--mode reduce-overhead] [--device cuda] [--conditions served,warm,cold-jit,no-cudnn]
+        [--mode reduce-overhead] [--device cuda] [--conditions served,warm,cold-jit,no-cudnn,cudnn-v7]
         [--repeats 1] [--packages DIR]
 
 `--packages DIR` keeps the packages there and reuses them on the next run; the folder and its
@@ -51,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from compiler.env import cold_caches, project_pythonpath  # noqa: E402
 
-CONDITIONS = ("served", "warm", "cold-jit", "no-cudnn")
+CONDITIONS = ("served", "warm", "cold-jit", "no-cudnn", "cudnn-v7")
 
 
 def _run(args: argparse.Namespace):
@@ -141,13 +144,16 @@ def child(args: argparse.Namespace, condition: str, folder: Path) -> dict:
 
 
 def _caches(condition: str, folder: str) -> dict[str, str]:
-    """The cache settings of a process of `condition`: a new node's, empty, in `folder`; this
-    user's as they are (`warm`); or only the CUDA driver's JIT cache empty (`cold-jit`)."""
+    """The environment of a process of `condition`: a new node's caches, empty, in `folder`; this
+    user's as they are (`warm`); or only the CUDA driver's JIT cache empty (`cold-jit`); with
+    `cudnn-v7`, a new node's caches and the legacy cuDNN API."""
     cold = cold_caches(folder)
     if condition == "warm":
         return {}
     if condition == "cold-jit":
         return {"CUDA_CACHE_PATH": cold["CUDA_CACHE_PATH"]}
+    if condition == "cudnn-v7":
+        return {**cold, "TORCH_CUDNN_V8_API_DISABLED": "1"}
     return cold
 
 

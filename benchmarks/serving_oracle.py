@@ -38,6 +38,17 @@ def export_runtime(args: argparse.Namespace) -> dict:
     return preset_runtime(entry) if entry else {}
 
 
+def export_precision(args: argparse.Namespace) -> str | None:
+    """The precision policy the export's preset of `--name` runs in (its `precision`: under an
+    accuracy budget it may differ from the cell's dtype, e.g. tf32 for an fp32 model under the
+    stock budget), which the served plan and the oracle must both run; None without `--export` or
+    such a preset."""
+    if not getattr(args, "export", None):
+        return None
+    entry = next((p for p in _export(args).presets["presets"] if p["model"] == args.name), None)
+    return (entry.get("precision") or entry["dtype"]) if entry else None
+
+
 def _export(args: argparse.Namespace):
     from compiler.serving.files import open_export
 

@@ -26,9 +26,10 @@ served plan and the oracle must show 0), the largest first call of a size, the s
 (stalls excluded) and the traffic-weighted mean latency (each size's median, weighted by the
 profile), then served / oracle and stock / served on it. A fresh process's prepare varies from run
 to run: with `--prepare-repeats N` the served plan is prepared in N fresh processes (the first
-replays the trace) and its prepare time is the slowest of them, each one listed. `--summary FILE`
-adds the model's figures to a serving summary (docs/results/serving-summary.json) under
-`--budget`.
+replays the trace) and its prepare time is the slowest of them, each one listed, doubted where
+other processes took more of a process's cores while it prepared than a row's timing may share
+(`compiler.statistics.other_share_doubt`). `--summary FILE` adds the model's figures to a serving
+summary (docs/results/serving-summary.json) under `--budget`.
 
     python benchmarks/serving_traffic.py MODEL_ID [--name NAME] [--export DIR] [--min 1] [--max 32]
         [--traffic 1:0.4,8:0.6] [--requests 400] [--seed 0] [--dtype fp32] [--mode default]
@@ -55,12 +56,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving_oracle import build_oracle_packages, compile_config, load_oracle_packages, run_oracle  # noqa: E402  (beside this file)
+from serving_oracle import (  # noqa: E402  (beside this file)
+    build_oracle_packages,
+    compile_config,
+    export_precision,
+    load_oracle_packages,
+    run_oracle,
+)
 from serving_summary import add_to_summary  # noqa: E402
 
 from compiler.env import cold_caches, project_pythonpath  # noqa: E402
 from compiler.serving.traffic import ServingProfile, weighted_mean  # noqa: E402
-from compiler.statistics import percentile, summarize  # noqa: E402
+from compiler.statistics import other_share_doubt, percentile, summarize  # noqa: E402
+from workers.bench.serving_prepare import HostShare  # noqa: E402
 
 SIDES = ("served", "oracle", "stock")
 
@@ -154,7 +162,9 @@ def child(side: str, args: argparse.Namespace) -> dict:
         profile = ServingProfile.from_dict({"batch": {"min": min(sizes), "max": max(sizes)}})
     stock = side.startswith("stock:")
     model, example = _build(args, args.stock_dtype if stock else args.dtype, stock)
+    host = HostShare()
     serve, prepare_s, applied = _prepare(side, args, profile, model, example)
+    other_share = host.since()  # other processes' share of this one's cores while it prepared
     cuda = args.device == "cuda"
     if args.wait:
         print("READY", flush=True)
@@ -182,6 +192,7 @@ def child(side: str, args: argparse.Namespace) -> dict:
         "side": side,
         "process": process_facts(),
         "prepare_s": prepare_s,
+        "prepare_other_share": other_share,
         "compiles_after_prepare": None if graphs is None or graphs0 is None else graphs - graphs0,
         "requests": requests,
         "applied": applied,
@@ -260,7 +271,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=400, help="requests in the trace (default 400)")
     p.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
     p.add_argument(
-        "--dtype", default="fp32", help="precision policy the served plan and the oracle run (default fp32)"
+        "--dtype",
+        help="precision policy the served plan and the oracle run (default: with --export, the "
+        "precision its preset of --name runs in, which --dtype must then name; else fp32)",
     )
     p.add_argument("--mode", default="default", help="torch.compile mode of the served plan and the oracle")
     p.add_argument(
@@ -322,7 +335,11 @@ def _prepared(side: dict) -> dict:
     """What preparing took in one served process: its seconds and, where compile_tuned timed them,
     its steps."""
     steps = ((side.get("applied") or {}).get("serving") or {}).get("prepare_steps")
-    return {"prepare_s": side["prepare_s"], **({"steps": steps} if steps else {})}
+    return {
+        "prepare_s": side["prepare_s"],
+        "other_share": side.get("prepare_other_share"),
+        **({"steps": steps} if steps else {}),
+    }
 
 
 def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side: str) -> dict:
@@ -331,10 +348,12 @@ def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side
     served, oracle, stock = (rows[s]["weighted_ms"] for s in ("served", "oracle", stock_side))
     return {
         "model": args.name,
+        "precision": args.dtype,
         "plan": serving.get("plan"),
         "buckets": serving.get("buckets") or [],
         "prepare_s": rows["served"]["prepare_s"],
         **({"prepare_s_runs": rows["served"]["prepare_s_runs"]} if args.prepare_repeats > 1 else {}),
+        "prepare_other_shares": [r["other_share"] for r in sides["served"]["prepare_runs"]],
         "max_first_call_s": rows["served"]["max_first_call_s"],
         "compiles_after_prepare": rows["served"]["compiles_after_prepare"],
         "weighted_ms_served": served,
@@ -363,6 +382,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args.child, args)))
         return 0
+    precision = export_precision(args)
+    if args.dtype and precision and args.dtype != precision:
+        raise SystemExit(
+            f"--dtype {args.dtype}: the preset of {args.name} in {args.export} runs in {precision}, "
+            f"which the served plan and the oracle must both run: pass --dtype {precision} or leave it out"
+        )
+    args.dtype = args.dtype or precision or "fp32"
+    argv = [*argv, "--dtype", args.dtype]  # each child runs the precision decided here
     profile = _profile(args)
     print(
         f"{args.model_id}: {profile.describe()}, {args.requests} requests (seed {args.seed}), "
@@ -401,8 +428,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     served, oracle, stock = (rows[s]["weighted_ms"] for s in ("served", "oracle", stock_side))
     serving = sides["served"]["applied"].get("serving") or {}
-    if len(runs) > 1:
-        print(f"served prepare in {len(runs)} fresh processes: {', '.join(f'{r:.2f}' for r in runs)} s")
+    doubt = other_share_doubt([r["other_share"] for r in sides["served"]["prepare_runs"]], doing="prepared")
+    if len(runs) > 1 or doubt:
+        print(
+            f"served prepare in {len(runs)} fresh processes: {', '.join(f'{r:.2f}' for r in runs)} s"
+            + (f" (doubted: {doubt})" if doubt else "")
+        )
     print(
         f"served plan: {serving.get('plan')} {serving.get('buckets') or ''}; served / oracle "
         f"{served / oracle:.3f}x; {stock_side} / served {stock / served:.3f}x (stalls excluded)"

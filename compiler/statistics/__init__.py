@@ -21,7 +21,8 @@ them, so a caller imports one module (``from compiler import statistics as cstat
 - `compiler.statistics.student_t`: `t_quantile`, Student's t without scipy.
 - `compiler.statistics.trust`: when a row's timing cannot be trusted, `timing_doubts` (host
   load on its cores, cores held by another job, GPU slowdowns, a host-probe outlier, a wide
-  interval), `doubt_text`, `doubted_status` and the `MARK` every reader puts beside a doubted figure.
+  interval), `other_share_doubt` (other processes on a measurement's cores), `doubt_text`,
+  `doubted_status` and the `MARK` every reader puts beside a doubted figure.
 - `compiler.statistics.reference`: one eager reference per cell (`cell_reference`, pooled over
   the cell's trusted jobs) that every speedup of the cell is over.
 
@@ -51,7 +52,15 @@ from compiler.statistics.samples import (
 )
 from compiler.statistics.student_t import t_quantile
 from compiler.statistics.thresholds import THRESHOLDS_FILE, THRESHOLDS_VERSION, Thresholds, load_thresholds
-from compiler.statistics.trust import MARK, SPREAD_DOUBT, UNDECIDED, doubt_text, doubted_status, timing_doubts
+from compiler.statistics.trust import (
+    MARK,
+    SPREAD_DOUBT,
+    UNDECIDED,
+    doubt_text,
+    doubted_status,
+    other_share_doubt,
+    timing_doubts,
+)
 from compiler.statistics.verdicts import (
     borrows_between,
     family_level,
@@ -90,6 +99,7 @@ __all__ = [
     "load_thresholds",
     "median_interval",
     "once_per_run_verdict",
+    "other_share_doubt",
     "paired_speedup",
     "percentile",
     "ratio_interval",

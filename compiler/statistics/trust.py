@@ -56,12 +56,24 @@ def _numbers(values: Any) -> list[float]:
     return [float(v) for v in values or [] if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
+def other_share_doubt(shares: Any, thresholds: Thresholds | None = None, doing: str = "timed") -> str | None:
+    """Why a measurement taken over processes whose `shares` (`compiler.host_state.other_share`,
+    one per process, None where unknown) of their cores went to other processes cannot be
+    trusted: the largest over `doubt_other_share`; None where none is, or none is known. A row's
+    timing (`timing_doubts`) and an export's cold prepare (what a serving process pays before its
+    first request) are judged alike."""
+    other = _numbers(shares)
+    t = thresholds or load_thresholds()
+    if other and max(other) > t.doubt_other_share:
+        return f"other processes took {max(other):.0%} of its cores while it {doing}"
+    return None
+
+
 def _host_doubts(row: Mapping[str, Any], t: Thresholds) -> list[str]:
     reasons = []
-    other = _numbers(row.get("host_other_share"))
-    if other:
-        if max(other) > t.doubt_other_share:
-            reasons.append(f"other processes took {max(other):.0%} of its cores while it timed")
+    if _numbers(row.get("host_other_share")):
+        if found := other_share_doubt(row.get("host_other_share"), t):
+            reasons.append(found)
     else:
         loads, cores = _numbers(row.get("host_load_1m")), _core_count(row.get("cpu_affinity"))
         if loads and max(loads) / cores > t.doubt_load_per_core:

@@ -39,8 +39,9 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--budget",
         metavar="NAME",
-        help="the accuracy budget whose presets to export (stock, bf16, ...), for a tune that decided under "
-        "several: an export serves one (default: the tune's only budget)",
+        help="the accuracy budget whose presets to export (stock, bf16, ...), for a tune, or a sweep with "
+        "`accuracy:`, that decided under several: an export serves one (default: their only budget; a "
+        "sweep's presets are decided under its own budgets, each cell in the precision its budget chose)",
     )
     p.add_argument(
         "--dest",

@@ -47,8 +47,8 @@ from compiler.job import Job, MeasureSpec, ModelSpec
 from compiler.serving import EXPORT_FORMAT, MANIFEST, SERVING_FILE, ExportError, sha256_file
 from compiler.serving.signature import SIGNATURE, write_signature
 from compiler.serving.traffic import ServingProfile
-from orchestrator.tune.export_lines import bundle_caveat, package_line
-from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack
+from orchestrator.tune.export_lines import bundle_caveat, no_preset_lines, package_line
+from orchestrator.tune.presets import PRESETS_FILE, derive_presets, row_stack, sweep_accuracy
 from orchestrator.tune.sweep_models import (
     config_miss,
     model_specs,
@@ -91,17 +91,13 @@ def plan_export(
     out: Target, hardware: str, budget: str | None = None, left_out: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(preset entries, class defaults, stack) of `hardware` under `out`: the presets a tune wrote
-    there under accuracy budget `budget` (needed where it decided under several), else those
-    derived from a sweep's results; raises ExportError when there is nothing to export (saying
+    there, else those derived from a sweep's results (under the sweep's accuracy budgets, where it
+    declared any), of accuracy budget `budget` (needed where they were decided under several); raises ExportError when there is nothing to export (saying
     why each cell has no preset) or the figures mix stacks. `left_out`, where given, gets a line
     per cell of `hardware` without a preset, saying why (its `no_preset` entry)."""
     location = resolve(out)
     if location.join(TUNE_FILE).exists():
         return _tuned_plan(location, hardware, budget)
-    if budget is not None:
-        raise ExportError(
-            f"--budget {budget}: {out} holds a sweep's results, which no accuracy budget decided"
-        )
     rows = [r for r in read_results(out).to_pylist() if r["hardware"] == hardware]
     if not rows:
         classes = sorted({r for r in read_results(out, columns=["hardware"]).column("hardware").to_pylist()})
@@ -114,8 +110,10 @@ def plan_export(
         raise ExportError(f"no {hardware} row under {out} is ok: nothing to export")
     import pyarrow as pa
 
-    derived = derive_presets(pa.Table.from_pylist(rows))
-    missing = no_preset_lines(derived["no_preset"])
+    derived = derive_presets(pa.Table.from_pylist(rows), accuracy=sweep_accuracy(location))
+    chosen = _one_budget(derived["presets"], budget, f"the sweep under {out}")
+    derived["presets"] = [e for e in derived["presets"] if e.get("budget") == chosen]
+    missing = no_preset_lines([m for m in derived["no_preset"] if m.get("budget") == chosen])
     if not derived["presets"]:
         raise ExportError(f"no {hardware} preset under {out}: nothing to export. {'; '.join(missing)}")
     if left_out is not None:
@@ -123,21 +121,21 @@ def plan_export(
     return derived["presets"], derived["defaults"][hardware], row_stack(ok[0])
 
 
-def no_preset_lines(missing: list[dict[str, Any]]) -> list[str]:
-    """A line per cell without a preset (`presets`' `no_preset` entries): the cell, why, and what
-    to do where its timing was doubted."""
-    lines = []
-    for m in missing:
-        cell = f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}"
-        if m.get("undecided"):
-            why = "; ".join(f"{c}: {status}" for c, status in m["statuses"].items())
-            lines.append(
-                f"{cell}: undecided, {m['undecided']} ({why}); measure it again on a quiet host "
-                f"(`orchestrate sweep SWEEP --out NEW --only '{cell}/*'`) and export that"
-            )
-        else:
-            lines.append(f"{cell}: no ok config ({'; '.join(f'{c}: {v}' for c, v in m['statuses'].items())})")
-    return lines
+def _one_budget(entries: list[dict[str, Any]], budget: str | None, where: str) -> str | None:
+    """The accuracy budget whose presets an export serves: `budget`, which must be one the presets
+    were decided under, else their only one (None where none decided them); several without
+    `budget` raise ExportError."""
+    budgets = list(dict.fromkeys(e.get("budget") for e in entries if e.get("budget")))
+    if budget is None and len(budgets) > 1:
+        raise ExportError(
+            f"{where} decided presets under {len(budgets)} accuracy budgets ({', '.join(budgets)}): "
+            "an export serves one, pass --budget NAME"
+        )
+    if budget is not None and budget not in budgets:
+        raise ExportError(
+            f"--budget {budget}: {where} decided under {', '.join(budgets) or 'no accuracy budget'}"
+        )
+    return budget or (budgets[0] if budgets else None)
 
 
 def _one_stack(items: list[dict[str, Any]], what: str, fix: str) -> None:
@@ -159,17 +157,7 @@ def _tuned_plan(
             f"{out} holds an unfinished tune (no {PRESETS_FILE}): finish it with `orchestrate tune --resume`"
         )
     data = json.loads(path.read_text())
-    budgets = list(dict.fromkeys(e.get("budget") for e in data["presets"] if e.get("budget")))
-    if budget is None and len(budgets) > 1:
-        raise ExportError(
-            f"the tune under {out} decided presets under {len(budgets)} accuracy budgets ({', '.join(budgets)}): "
-            "an export serves one, pass --budget NAME"
-        )
-    if budget is not None and budget not in budgets:
-        raise ExportError(
-            f"--budget {budget}: the tune under {out} decided under {', '.join(budgets) or 'no accuracy budget'}"
-        )
-    chosen = budget or (budgets[0] if budgets else None)
+    chosen = _one_budget(data["presets"], budget, f"the tune under {out}")
     entries = [e for e in data["presets"] if e["hardware"] == hardware and e.get("budget") == chosen]
     if not entries:
         classes = sorted({e["hardware"] for e in data["presets"]})

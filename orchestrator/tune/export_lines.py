@@ -1,6 +1,7 @@
 """The export's line per preset, in words: what its bundle will not save where it is applied
 (`bundle_caveat`) and what became of its package (`package_line`, which records it in the
-preset's entry); the serving plan's words are `orchestrator.tune.sweep_models.serving_line`."""
+preset's entry), and why a cell has no preset (`no_preset_lines`); the serving plan's words are
+`orchestrator.tune.sweep_models.serving_line`."""
 
 from __future__ import annotations
 
@@ -42,3 +43,20 @@ def package_line(
     entry["package"] = None
     entry["package_error"] = result.get("package_error") or "the export process made no package"
     return f", no package ({entry['package_error'][:200]})"
+
+
+def no_preset_lines(missing: list[dict[str, Any]]) -> list[str]:
+    """A line per cell without a preset (`presets`' `no_preset` entries): the cell, why, and what
+    to do where its timing was doubted."""
+    lines = []
+    for m in missing:
+        cell = f"{m['hardware']}/{m['model']}/bs{m['batch_size']}/{m['dtype']}"
+        if m.get("undecided"):
+            why = "; ".join(f"{c}: {status}" for c, status in m["statuses"].items())
+            lines.append(
+                f"{cell}: undecided, {m['undecided']} ({why}); measure it again on a quiet host "
+                f"(`orchestrate sweep SWEEP --out NEW --only '{cell}/*'`) and export that"
+            )
+        else:
+            lines.append(f"{cell}: no ok config ({'; '.join(f'{c}: {v}' for c, v in m['statuses'].items())})")
+    return lines

@@ -12,6 +12,7 @@ from typing import Any
 
 from compiler.job import ModelSpec
 from compiler.serving.traffic import ProfileError, ServingProfile
+from compiler.statistics import other_share_doubt
 from orchestrator.spec.models import default_name
 
 
@@ -116,8 +117,10 @@ def _ordinal(n: int) -> str:
 def _cold_clause(serving: dict[str, Any]) -> str:
     """The export line's words for a buckets plan under a prepare budget: its chosen set's cold
     prepare as measured, the slowest of its fresh processes (and which set it was, where the
-    first measured over the budget: `workers.bench.serving_prepare.from_packages`), or why the
-    budget was not applied; "" without a budget."""
+    first measured over the budget: `workers.bench.serving_prepare.from_packages`), doubted where
+    other processes took a share of its cores that would doubt a row's timing
+    (`compiler.statistics.other_share_doubt`), or why the budget was not applied; "" without a
+    budget."""
     budget = ServingProfile.from_dict(serving["profile"]).prepare_budget_s
     plan = (serving.get("plans") or {}).get("buckets") or {}
     if serving["plan"] != "buckets" or budget is None:
@@ -128,7 +131,9 @@ def _cold_clause(serving: dict[str, Any]) -> str:
         sets = f", the {_ordinal(tries)} set tried" if tries > 1 else ""
         runs = len(plan.get("cold_prepare_runs") or [])
         slowest = f"the slowest of {runs} fresh processes; " if runs > 1 else ""
-        return f", prepared cold in {plan['cold_prepare_s']:.1f} s ({slowest}budget {budget:g} s{sets}){over}"
+        doubt = other_share_doubt(plan.get("cold_prepare_other_shares"), doing="prepared")
+        doubted = f" (doubted: {doubt}; export again on a quiet node)" if doubt else ""
+        return f", prepared cold in {plan['cold_prepare_s']:.1f} s ({slowest}budget {budget:g} s{sets}){over}{doubted}"
     if plan.get("cold_prepare_error"):
         return f", prepare budget not applied (no cold prepare: {plan['cold_prepare_error'][:200]})"
     return ", prepare budget not applied (it weighs packages' cold prepare; this plan has none)"

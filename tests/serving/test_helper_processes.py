@@ -57,25 +57,32 @@ def test_the_stock_user_runs_under_torchs_runtime_defaults_not_the_presets(tmp_p
         runtime.restore(before)
 
 
+def _benchmark(name: str):
+    """benchmarks/NAME.py as a module (the scripts import their neighbours from beside them)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(bench))
+    return module
+
+
 def test_the_traffic_benchmarks_oracle_runs_under_the_presets_runtime_settings(tmp_path):
     """benchmarks/serving_traffic.py's oracle (an exact preset per batch size) is compiled and run
     under the runtime settings of the export's preset it is held against, read from the verified
     serving.json; without an export, or for another model, torch's defaults."""
     import argparse
-    import importlib.util
-    import sys
-    from pathlib import Path
 
     from tests.tune.test_export_apply import edit_presets, write_export
 
-    bench = Path(__file__).resolve().parents[2] / "benchmarks"
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("serving_oracle", bench / "serving_oracle.py")
-        oracle = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(oracle)
-    finally:
-        sys.path.remove(str(bench))
+    oracle = _benchmark("serving_oracle")
 
     def off(presets):
         presets["presets"][0]["compile"]["runtime"] = {"cudnn_enabled": False}
@@ -86,3 +93,29 @@ def test_the_traffic_benchmarks_oracle_runs_under_the_presets_runtime_settings(t
     assert config.runtime == {"cudnn_enabled": False} and config.mode == "reduce-overhead", config
     assert oracle.compile_config(argparse.Namespace(mode="default", export=None, name="mlp")).runtime == {}
     assert oracle.export_runtime(argparse.Namespace(export=str(dest), name="vit")) == {}
+
+
+def test_the_traffic_benchmark_serves_and_holds_the_oracle_in_the_presets_precision(tmp_path):
+    """Under an accuracy budget a preset may run in another precision than its cell's dtype (tf32
+    for an fp32 model under the stock budget): the traffic benchmark runs its served plan and its
+    oracle in that precision, and refuses a --dtype that names another before any process starts."""
+    import argparse
+
+    import pytest
+
+    from tests.tune.test_export_apply import edit_presets, write_export
+
+    traffic = _benchmark("serving_traffic")
+
+    def tf32(presets):
+        presets["presets"][0]["precision"] = "tf32"
+
+    dest = edit_presets(write_export(tmp_path / "export"), tf32)
+    assert traffic.export_precision(argparse.Namespace(export=str(dest), name="mlp")) == "tf32"
+    assert (
+        traffic.export_precision(argparse.Namespace(export=str(write_export(tmp_path / "e2")), name="mlp"))
+        == "fp32"
+    )
+    assert traffic.export_precision(argparse.Namespace(export=None, name="mlp")) is None
+    with pytest.raises(SystemExit, match="runs in tf32, .*pass --dtype tf32 or leave it out"):
+        traffic.main(["--export", str(dest), "--name", "mlp", "--dtype", "fp32"])

@@ -332,3 +332,32 @@ def test_the_published_deployed_summary_has_the_fields_the_results_page_reads():
         geomean = math.exp(sum(math.log(e["vs_stock_compile"]) for e in mine) / len(mine))
         assert geomean == pytest.approx(summary["geomean_vs_stock_compile"])
         assert summary["below_1"] == [e["cell"] for e in mine if e["vs_stock_compile"] < 1.0]
+
+
+def test_an_export_of_a_sweep_with_budgets_serves_each_cell_the_precision_its_budget_chose(tmp_path):
+    """A sweep under `accuracy: [stock]` measures fp32 and tf32 rows of one fp32 cell; its export
+    (straight from the results, no tune) serves that cell one preset, tf32 where it fits the budget
+    and is faster, not a preset per precision that a float32 model would find fp32's first of."""
+    from compiler.serving import ExportError
+    from orchestrator.spec.sweep import parse_spec
+    from orchestrator.tune.export import plan_export
+    from store.runlog import start_run
+    from store.sink import ResultSink
+
+    space = {c.key: c for c in candidates(STOCK, RESNET, "cuda", "fp32", ("tf32",), (), (), known("H100"))}
+    sink = ResultSink(tmp_path)
+    for key, ms in [(("ro", "fp32"), 9.0), (("ro", "tf32"), 5.0)]:
+        sink.add(timed(make_job_for(CELL, space[key], None), ms, 12.0))
+    sink.close()
+    yaml = "name: t\nmodels: [python:workers.toy:mlp]\nbatch_sizes: [16]\ndtypes: [fp32]\nconfigs: {ro: {}}\n"
+    start_run(tmp_path, "r1", parse_spec(yaml + "accuracy: [stock]\n"), [], {}, 1, 0)
+    (entry,), _, _ = plan_export(tmp_path, "H100")
+    assert (entry["dtype"], entry["precision"], entry["budget"]) == ("fp32", "tf32", "stock")
+    assert entry["vs_stock_compile"] == pytest.approx(9.0 / 5.0, rel=0.02)
+    assert plan_export(tmp_path, "H100", budget="stock")[0] == [entry]
+    with pytest.raises(ExportError, match="--budget bf16: the sweep under .* decided under stock"):
+        plan_export(tmp_path, "H100", budget="bf16")
+    start_run(tmp_path, "r2", parse_spec(yaml), [], {}, 1, 0)  # the latest run declared no budget
+    assert {e["dtype"] for e in plan_export(tmp_path, "H100")[0]} == {"fp32", "tf32"}
+    with pytest.raises(ExportError, match="--budget stock: .* decided under no accuracy budget"):
+        plan_export(tmp_path, "H100", budget="stock")

@@ -84,7 +84,8 @@ def slowest_cold(
     """`buckets`' cold prepare (`measure`, `cold_prepare`'s) in up to `COLD_PROCESSES` fresh
     processes (`first`: one already run), stopping at the first that fails or takes longer than
     `budget_s` (one process where there is no budget): the slowest's figures with `runs`, each
-    process's seconds; or the failed one's, with its `error`."""
+    process's seconds, and `other_shares`, the share of each one's cores other processes took
+    while it prepared (`HostShare`); or the failed one's, with its `error`."""
     runs = [first if first is not None else measure(buckets)]
     while budget_s is not None and len(runs) < COLD_PROCESSES:
         if "error" in runs[-1] or runs[-1]["prepare_s"] > budget_s:
@@ -92,7 +93,11 @@ def slowest_cold(
         runs.append(measure(buckets))
     if "error" in runs[-1]:
         return runs[-1]
-    return {**max(runs, key=lambda r: r["prepare_s"]), "runs": [r["prepare_s"] for r in runs]}
+    return {
+        **max(runs, key=lambda r: r["prepare_s"]),
+        "runs": [r["prepare_s"] for r in runs],
+        "other_shares": [r.get("host_other_share") for r in runs],
+    }
 
 
 def from_packages(
@@ -144,6 +149,7 @@ def from_packages(
         "cold_prepare_s": got["prepare_s"],
         "cold_prepare_steps": got["steps"],
         "cold_prepare_runs": got["runs"],
+        "cold_prepare_other_shares": got["other_shares"],
         "cold_prepare_process": got.get("process") or {},
         "cold_prepare_tries": tries,
         **({"prepare_scale": scale} if scale != 1.0 else {}),
@@ -176,12 +182,14 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
     example = split_inputs(input_sets[0])
     packages = {int(b): info for b, info in spec["packages"].items()}
     load = bucket_loader(Path(spec["dir"]), packages, prepared)
+    host = HostShare()
     clock = DeviceClock.of(example)
     loaded = load_buckets(
         sorted(packages), load, prepared, example, run.job.dtype, bool(spec["rows_independent"])
     )
     run.result["serving_prepare"] = {
         **clock.since(),  # prepare_s: from the first load to the last check; on CUDA, the memory
+        "host_other_share": host.since(),
         "steps": loaded.steps,
         "bucket_s": {str(b): s for b, s in loaded.bucket_s.items()},
         "fixed_s": loaded.fixed_s(),
@@ -192,6 +200,26 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
             "cuda_jit_cache": os.environ.get("CUDA_CACHE_PATH", ""),
         },
     }
+
+
+class HostShare:
+    """The share of this process's cores that other processes took from now until `since()`
+    (`compiler.host_state.other_share`, None where /proc/stat says nothing): what makes a cold
+    prepare's seconds those of a busy node rather than of the serving process alone
+    (`compiler.statistics.other_share_doubt`)."""
+
+    def __init__(self) -> None:
+        from compiler import host_state
+
+        self.cores = sorted(os.sched_getaffinity(0))
+        self.before = (host_state.cores_busy(), host_state.own_cpu_s())
+
+    def since(self) -> float | None:
+        from compiler import host_state
+
+        return host_state.other_share(
+            self.before, (host_state.cores_busy(), host_state.own_cpu_s()), self.cores
+        )
 
 
 def bucket_loader(folder: Path, packages: dict[int, dict[str, Any]], model: Any) -> Any:
