@@ -18,23 +18,35 @@ from compiler.serving.traffic import ServingProfile
 
 
 def compile_config(args: argparse.Namespace):
-    """The config `--mode` names, as the served plan and the oracle compile it, under the runtime
-    settings of the export's preset of `--name` where `--export` has one (`export_runtime`): an
-    exact preset per batch size runs as the served one does."""
-    from compiler.config import CompileConfig
+    """The config the oracle (and a served plan without `--export`) compiles with: the export's
+    preset of `--name` where `--export` has a compiled one, its mode, freezing, options and runtime
+    settings all (`compiler.serving.files.preset_config`), so an exact preset per batch size runs
+    as the served one does; else the config `--mode` names, under the runtime settings of the
+    export's preset where it has an eager one (`export_runtime`)."""
+    from compiler.config import CompileConfig, is_eager_preset
+    from compiler.serving.files import preset_config
 
+    entry = _preset(args)
+    if entry is not None and not is_eager_preset(entry):
+        return preset_config(entry, str(args.export))
     mode = None if args.mode == "default" else args.mode
     return CompileConfig(name=args.mode, mode=mode, runtime=export_runtime(args))
+
+
+def _preset(args: argparse.Namespace) -> dict | None:
+    """The export's preset of `--name` (from its verified serving.json), or None without
+    `--export` or such a preset."""
+    if not getattr(args, "export", None):
+        return None
+    return next((p for p in _export(args).presets["presets"] if p["model"] == args.name), None)
 
 
 def export_runtime(args: argparse.Namespace) -> dict:
     """The runtime settings (`compiler.runtime`, e.g. `cudnn_enabled`) of the export's preset of
     `--name`, read from its verified serving.json; {} without `--export` or such a preset."""
-    if not getattr(args, "export", None):
-        return {}
     from compiler.config import preset_runtime
 
-    entry = next((p for p in _export(args).presets["presets"] if p["model"] == args.name), None)
+    entry = _preset(args)
     return preset_runtime(entry) if entry else {}
 
 
@@ -43,9 +55,7 @@ def export_precision(args: argparse.Namespace) -> str | None:
     accuracy budget it may differ from the cell's dtype, e.g. tf32 for an fp32 model under the
     stock budget), which the served plan and the oracle must both run; None without `--export` or
     such a preset."""
-    if not getattr(args, "export", None):
-        return None
-    entry = next((p for p in _export(args).presets["presets"] if p["model"] == args.name), None)
+    entry = _preset(args)
     return (entry.get("precision") or entry["dtype"]) if entry else None
 
 

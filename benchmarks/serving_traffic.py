@@ -9,8 +9,9 @@ three ways of serving one model, each in fresh processes.
   prepared before the first request (what an exact preset per batch size would serve): compiled
   with `torch.compile` (`--oracle compile`), or an AOTInductor package per size (`--oracle
   packages`, built before it starts; with `--export`, its bucket packages serve their own
-  sizes), the fair oracle for a served plan of packages; under the runtime settings of the
-  export's preset (e.g. `cudnn_enabled: false`), as the served plan runs;
+  sizes), the fair oracle for a served plan of packages; with `--export`, in the config and
+  precision of its preset (mode, freezing, options, runtime settings such as `cudnn_enabled:
+  false`), as the served plan runs;
 - `stock`: what a stock PyTorch user runs, plain `torch.compile(model)` in the model's own dtype
   (`--stock-dtype`, fp32) under torch's runtime defaults, in each `--stock-mode` (compiled on its
   first request, recompiling as new sizes arrive: the stalls are reported apart and left out of
@@ -108,7 +109,6 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
     from compiler.serving.applied import Applied
     from compiler.serving.served import serve_range
 
-    mode = None if args.mode == "default" else args.mode
     t0 = time.perf_counter()
     if side.startswith("stock:"):
         smode = side.split(":", 1)[1]
@@ -121,6 +121,7 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
         )
         return served, time.perf_counter() - t0, applied.to_dict()
     config = compile_config(args)
+    model = config.prepare_model(model)  # channels-last where the config says so, as an export job runs it
     entry = {"precision": args.dtype}
     if (
         side == "oracle" and args.oracle_dir
@@ -134,8 +135,9 @@ def _prepare(side: str, args: argparse.Namespace, profile: ServingProfile, model
             "padding": {"ok": True},
         }
     applied = Applied(source="", hardware="", stack={})
+    config.apply_globals()  # e.g. freezing: the preset's own, as its package was built with
     served = serve_range(
-        lambda dynamic: torch.compile(model, mode=mode, dynamic=dynamic),
+        lambda dynamic: torch.compile(model, **{**config.compile_kwargs(), "dynamic": dynamic}),
         model,
         example,
         profile,
@@ -275,7 +277,12 @@ def _parser() -> argparse.ArgumentParser:
         help="precision policy the served plan and the oracle run (default: with --export, the "
         "precision its preset of --name runs in, which --dtype must then name; else fp32)",
     )
-    p.add_argument("--mode", default="default", help="torch.compile mode of the served plan and the oracle")
+    p.add_argument(
+        "--mode",
+        default="default",
+        help="torch.compile mode of the served plan and the oracle (with --export, the oracle compiles "
+        "with its preset's own config instead)",
+    )
     p.add_argument(
         "--stock-mode",
         default="default",

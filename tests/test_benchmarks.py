@@ -312,6 +312,63 @@ def test_serving_traffic_replays_the_trace_and_the_served_plan_never_compiles_af
     assert abs(float(served[1]) - entry["prepare_s"]) < 0.006, (served, entry)  # the table shows it too
 
 
+SERVING_SWEEP = f"""\
+name: served-mlp
+models: [{{id: "python:workers.toy:mlp", name: mlp}}]
+batch_sizes: [4]
+dtypes: [fp32]
+serving: {{batch: {{min: 1, max: 4}}}}
+configs: {{default: {{}}}}
+{MEASURE}
+"""
+
+
+def test_the_serving_results_flow_runs_on_the_cpu_sweep_export_then_traffic_against_the_export(tmp_path):
+    """What docs/results/serving-h200.md's commands do, on the CPU at batch 1..4: a sweep with a
+    serving profile, its export (a package per bucket), then the traffic benchmark with --export:
+    the served plan is compile_tuned's on the export, in the precision of its preset (no --dtype
+    given), and the oracle of packages reuses the export's bucket packages for their sizes."""
+
+    def orchestrate(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return done.stdout
+
+    sweep, out, dest, save = tmp_path / "s.yaml", tmp_path / "out", tmp_path / "export", tmp_path / "t.json"
+    sweep.write_text(SERVING_SWEEP)
+    orchestrate("sweep", str(sweep), "--out", str(out))
+    line = orchestrate("export", str(out), "--hardware", "cpu", "--dest", str(dest))
+    assert "serves batch 1..4, traffic uniform on buckets" in line, line
+    served = json.loads((dest / "serving.json").read_text())["presets"][0]["serving"]
+    got = bench(
+        "serving_traffic.py",
+        "--name",
+        "mlp",
+        "--export",
+        str(dest),
+        "--small",
+        "--oracle",
+        "packages",
+        "--save",
+        str(save),
+        timeout=900,
+    )
+    assert "fp32 on cpu" in got and table_row(got, "served")[2] == "0", got
+    assert f"served plan: buckets {served['buckets']}" in got, got
+    sides = json.loads(save.read_text())["sides"]
+    assert sides["served"]["applied"]["serving"]["plan_from"] == "export", sides["served"]["applied"]
+    build = sides["oracle"]["package_build"]
+    assert build["reused_from_export"] == served["buckets"] and build["buckets"] == 4 - len(
+        served["buckets"]
+    ), build
+
+
 def test_serving_traffic_oracle_of_packages_serves_every_size_from_its_own_package(tmp_path):
     save = tmp_path / "trace.json"
     out = bench("serving_traffic.py", "--small", "--oracle", "packages", "--save", str(save), timeout=900)

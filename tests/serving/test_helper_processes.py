@@ -74,24 +74,29 @@ def _benchmark(name: str):
     return module
 
 
-def test_the_traffic_benchmarks_oracle_runs_under_the_presets_runtime_settings(tmp_path):
+def test_the_traffic_benchmarks_oracle_compiles_with_the_presets_own_config(tmp_path):
     """benchmarks/serving_traffic.py's oracle (an exact preset per batch size) is compiled and run
-    under the runtime settings of the export's preset it is held against, read from the verified
-    serving.json; without an export, or for another model, torch's defaults."""
+    with the config of the export's preset it is held against, read from the verified serving.json:
+    its mode, freezing and runtime settings, whatever `--mode` says; without an export, or for
+    another model, `--mode` under torch's runtime defaults."""
     import argparse
 
     from tests.tune.test_export_apply import edit_presets, write_export
 
     oracle = _benchmark("serving_oracle")
 
-    def off(presets):
-        presets["presets"][0]["compile"]["runtime"] = {"cudnn_enabled": False}
+    def frozen_off(presets):
+        compile_ = presets["presets"][0]["compile"]
+        compile_.update(mode="max-autotune-no-cudagraphs", freezing=True, runtime={"cudnn_enabled": False})
 
-    dest = edit_presets(write_export(tmp_path / "export"), off)
-    args = argparse.Namespace(mode="reduce-overhead", export=str(dest), name="mlp")
-    config = oracle.compile_config(args)
-    assert config.runtime == {"cudnn_enabled": False} and config.mode == "reduce-overhead", config
-    assert oracle.compile_config(argparse.Namespace(mode="default", export=None, name="mlp")).runtime == {}
+    dest = edit_presets(write_export(tmp_path / "export"), frozen_off)
+    config = oracle.compile_config(argparse.Namespace(mode="reduce-overhead", export=str(dest), name="mlp"))
+    assert config.runtime == {"cudnn_enabled": False} and config.freezing, config
+    assert config.mode == "max-autotune-no-cudagraphs" and config.name == "default", config
+    plain = oracle.compile_config(argparse.Namespace(mode="reduce-overhead", export=None, name="mlp"))
+    assert plain.mode == "reduce-overhead" and plain.runtime == {} and not plain.freezing, plain
+    other = oracle.compile_config(argparse.Namespace(mode="default", export=str(dest), name="vit"))
+    assert other.mode is None and other.runtime == {}, other
     assert oracle.export_runtime(argparse.Namespace(export=str(dest), name="vit")) == {}
 
 

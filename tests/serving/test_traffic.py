@@ -217,6 +217,12 @@ def test_a_set_measured_over_the_prepare_budget_is_chosen_again_under_scaled_sec
     assert len(got["buckets"]) == 2 and got["cold_prepare_runs"] == [7.0, 6.5, 7.2], got
     assert got["cold_prepare_s"] == 7.2 and got["cold_prepare_tries"] == 2, got
     assert got["prepare_scale"] == pytest.approx(1.5), got
+    # each set tried, with the seconds it was chosen under and what its processes took
+    tried = got["cold_prepare_sets"]
+    assert [t["buckets"] for t in tried] == [first["buckets"], got["buckets"]], tried
+    assert [t["runs"] for t in tried] == [[12.0], [7.0, 6.5, 7.2]], tried
+    assert tried[0]["estimate_s"] == pytest.approx(8.0) and tried[1]["estimate_s"] <= 10, tried
+    assert tried[1]["steps"] == got["cold_prepare_steps"] and len(tried[1]["other_shares"]) == 3, tried
     want = weighted_mean(padded_latency(got["buckets"], at_bucket, profile), profile)
     assert got["weighted_ms"] == pytest.approx(want) and "bucket_prepare_s" not in got, got
 
@@ -225,7 +231,7 @@ def test_a_set_measured_over_the_prepare_budget_is_chosen_again_under_scaled_sec
     assert measured == [first["buckets"]] * 3 and "buckets" not in kept and kept["cold_prepare_tries"] == 1, (
         kept
     )
-    assert kept["cold_prepare_s"] == 9.9 and "prepare_scale" not in kept
+    assert kept["cold_prepare_s"] == 9.9 and "prepare_scale" not in kept and "cold_prepare_sets" not in kept
 
     # one that fits once but not in its second process is chosen again, smaller
     again = from_packages(first, ladder, measuring(9.5, 10.5, 7.0, 7.0, 7.0), profile)

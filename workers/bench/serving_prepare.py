@@ -119,7 +119,8 @@ def from_packages(
     ladder's seconds are scaled by how far that measurement exceeded their sum (`prepare_scale`),
     the set is chosen again under them from the record's latencies and `memory`
     (`compiler.serving.traffic.bucket_set`, whose record of the new choice this returns), and that
-    set is prepared cold in turn, up to `FIT_TRIES` sets in all (`cold_prepare_tries`)."""
+    set is prepared cold in turn, up to `FIT_TRIES` sets in all (`cold_prepare_tries`; each set
+    tried, where there were several, in `cold_prepare_sets`)."""
     if ladder is None:
         return {"from": "packages"}
     if "error" in ladder:
@@ -130,11 +131,12 @@ def from_packages(
     same = set(seconds) == set(chosen)
     got = slowest_cold(measure, chosen, budget_s, ladder if same else None)
     again: dict[str, Any] = {}
-    tries, scale = 1, 1.0
+    tries, scale, sets = 1, 1.0, []
     while "error" not in got and budget_s is not None:
+        summed = sum(seconds[b] for b in chosen) + ladder["fixed_s"]
+        sets.append(_tried(chosen, summed * scale, got))
         if got["prepare_s"] <= budget_s or tries >= FIT_TRIES:
             break
-        summed = sum(seconds[b] for b in chosen) + ladder["fixed_s"]
         scale = max(scale, got["prepare_s"] / summed)
         choice = bucket_set(at_bucket, profile, memory, scaled_cold(ladder, scale))
         if choice["buckets"] == chosen:  # nothing smaller fits better: the largest bucket alone
@@ -144,6 +146,7 @@ def from_packages(
     if "error" in got:
         return {"from": "packages", "cold_prepare_error": got["error"]}
     return {
+        **({"cold_prepare_sets": sets} if len(sets) > 1 else {}),
         **{k: v for k, v in again.items() if k not in ("bucket_prepare_s", "prepare_fixed_s")},
         "from": "packages",
         "cold_prepare_s": got["prepare_s"],
@@ -153,6 +156,20 @@ def from_packages(
         "cold_prepare_process": got.get("process") or {},
         "cold_prepare_tries": tries,
         **({"prepare_scale": scale} if scale != 1.0 else {}),
+    }
+
+
+def _tried(buckets: list[int], estimate_s: float, got: dict[str, Any]) -> dict[str, Any]:
+    """One set the choice prepared cold (`from_packages`' `cold_prepare_sets`, where it tried more
+    than one): its buckets, the seconds it was chosen under and what its fresh processes took,
+    with their steps and the share of their cores other processes took, so an overrun can be
+    traced to a step, or to a busy node."""
+    return {
+        "buckets": buckets,
+        "estimate_s": estimate_s,
+        "runs": got["runs"],
+        "other_shares": got["other_shares"],
+        "steps": got["steps"],
     }
 
 
