@@ -104,12 +104,13 @@ def cores_busy() -> tuple[float, dict[int, float]] | None:
     return time.monotonic(), busy
 
 
-def own_cpu_s() -> float:
-    """CPU time of this process so far, every thread, user and system, s."""
+def own_cpu_s(children: bool = False) -> float:
+    """CPU time of this process so far, every thread, user and system, s; with `children`, also
+    that of its children it has waited for (a compiler it ran, say: its own work, not another's)."""
     import os
 
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + (t.children_user + t.children_system if children else 0.0)
 
 
 def other_share(

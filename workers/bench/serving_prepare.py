@@ -223,20 +223,23 @@ class HostShare:
     """The share of this process's cores that other processes took from now until `since()`
     (`compiler.host_state.other_share`, None where /proc/stat says nothing): what makes a cold
     prepare's seconds those of a busy node rather than of the serving process alone
-    (`compiler.statistics.other_share_doubt`)."""
+    (`compiler.statistics.other_share_doubt`). What its own children did and it waited for (on the
+    CPU, the compiler building Inductor's vector-ISA probes on a package's first load) is its own."""
 
     def __init__(self) -> None:
+        self.cores = sorted(os.sched_getaffinity(0))
+        self.before = self._now()
+
+    @staticmethod
+    def _now() -> tuple[Any, float]:
         from compiler import host_state
 
-        self.cores = sorted(os.sched_getaffinity(0))
-        self.before = (host_state.cores_busy(), host_state.own_cpu_s())
+        return host_state.cores_busy(), host_state.own_cpu_s(children=True)
 
     def since(self) -> float | None:
         from compiler import host_state
 
-        return host_state.other_share(
-            self.before, (host_state.cores_busy(), host_state.own_cpu_s()), self.cores
-        )
+        return host_state.other_share(self.before, self._now(), self.cores)
 
 
 def bucket_loader(folder: Path, packages: dict[int, dict[str, Any]], model: Any) -> Any:
