@@ -10,9 +10,9 @@ import contextlib
 import dataclasses
 from typing import Any
 
+from compiler import statistics as cstats
 from compiler.job import ModelSpec
 from compiler.serving.traffic import ProfileError, ServingProfile
-from compiler.statistics import other_share_doubt
 from orchestrator.spec.models import default_name
 
 
@@ -131,7 +131,7 @@ def _cold_clause(serving: dict[str, Any]) -> str:
         sets = f", the {_ordinal(tries)} set tried" if tries > 1 else ""
         runs = len(plan.get("cold_prepare_runs") or [])
         slowest = f"the slowest of {runs} fresh processes; " if runs > 1 else ""
-        doubt = other_share_doubt(plan.get("cold_prepare_other_shares"), doing="prepared")
+        doubt = cstats.other_share_doubt(plan.get("cold_prepare_other_shares"), doing="prepared")
         doubted = f" (doubted: {doubt}; export again on a quiet node)" if doubt else ""
         return f", prepared cold in {plan['cold_prepare_s']:.1f} s ({slowest}budget {budget:g} s{sets}){over}{doubted}"
     if plan.get("cold_prepare_error"):
