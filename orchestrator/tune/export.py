@@ -110,8 +110,9 @@ def plan_export(
         raise ExportError(f"no {hardware} row under {out} is ok: nothing to export")
     import pyarrow as pa
 
-    derived = derive_presets(pa.Table.from_pylist(rows), accuracy=sweep_accuracy(location))
-    chosen = _one_budget(derived["presets"], budget, f"the sweep under {out}")
+    accuracy = sweep_accuracy(location)
+    chosen = _one_budget([b.name for b in accuracy], budget, f"the sweep under {out}")
+    derived = derive_presets(pa.Table.from_pylist(rows), accuracy=accuracy)
     derived["presets"] = [e for e in derived["presets"] if e.get("budget") == chosen]
     missing = no_preset_lines([m for m in derived["no_preset"] if m.get("budget") == chosen])
     if not derived["presets"]:
@@ -121,11 +122,12 @@ def plan_export(
     return derived["presets"], derived["defaults"][hardware], row_stack(ok[0])
 
 
-def _one_budget(entries: list[dict[str, Any]], budget: str | None, where: str) -> str | None:
-    """The accuracy budget whose presets an export serves: `budget`, which must be one the presets
-    were decided under, else their only one (None where none decided them); several without
-    `budget` raise ExportError."""
-    budgets = list(dict.fromkeys(e.get("budget") for e in entries if e.get("budget")))
+def _one_budget(budgets: list[str], budget: str | None, where: str) -> str | None:
+    """The accuracy budget whose presets an export serves, of the `budgets` they were decided
+    under (a sweep's declared ones, or those a tune's presets name): `budget`, which must be one of
+    them, else their only one (None where there are none); several without `budget` raise
+    ExportError."""
+    budgets = list(dict.fromkeys(budgets))
     if budget is None and len(budgets) > 1:
         raise ExportError(
             f"{where} decided presets under {len(budgets)} accuracy budgets ({', '.join(budgets)}): "
@@ -157,7 +159,9 @@ def _tuned_plan(
             f"{out} holds an unfinished tune (no {PRESETS_FILE}): finish it with `orchestrate tune --resume`"
         )
     data = json.loads(path.read_text())
-    chosen = _one_budget(data["presets"], budget, f"the tune under {out}")
+    chosen = _one_budget(
+        [e["budget"] for e in data["presets"] if e.get("budget")], budget, f"the tune under {out}"
+    )
     entries = [e for e in data["presets"] if e["hardware"] == hardware and e.get("budget") == chosen]
     if not entries:
         classes = sorted({e["hardware"] for e in data["presets"]})

@@ -361,3 +361,26 @@ def test_an_export_of_a_sweep_with_budgets_serves_each_cell_the_precision_its_bu
     assert {e["dtype"] for e in plan_export(tmp_path, "H100")[0]} == {"fp32", "tf32"}
     with pytest.raises(ExportError, match="--budget stock: .* decided under no accuracy budget"):
         plan_export(tmp_path, "H100", budget="stock")
+
+
+def test_a_budgeted_sweep_whose_cells_are_all_undecided_refuses_its_export_naming_them(tmp_path, monkeypatch):
+    """A budgeted sweep whose only cell's timing is doubted has no preset under its budget: the
+    export refuses, naming the cell and why, as for a sweep without budgets."""
+    from compiler.serving import ExportError
+    from compiler.statistics.thresholds import THRESHOLDS_ENV
+    from orchestrator.spec.sweep import parse_spec
+    from orchestrator.tune.export import plan_export
+    from store.runlog import start_run
+    from store.sink import ResultSink
+
+    monkeypatch.delenv(THRESHOLDS_ENV)  # the project's own doubt of a busy host (tests/conftest.py)
+    space = {c.key: c for c in candidates(STOCK, RESNET, "cuda", "fp32", ("tf32",), (), (), known("H100"))}
+    sink = ResultSink(tmp_path)
+    for key, ms in [(("ro", "fp32"), 9.0), (("ro", "tf32"), 5.0)]:
+        row = timed(make_job_for(CELL, space[key], None), ms, 12.0)
+        sink.add({**row, "host_other_share": [0.6, 0.1]})  # another sweep took its cores while it timed
+    sink.close()
+    yaml = "name: t\nmodels: [python:workers.toy:mlp]\nbatch_sizes: [16]\ndtypes: [fp32]\nconfigs: {ro: {}}\n"
+    start_run(tmp_path, "r1", parse_spec(yaml + "accuracy: [stock]\n"), [], {}, 1, 0)
+    with pytest.raises(ExportError, match=r"H100/resnet/bs16/fp32: undecided, .*other processes took 60%"):
+        plan_export(tmp_path, "H100", budget="stock")
