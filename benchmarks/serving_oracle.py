@@ -5,6 +5,7 @@ or an AOTInductor package per size (`build_oracle_packages`, `load_oracle_packag
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -60,9 +61,16 @@ def export_precision(args: argparse.Namespace) -> str | None:
 
 
 def _export(args: argparse.Namespace):
+    """`--export` opened and its serving.json verified, once per process (its config, precision,
+    runtime and packages are all read from it)."""
+    return _opened(str(args.export))
+
+
+@functools.cache
+def _opened(source: str):
     from compiler.serving.files import open_export
 
-    return open_export(args.export)
+    return open_export(source)
 
 
 def build_oracle_packages(args: argparse.Namespace, profile: ServingProfile, dest: Path) -> dict:

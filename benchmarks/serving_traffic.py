@@ -67,9 +67,9 @@ from serving_oracle import (  # noqa: E402  (beside this file)
 from serving_summary import add_to_summary  # noqa: E402
 
 from compiler.env import cold_caches, project_pythonpath  # noqa: E402
+from compiler.host_state import HostShare  # noqa: E402
 from compiler.serving.traffic import ServingProfile, weighted_mean  # noqa: E402
 from compiler.statistics import other_share_doubt, percentile, summarize  # noqa: E402
-from workers.bench.serving_prepare import HostShare  # noqa: E402
 
 SIDES = ("served", "oracle", "stock")
 
@@ -164,7 +164,7 @@ def child(side: str, args: argparse.Namespace) -> dict:
         profile = ServingProfile.from_dict({"batch": {"min": min(sizes), "max": max(sizes)}})
     stock = side.startswith("stock:")
     model, example = _build(args, args.stock_dtype if stock else args.dtype, stock)
-    host = HostShare()
+    host = HostShare(children=True)  # its waited children's work is its own, as in a cold prepare
     serve, prepare_s, applied = _prepare(side, args, profile, model, example)
     other_share = host.since()  # other processes' share of this one's cores while it prepared
     cuda = args.device == "cuda"
@@ -360,7 +360,7 @@ def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side
         "buckets": serving.get("buckets") or [],
         "prepare_s": rows["served"]["prepare_s"],
         **({"prepare_s_runs": rows["served"]["prepare_s_runs"]} if args.prepare_repeats > 1 else {}),
-        "prepare_other_shares": [r["other_share"] for r in sides["served"]["prepare_runs"]],
+        "prepare_other_shares": rows["served"]["prepare_other_shares"],
         "max_first_call_s": rows["served"]["max_first_call_s"],
         "compiles_after_prepare": rows["served"]["compiles_after_prepare"],
         "weighted_ms_served": served,
@@ -422,7 +422,9 @@ def main(argv: list[str] | None = None) -> int:
             sides[f"stock:{mode}"] = _run_child(f"stock:{mode}", argv, f"{caches}/stock-{mode}")
     rows = {side: summary(sides[side], profile) for side in sides}
     runs = [r["prepare_s"] for r in sides["served"]["prepare_runs"]]
-    rows["served"].update(prepare_s=max(runs), prepare_s_runs=runs)  # the slowest fresh process's
+    shares = [r["other_share"] for r in sides["served"]["prepare_runs"]]
+    # the slowest fresh process's, and what share of each one's cores other processes took
+    rows["served"].update(prepare_s=max(runs), prepare_s_runs=runs, prepare_other_shares=shares)
     stock_side = min((s for s in rows if s.startswith("stock:")), key=lambda s: rows[s]["weighted_ms"])
     print(
         "| side | prepare s | compiles after prepare | max first call s | stalls s | p50 ms | p99 ms | weighted ms |"
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     served, oracle, stock = (rows[s]["weighted_ms"] for s in ("served", "oracle", stock_side))
     serving = sides["served"]["applied"].get("serving") or {}
-    doubt = other_share_doubt([r["other_share"] for r in sides["served"]["prepare_runs"]], doing="prepared")
+    doubt = other_share_doubt(shares, doing="prepared")
     if len(runs) > 1 or doubt:
         print(
             f"served prepare in {len(runs)} fresh processes: {', '.join(f'{r:.2f}' for r in runs)} s"

@@ -130,3 +130,24 @@ def other_share(
     if wall <= 0.05:
         return None
     return min(1.0, max(0.0, (busy - (own_a - own_b)) / (wall * len(cores))))
+
+
+class HostShare:
+    """The share of `cores` (by default this process's) that other processes took from now until
+    `since()` (`other_share`; None where /proc/stat says nothing): what makes a measurement's
+    seconds those of a busy host rather than of its own process (`compiler.statistics`' doubts).
+    With `children`, the CPU time of children this process waited for is its own (the compiler a
+    package's first load runs on the CPU, for a serving process's prepare)."""
+
+    def __init__(self, cores: Sequence[int] | None = None, children: bool = False) -> None:
+        import os
+
+        self.cores = sorted(os.sched_getaffinity(0)) if cores is None else list(cores)
+        self.children = children
+        self.before = self._now()
+
+    def _now(self) -> tuple[tuple[float, dict[int, float]] | None, float]:
+        return cores_busy(), own_cpu_s(self.children)
+
+    def since(self) -> float | None:
+        return other_share(self.before, self._now(), self.cores)

@@ -92,8 +92,9 @@ def plan_export(
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(preset entries, class defaults, stack) of `hardware` under `out`: the presets a tune wrote
     there, else those derived from a sweep's results (under the sweep's accuracy budgets, where it
-    declared any), of accuracy budget `budget` (needed where they were decided under several); raises ExportError when there is nothing to export (saying
-    why each cell has no preset) or the figures mix stacks. `left_out`, where given, gets a line
+    declared any), of accuracy budget `budget` (needed where they were decided under several);
+    raises ExportError when there is nothing to export (saying why each cell has no preset) or the
+    figures mix stacks. `left_out`, where given, gets a line
     per cell of `hardware` without a preset, saying why (its `no_preset` entry)."""
     location = resolve(out)
     if location.join(TUNE_FILE).exists():

@@ -127,17 +127,20 @@ def test_the_traffic_benchmark_serves_and_holds_the_oracle_in_the_presets_precis
 
 
 def test_what_a_cold_prepares_own_children_did_is_its_own_work_not_another_processes():
-    """A cold prepare's other share (`workers.bench.serving_prepare.HostShare`) counts the CPU time
-    of children it waited for as its own (on the CPU, the compiler a package's first load runs),
-    so a serving process is not called doubted for its own work."""
+    """A cold prepare's other share (`compiler.host_state.HostShare(children=True)`) counts the CPU
+    time of children it waited for as its own (on the CPU, the compiler a package's first load
+    runs), so a serving process is not called doubted for its own work."""
     import subprocess
     import sys
 
     from compiler import host_state
-    from workers.bench.serving_prepare import HostShare
 
     spin = "import time\nwhile time.process_time() < 0.3: pass"
-    alone, with_children, share = host_state.own_cpu_s(), host_state.own_cpu_s(children=True), HostShare()
+    alone, with_children, share = (
+        host_state.own_cpu_s(),
+        host_state.own_cpu_s(children=True),
+        host_state.HostShare(children=True),
+    )
     subprocess.run([sys.executable, "-c", spin], check=True)
     grew = host_state.own_cpu_s(children=True) - with_children
     assert grew - (host_state.own_cpu_s() - alone) >= 0.3, grew  # the child's 0.3 s of CPU, its own

@@ -85,7 +85,7 @@ def slowest_cold(
     processes (`first`: one already run), stopping at the first that fails or takes longer than
     `budget_s` (one process where there is no budget): the slowest's figures with `runs`, each
     process's seconds, and `other_shares`, the share of each one's cores other processes took
-    while it prepared (`HostShare`); or the failed one's, with its `error`."""
+    while it prepared (`compiler.host_state.HostShare`); or the failed one's, with its `error`."""
     runs = [first if first is not None else measure(buckets)]
     while budget_s is not None and len(runs) < COLD_PROCESSES:
         if "error" in runs[-1] or runs[-1]["prepare_s"] > budget_s:
@@ -190,6 +190,7 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
     first load to the last check. `run.result["serving_prepare"]`: `cold_prepare`'s figures."""
     from compiler.aoti import split_inputs
     from compiler.env import process_facts
+    from compiler.host_state import HostShare
     from compiler.serving.plan_packages import load_buckets
     from compiler.serving.served import DeviceClock
 
@@ -199,7 +200,7 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
     example = split_inputs(input_sets[0])
     packages = {int(b): info for b, info in spec["packages"].items()}
     load = bucket_loader(Path(spec["dir"]), packages, prepared)
-    host = HostShare()
+    host = HostShare(children=True)  # its waited children's work is its own
     clock = DeviceClock.of(example)
     loaded = load_buckets(
         sorted(packages), load, prepared, example, run.job.dtype, bool(spec["rows_independent"])
@@ -217,29 +218,6 @@ def serve_prepare(run: JobRecord, spec: dict[str, Any]) -> None:
             "cuda_jit_cache": os.environ.get("CUDA_CACHE_PATH", ""),
         },
     }
-
-
-class HostShare:
-    """The share of this process's cores that other processes took from now until `since()`
-    (`compiler.host_state.other_share`, None where /proc/stat says nothing): what makes a cold
-    prepare's seconds those of a busy node rather than of the serving process alone
-    (`compiler.statistics.other_share_doubt`). What its own children did and it waited for (on the
-    CPU, the compiler building Inductor's vector-ISA probes on a package's first load) is its own."""
-
-    def __init__(self) -> None:
-        self.cores = sorted(os.sched_getaffinity(0))
-        self.before = self._now()
-
-    @staticmethod
-    def _now() -> tuple[Any, float]:
-        from compiler import host_state
-
-        return host_state.cores_busy(), host_state.own_cpu_s(children=True)
-
-    def since(self) -> float | None:
-        from compiler import host_state
-
-        return host_state.other_share(self.before, self._now(), self.cores)
 
 
 def bucket_loader(folder: Path, packages: dict[int, dict[str, Any]], model: Any) -> Any:

@@ -114,7 +114,7 @@ def _host_before() -> dict[str, Any]:
     steal = host_state.cpu_steal_ticks()
     cores = sorted(os.sched_getaffinity(0))
     return {
-        "busy": (host_state.cores_busy(), host_state.own_cpu_s()),
+        "busy": host_state.HostShare(cores),
         "steal": steal,
         "cores": cores,
         "load": os.getloadavg()[0],
@@ -133,8 +133,7 @@ def _host_fields(before: dict[str, Any]) -> dict[str, Any]:
     steal = host_state.steal_share(before["steal"], host_state.cpu_steal_ticks())
     if steal is not None:
         fields["host_steal_share"] = steal
-    after = (host_state.cores_busy(), host_state.own_cpu_s())
-    fields["host_other_share"] = [host_state.other_share(before["busy"], after, before["cores"])]
+    fields["host_other_share"] = [before["busy"].since()]
     mhz = [m for m in (*before["mhz"], host_state.cpu_mhz(before["cores"])) if m is not None]
     fields.update(
         host_cpu_mhz=[statistics.fmean(mhz) if mhz else None],
