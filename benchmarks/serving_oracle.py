@@ -74,9 +74,9 @@ def _opened(source: str):
 
 
 def build_oracle_packages(args: argparse.Namespace, profile: ServingProfile, dest: Path) -> dict:
-    """`--oracle packages`: an AOTInductor package of `--mode` for every size of the range, in
-    `dest` (`workers.bench.serving.package_buckets`: processes of their own, side by side, spread
-    over the GPUs), as an export builds a bucket's: what an exact preset per batch size serves
+    """`--oracle packages`: an AOTInductor package of `compile_config`'s config for every size of
+    the range, in `dest` (`workers.bench.serving.package_buckets`: processes of their own, side by
+    side, spread over the GPUs), as an export builds a bucket's: what an exact preset per size serves
     from; with `--export`, its buckets' packages serve their own sizes (`_export_packages`). The
     build's wall time, processes and GPUs, and the sizes taken from the export."""
     from workers.bench.run import JobRun

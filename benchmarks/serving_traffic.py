@@ -366,7 +366,7 @@ def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side
         "weighted_ms_served": served,
         "weighted_ms_oracle": oracle,
         "oracle": f"{args.oracle}: {'an AOTInductor package' if args.oracle == 'packages' else 'torch.compile'} "
-        f"of {args.mode} per batch size",
+        f"of {compile_config(args).name} per batch size",
         "weighted_ms_stock": stock,
         "stock_mode": stock_side.split(":", 1)[1],
         "stall_s_stock": rows[stock_side]["stall_s"],

@@ -114,6 +114,37 @@ def test_a_pinned_process_unpins_itself_onto_every_core_it_may_use():
     assert parse_cpus(cpus) >= set(CPUS) and pinned is False and note is None, out.stdout
 
 
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two cores for a runner on fewer than the node's")
+def test_a_helper_unpins_onto_its_runners_cores_not_the_whole_node(tmp_path):
+    """A sweep started on part of a node (`taskset`, beside another sweep on the rest) keeps its
+    serving stand-ins there: the runner names its own cores (`NODE_CPUS_ENV`, set by
+    `workers.runner._pin` from its affinity) and a helper marked to unpin goes back to those."""
+    from workers.runner import _pin
+
+    runner_cpus = {CPUS[0]}
+    code = (
+        "import os; from workers.runner import _pin; from workers.affinity import CoreLease; "
+        f"os.sched_setaffinity(0, {runner_cpus!r}); env = {{}}; _pin(env, CoreLease(())); print(env)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert ast.literal_eval(out.stdout.strip()) == {affinity.NODE_CPUS_ENV: str(CPUS[0])}, out.stdout
+    code = (
+        "import os; from workers.affinity import pin_from_environment; "
+        f"os.sched_setaffinity(0, {{{CPUS[-1]}}}); print(pin_from_environment())"
+    )
+    env = {**os.environ, affinity.UNPIN_ENV: "1", affinity.NODE_CPUS_ENV: str(CPUS[0])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    cpus, pinned, _ = ast.literal_eval(out.stdout.strip())
+    assert parse_cpus(cpus) == runner_cpus and pinned is False, out.stdout
+    env = {k: v for k, v in env.items() if k != affinity.NODE_CPUS_ENV}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert parse_cpus(ast.literal_eval(out.stdout.strip())[0]) >= set(CPUS), out.stdout  # unset: every core
+    env = {**os.environ}
+    _pin(env, affinity.CoreLease((CPUS[-1],)))  # a pinned job's environment names both
+    assert env[affinity.AFFINITY_ENV] == str(CPUS[-1])
+    assert parse_cpus(env[affinity.NODE_CPUS_ENV]) == set(CPUS)
+
+
 def test_held_cores_counts_the_cores_another_holder_has_locked(lock_dir):
     """What a sweep checks at its start: cores another sweep's jobs hold; checking takes no lock."""
     assert affinity.held_cores(lock_dir) == (0, len(os.sched_getaffinity(0)))

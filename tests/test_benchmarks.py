@@ -318,7 +318,7 @@ models: [{{id: "python:workers.toy:mlp", name: mlp}}]
 batch_sizes: [4]
 dtypes: [fp32]
 serving: {{batch: {{min: 1, max: 4}}}}
-configs: {{default: {{}}}}
+configs: {{plain: {{}}}}  # not --mode's name: the oracle compiles the export's config
 {MEASURE}
 """
 
@@ -357,9 +357,13 @@ def test_the_serving_results_flow_runs_on_the_cpu_sweep_export_then_traffic_agai
         "packages",
         "--save",
         str(save),
+        "--summary",
+        str(tmp_path / "summary.json"),
         timeout=900,
     )
     assert "fp32 on cpu" in got and table_row(got, "served")[2] == "0", got
+    (entry,) = json.loads((tmp_path / "summary.json").read_text())[0]["models"]
+    assert entry["oracle"] == "packages: an AOTInductor package of plain per batch size", entry["oracle"]
     assert f"served plan: buckets {served['buckets']}" in got, got
     sides = json.loads(save.read_text())["sides"]
     assert sides["served"]["applied"]["serving"]["plan_from"] == "export", sides["served"]["applied"]

@@ -236,3 +236,25 @@ def test_spread_and_summary():
     s = summarize([3.0, 1.0, 2.0])
     assert (s.median_ms, s.p10_ms, s.p90_ms) == (2.0, pytest.approx(1.2), pytest.approx(2.8))
     assert percentile([1.0, 2.0], 50) == 1.5
+
+
+def test_prediction_high_is_the_one_sided_bound_a_new_run_stays_under():
+    """What an export judges a prepare budget by: from three fresh processes' seconds, the most a
+    new one takes at the thresholds' level. Checked against its definition and by simulation: of
+    many new draws from the distribution the three came from, about `level` stay under it."""
+    from compiler.statistics import load_thresholds, prediction_high
+
+    t = load_thresholds()
+    assert prediction_high([9.0], t) is None and prediction_high([], t) is None  # one shows no spread
+    assert prediction_high([7.0, 7.0, 7.0], t) == pytest.approx(7.0)
+    runs = [9.35, 9.8, 9.04]  # each under 10 s; their spread predicts a new one over it
+    logs = np.log(runs)
+    want = math.exp(logs.mean() + t_quantile(t.level, 2) * logs.std(ddof=1) * math.sqrt(4 / 3))
+    assert prediction_high(runs, t) == pytest.approx(want) and want > 10 > max(runs)
+    assert prediction_high([8.67, 8.96, 8.47], t) < 10  # tighter, lower: it fits
+    rng = np.random.default_rng(0)
+    covered = []
+    for _ in range(2000):
+        draws = np.exp(rng.normal(2.2, 0.05, 4))
+        covered.append(draws[3] <= prediction_high(draws[:3], t))
+    assert abs(np.mean(covered) - t.level) < 0.02, np.mean(covered)

@@ -35,6 +35,11 @@ UNPIN_ENV = "CO_UNPIN"
 """In a job's helper that stands in for a serving process a user starts
 (`workers.bench.serving_stock.helper_process(plain=True)`): leave the pinning it inherited
 (`unpin`)."""
+NODE_CPUS_ENV = "CO_NODE_CPUS"
+"""In a job's processes: the cores its runner may use, as "0-15" (the runner's own affinity: the
+node's, or what the user's `taskset` or cpuset left a sweep). A helper marked `UNPIN_ENV` goes back
+to these, not to every core of the node, so a sweep started on half a node's cores beside another
+keeps its serving stand-ins on its own half."""
 
 
 def lock_dir() -> Path:
@@ -167,9 +172,11 @@ def pin_from_environment() -> tuple[str, bool, str | None]:
 
 
 def unpin() -> str:
-    """Undo a pinning this process inherited: let it run on every core the node lets it use (the
-    kernel keeps a cpuset's limit), as a process a user starts would. Returns the affinity it now
-    has, as "0-3"; where the node refuses, the one it had."""
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    """Undo a pinning this process inherited: let it run on every core its runner may use
+    (`NODE_CPUS_ENV`; where unset, every core the node lets it use: the kernel keeps a cpuset's
+    limit), as a process a user starts there would. Returns the affinity it now has, as "0-3";
+    where the node refuses, the one it had."""
+    listed = os.environ.get(NODE_CPUS_ENV)
+    with contextlib.suppress(OSError, ValueError):
+        os.sched_setaffinity(0, parse_cpus(listed) if listed else range(os.cpu_count() or 1))
     return format_cpus(os.sched_getaffinity(0))

@@ -330,7 +330,9 @@ def _hold(lane: Lane, waiting: Callable[[], object], ready: Callable[[], bool]) 
 
 
 def _pin(env: dict[str, str], cores: affinity.CoreLease) -> None:
-    """Tell the job processes which cores they hold (they pin themselves before importing torch)."""
+    """Tell the job processes which cores they hold (they pin themselves before importing torch),
+    and which the runner may use (`affinity.NODE_CPUS_ENV`, where its serving stand-ins go back to)."""
+    env[affinity.NODE_CPUS_ENV] = affinity.format_cpus(os.sched_getaffinity(0))
     if cores.pinned:
         env[affinity.AFFINITY_ENV] = affinity.format_cpus(cores.cpus)
 

@@ -70,6 +70,7 @@ from compiler.statistics.verdicts import (
     judged_figure,
     latency_verdict,
     once_per_run_verdict,
+    prediction_high,
     undecided_reason,
 )
 
@@ -102,6 +103,7 @@ __all__ = [
     "other_share_doubt",
     "paired_speedup",
     "percentile",
+    "prediction_high",
     "ratio_interval",
     "split_groups",
     "row_groups",

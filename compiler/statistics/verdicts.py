@@ -141,10 +141,7 @@ def once_per_run_verdict(
             f"one value a run cannot show its run-to-run spread ({verdict} if decided); "
             f"compare against a window of runs (--history, nightly) to decide"
         )
-    logs = np.log(values)
-    centre = float(np.mean(logs))
-    bound = t_quantile(1 - (1 - thresholds.level) / 2, len(values) - 1) * float(np.std(logs, ddof=1))
-    bound *= math.sqrt(1 + 1 / len(values))
+    centre, bound = _log_prediction(values, 1 - (1 - thresholds.level) / 2)
     verdict = figure_verdict(current, math.exp(centre), change, floor)
     outside = abs(math.log(current) - centre) > bound
     if verdict == "unchanged" or not outside:
@@ -153,3 +150,26 @@ def once_per_run_verdict(
         verdict,
         f"outside the spread of the {len(values)} reference runs (geometric mean {math.exp(centre):.1f})",
     )
+
+
+def prediction_high(values: Sequence[float], thresholds: Thresholds) -> float | None:
+    """The most a new run of a figure measured once per run (`values`: each run's, all > 0; e.g. a
+    fresh process's prepare seconds) takes at the thresholds' confidence `level`, one-sided: the
+    upper end of the prediction interval of one new value (log scale, Student's t with n - 1
+    degrees of freedom around their geometric mean). None for fewer than two values (one shows no
+    spread). What an export judges a prepare budget by (`workers.bench.serving_prepare`): the
+    slowest of three processes fitting says little where they spread (SegFormer's 9.0-9.8 s at
+    export took 9.7-10.6 s in the next three)."""
+    values = [float(v) for v in values]
+    if len(values) < 2 or min(values) <= 0:
+        return None
+    centre, bound = _log_prediction(values, thresholds.level)
+    return math.exp(centre + bound)
+
+
+def _log_prediction(values: Sequence[float], p: float) -> tuple[float, float]:
+    """(the mean of `values`' logs, the half-width of the prediction interval of one new value's
+    log at quantile `p` of Student's t with n - 1 degrees of freedom)."""
+    logs = np.log(values)
+    width = t_quantile(p, len(values) - 1) * float(np.std(logs, ddof=1)) * math.sqrt(1 + 1 / len(values))
+    return float(np.mean(logs)), width

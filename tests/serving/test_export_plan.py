@@ -232,6 +232,16 @@ def test_the_export_line_says_which_plan_a_preset_serves_on_and_why(monkeypatch)
     assert serving_line(cold).endswith(
         "prepared cold in 9.1 s (the slowest of 3 fresh processes; budget 10 s, the second set tried)"
     )
+    cold["plans"]["buckets"].update(cold_prepare_bound_s=9.63)  # what their spread predicts of a new one
+    assert serving_line(cold).endswith(
+        "prepared cold in 9.1 s (the slowest of 3 fresh processes, a new one predicted within 9.6 s; "
+        "budget 10 s, the second set tried)"
+    )
+    cold["plans"]["buckets"].update(cold_prepare_bound_s=10.8)  # each fit; a new one is predicted not to
+    assert serving_line(cold).endswith(
+        "predicted within 10.8 s; budget 10 s, the second set tried): OVER BUDGET"
+    )
+    cold["plans"]["buckets"].update(cold_prepare_bound_s=None)
     cold["plans"]["buckets"].update(cold_prepare_other_shares=[0.02, 0.1, None])  # a quiet node
     assert serving_line(cold).endswith("budget 10 s, the second set tried)")
     cold["plans"]["buckets"].update(cold_prepare_other_shares=[0.02, 0.41, None])  # a busy one

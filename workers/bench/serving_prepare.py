@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from compiler import statistics as cstats
 from compiler.serving.traffic import bucket_set
 from workers.bench.record import JobRecord
 from workers.bench.serving_stock import helper_result
@@ -70,9 +71,19 @@ FIT_TRIES = 3
 
 COLD_PROCESSES = 3
 """Fresh processes a chosen set is prepared cold in under a prepare budget (`slowest_cold`): it is
-kept where the slowest fits, as the traffic benchmark judges a plan (`--prepare-repeats 3`). A
-fresh process's seconds vary from one to the next: SegFormer-B0's 9 buckets on an H200 prepared in
-11.2, 8.8 and 9.0 s in three, where the export's one measurement had found 9.3 s."""
+kept where the slowest fits and so does the most a new process would take, predicted from their
+spread (`fits`). A fresh process's seconds vary from one to the next: SegFormer-B0's 9 buckets on
+an H200 prepared in 11.2, 8.8 and 9.0 s in three, where the export's one measurement had found
+9.3 s; a set of 14 whose three at export took 9.0-9.8 s took 9.7-10.6 s in the traffic
+benchmark's three."""
+
+
+def fits(got: dict[str, Any], budget_s: float) -> bool:
+    """Whether a set's cold prepare (`slowest_cold`'s) fits `budget_s`: its slowest process did,
+    and so does `bound_s`, the most a new process would take at the thresholds' confidence
+    (`compiler.statistics.prediction_high`), where its processes gave one."""
+    bound = got.get("bound_s")
+    return got["prepare_s"] <= budget_s and (bound is None or bound <= budget_s)
 
 
 def slowest_cold(
@@ -84,8 +95,10 @@ def slowest_cold(
     """`buckets`' cold prepare (`measure`, `cold_prepare`'s) in up to `COLD_PROCESSES` fresh
     processes (`first`: one already run), stopping at the first that fails or takes longer than
     `budget_s` (one process where there is no budget): the slowest's figures with `runs`, each
-    process's seconds, and `other_shares`, the share of each one's cores other processes took
-    while it prepared (`compiler.host_state.HostShare`); or the failed one's, with its `error`."""
+    process's seconds, `bound_s`, the most a new process would take as their spread predicts
+    (`compiler.statistics.prediction_high`; None from one process), and `other_shares`, the share
+    of each one's cores other processes took while it prepared (`compiler.host_state.HostShare`);
+    or the failed one's, with its `error`."""
     runs = [first if first is not None else measure(buckets)]
     while budget_s is not None and len(runs) < COLD_PROCESSES:
         if "error" in runs[-1] or runs[-1]["prepare_s"] > budget_s:
@@ -93,9 +106,11 @@ def slowest_cold(
         runs.append(measure(buckets))
     if "error" in runs[-1]:
         return runs[-1]
+    seconds = [r["prepare_s"] for r in runs]
     return {
         **max(runs, key=lambda r: r["prepare_s"]),
-        "runs": [r["prepare_s"] for r in runs],
+        "runs": seconds,
+        "bound_s": cstats.prediction_high(seconds, cstats.load_thresholds()),
         "other_shares": [r.get("host_other_share") for r in runs],
     }
 
@@ -114,9 +129,10 @@ def from_packages(
     (`measure(buckets)`, `cold_prepare`'s); `cold_prepare_error` where the cold runs failed (then
     the budget was not applied).
 
-    A set chosen from the ladder's seconds may still take longer than the profile's
-    `prepare_budget_s` when measured (a fresh process's seconds vary from run to run). Then the
-    ladder's seconds are scaled by how far that measurement exceeded their sum (`prepare_scale`),
+    A set chosen from the ladder's seconds may still not fit the profile's `prepare_budget_s` when
+    measured (`fits`: a fresh process's seconds vary from run to run, and the prediction from
+    their spread counts, `cold_prepare_bound_s`). Then the ladder's seconds are scaled by how far
+    that measurement (the slowest, or the prediction where higher) exceeded their sum (`prepare_scale`),
     the set is chosen again under them from the record's latencies and `memory`
     (`compiler.serving.traffic.bucket_set`, whose record of the new choice this returns), and that
     set is prepared cold in turn, up to `FIT_TRIES` sets in all (`cold_prepare_tries`; each set
@@ -135,9 +151,9 @@ def from_packages(
     while "error" not in got and budget_s is not None:
         summed = sum(seconds[b] for b in chosen) + ladder["fixed_s"]
         sets.append(_tried(chosen, summed * scale, got))
-        if got["prepare_s"] <= budget_s or tries >= FIT_TRIES:
+        if fits(got, budget_s) or tries >= FIT_TRIES:
             break
-        scale = max(scale, got["prepare_s"] / summed)
+        scale = max(scale, max(got["prepare_s"], got.get("bound_s") or 0.0) / summed)
         choice = bucket_set(at_bucket, profile, memory, scaled_cold(ladder, scale))
         if choice["buckets"] == chosen:  # nothing smaller fits better: the largest bucket alone
             break
@@ -152,6 +168,7 @@ def from_packages(
         "cold_prepare_s": got["prepare_s"],
         "cold_prepare_steps": got["steps"],
         "cold_prepare_runs": got["runs"],
+        "cold_prepare_bound_s": got.get("bound_s"),
         "cold_prepare_other_shares": got["other_shares"],
         "cold_prepare_process": got.get("process") or {},
         "cold_prepare_tries": tries,
@@ -168,6 +185,7 @@ def _tried(buckets: list[int], estimate_s: float, got: dict[str, Any]) -> dict[s
         "buckets": buckets,
         "estimate_s": estimate_s,
         "runs": got["runs"],
+        "bound_s": got.get("bound_s"),
         "other_shares": got["other_shares"],
         "steps": got["steps"],
     }
