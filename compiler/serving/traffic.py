@@ -381,3 +381,12 @@ def bucket_set(
         record["bucket_prepare_s"] = {str(b): seconds[b] for b in sorted(seconds)}
         record["prepare_fixed_s"] = fixed
     return record
+
+
+def judged_prepare_s(slowest_s: float, bound_s: float | None) -> float:
+    """The seconds a bucket set's cold prepare is judged by against a prepare budget: its slowest
+    fresh process's, or where higher the most a new process would take as their spread predicts
+    (`bound_s`, `compiler.statistics.prediction_high`; None from one process). What the export's
+    choice fits (`workers.bench.serving_prepare`) and its line calls OVER BUDGET
+    (`orchestrator.tune.sweep_models`)."""
+    return max(slowest_s, bound_s if bound_s is not None else 0.0)

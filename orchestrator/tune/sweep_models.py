@@ -12,7 +12,7 @@ from typing import Any
 
 from compiler import statistics as cstats
 from compiler.job import ModelSpec
-from compiler.serving.traffic import ProfileError, ServingProfile
+from compiler.serving.traffic import ProfileError, ServingProfile, judged_prepare_s
 from orchestrator.spec.models import default_name
 
 
@@ -128,13 +128,12 @@ def _cold_clause(serving: dict[str, Any]) -> str:
         return ""
     if plan.get("cold_prepare_s") is not None:
         bound = plan.get("cold_prepare_bound_s")
-        over = ": OVER BUDGET" if max(plan["cold_prepare_s"], bound or 0.0) > budget else ""
+        over = ": OVER BUDGET" if judged_prepare_s(plan["cold_prepare_s"], bound) > budget else ""
         tries = plan.get("cold_prepare_tries") or 1
         sets = f", the {_ordinal(tries)} set tried" if tries > 1 else ""
         runs = len(plan.get("cold_prepare_runs") or [])
-        slowest = f"the slowest of {runs} fresh processes; " if runs > 1 else ""
-        if runs > 1 and bound is not None:
-            slowest = f"the slowest of {runs} fresh processes, a new one predicted within {bound:.1f} s; "
+        predicted = f", a new one predicted within {bound:.1f} s" if bound is not None else ""
+        slowest = f"the slowest of {runs} fresh processes{predicted}; " if runs > 1 else ""
         doubt = cstats.other_share_doubt(plan.get("cold_prepare_other_shares"), doing="prepared")
         doubted = f" (doubted: {doubt}; export again on a quiet node)" if doubt else ""
         return f", prepared cold in {plan['cold_prepare_s']:.1f} s ({slowest}budget {budget:g} s{sets}){over}{doubted}"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler import statistics as cstats
-from compiler.serving.traffic import bucket_set
+from compiler.serving.traffic import bucket_set, judged_prepare_s
 from workers.bench.record import JobRecord
 from workers.bench.serving_stock import helper_result
 
@@ -82,8 +82,7 @@ def fits(got: dict[str, Any], budget_s: float) -> bool:
     """Whether a set's cold prepare (`slowest_cold`'s) fits `budget_s`: its slowest process did,
     and so does `bound_s`, the most a new process would take at the thresholds' confidence
     (`compiler.statistics.prediction_high`), where its processes gave one."""
-    bound = got.get("bound_s")
-    return got["prepare_s"] <= budget_s and (bound is None or bound <= budget_s)
+    return judged_prepare_s(got["prepare_s"], got.get("bound_s")) <= budget_s
 
 
 def slowest_cold(
@@ -153,7 +152,7 @@ def from_packages(
         sets.append(_tried(chosen, summed * scale, got))
         if fits(got, budget_s) or tries >= FIT_TRIES:
             break
-        scale = max(scale, max(got["prepare_s"], got.get("bound_s") or 0.0) / summed)
+        scale = max(scale, judged_prepare_s(got["prepare_s"], got.get("bound_s")) / summed)
         choice = bucket_set(at_bucket, profile, memory, scaled_cold(ladder, scale))
         if choice["buckets"] == chosen:  # nothing smaller fits better: the largest bucket alone
             break
