@@ -84,14 +84,36 @@ class Cluster:
             start_new_session=True,
         )
 
+    def _start(self, node: Node, args: list[str]) -> None:
+        """`ray start` the node and wait for it to join, up to `LOCAL_START_TRIES` times where
+        `ray start` timed out during startup (its raylet not registered with the GCS within the
+        30 s Ray waits: a busy host, `orchestrator.fleet.ray_tasks.start_local`), each failed
+        start's process group ended before the next."""
+        from orchestrator.fleet.ray_tasks import LOCAL_START_TRIES, START_TIMED_OUT
+
+        log = self.log_dir / f"node-{node.name}.log"
+        for attempt in range(1, LOCAL_START_TRIES + 1):
+            offset = log.stat().st_size if log.exists() else 0
+            self._ray_start(node, args)
+            try:
+                self._wait_for(node)
+                return
+            except RuntimeError:
+                said = log.read_bytes()[offset:].decode(errors="replace") if log.exists() else ""
+                if attempt == LOCAL_START_TRIES or START_TIMED_OUT not in said:
+                    raise
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.proc.pid, signal.SIGKILL)  # what the failed start left in its group
+            node.proc.wait()
+            print(f"node {node.name}: ray start timed out during startup; starting it again", flush=True)
+
     def start_head(self) -> None:
         head = Node("head", "", None, 0)
-        self._ray_start(
+        self.nodes.append(head)
+        self._start(
             head,
             ["--head", f"--port={HEAD_PORT}", "--num-cpus=0", "--num-gpus=0", "--include-dashboard=false"],
         )
-        self.nodes.append(head)
-        self._wait_for(head)
 
     def add(
         self, name: str, hw: str, gpu: int, cpus: int, relabel: bool, env: dict[str, str] | None = None
@@ -100,9 +122,8 @@ class Cluster:
         if relabel or self.fake:
             node.env["RAY_OVERRIDE_LABELS"] = json.dumps({ACCEL_LABEL: hw})
             node.env["RAY_OVERRIDE_RESOURCES"] = json.dumps({f"accelerator_type:{hw}": 1})
-        self._ray_start(node, [f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=1"])
         self.nodes.append(node)
-        self._wait_for(node)
+        self._start(node, [f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=1"])
         return node
 
     def ray_nodes(self, until_port: int | None = None, within: float = 0.0) -> list[dict[str, Any]]:

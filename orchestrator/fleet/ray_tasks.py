@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from orchestrator.fleet.address import connect_error
@@ -31,7 +31,8 @@ def ray_session(address: str | None) -> Iterator[None]:
         yield
         return
     local = {"num_cpus": local_cpus()} if address in (None, "local") else {}
-    try:
+
+    def init() -> None:
         ray.init(
             address=address or "local",
             **local,
@@ -40,12 +41,74 @@ def ray_session(address: str | None) -> Iterator[None]:
             log_to_driver=False,
             configure_logging=True,
         )
+
+    try:
+        if local:
+            start_local(init)
+        else:
+            init()
     except ConnectionError as exc:  # a refused token, a GCS that went away after the address check
         raise connect_error(address, exc) from None
     try:
         yield
     finally:
         ray.shutdown()
+
+
+LOCAL_START_TRIES = 3
+"""Starts of a private local Ray (`start_local`). On a busy host (another sweep compiling on every
+core) the raylet may not register with its GCS within the 30 s `ray.init` waits for it
+(`raylet_start_wait_time_s` in ray/_private/node.py, not a setting), and the start fails with
+"The current node timed out during startup": the processes of that start are ended and Ray is
+started again."""
+
+START_TIMED_OUT = "timed out during startup"
+"""What Ray's error says where a node's raylet did not register in time (ray/_private/node.py)."""
+
+
+def start_local(init: Callable[[], None], tries: int = LOCAL_START_TRIES) -> None:
+    """`init()`, a start of a private local Ray, up to `tries` times where it timed out during
+    startup (`LOCAL_START_TRIES`); each failed start's processes (its GCS, raylet and agents, this
+    process's children that were not there before it) are ended before the next. The last
+    failure is raised as a RuntimeError that says what happened and what to do."""
+    import sys
+
+    import psutil
+
+    for attempt in range(1, tries + 1):
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        try:
+            init()
+            return
+        except Exception as exc:
+            if START_TIMED_OUT not in str(exc):
+                raise
+            _end_children_since(before)
+            if attempt == tries:
+                raise RuntimeError(
+                    f"the local Ray did not start (tries: {tries}): its raylet did not register with "
+                    f"its GCS within the 30 s Ray waits ({exc}); the host is likely overloaded: "
+                    "run the sweep again when fewer processes compete for its cores, or give "
+                    "--address of a running cluster"
+                ) from None
+            print(
+                f"the local Ray did not start within 30 s (a busy host?): starting it again, "
+                f"try {attempt + 1} of {tries}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _end_children_since(before: set[int]) -> None:
+    """SIGKILL this process's children (recursively) that were not among `before`, and reap them:
+    what a failed start of a local Ray left running."""
+    import psutil
+
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for p in new:
+        with suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(new, timeout=10)
 
 
 def remote_for(
