@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 CHILD = textwrap.dedent(
     """
     import json, logging, os, sys, time
