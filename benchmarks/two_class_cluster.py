@@ -85,27 +85,29 @@ class Cluster:
         )
 
     def _start(self, node: Node, args: list[str]) -> None:
-        """`ray start` the node and wait for it to join, up to `LOCAL_START_TRIES` times where
-        `ray start` timed out during startup (its raylet not registered with the GCS within the
-        30 s Ray waits: a busy host, `orchestrator.fleet.ray_tasks.start_local`), each failed
+        """`ray start` the node and wait for it to join, started again where `ray start` timed out
+        during startup (its raylet not registered with the GCS within the 30 s Ray waits: a busy
+        host) as a sweep's local Ray is (`orchestrator.fleet.ray_tasks.start_local`), each failed
         start's process group ended before the next."""
-        from orchestrator.fleet.ray_tasks import LOCAL_START_TRIES, START_TIMED_OUT
+        from orchestrator.fleet.ray_tasks import start_local
 
         log = self.log_dir / f"node-{node.name}.log"
-        for attempt in range(1, LOCAL_START_TRIES + 1):
+
+        def start() -> None:
             offset = log.stat().st_size if log.exists() else 0
             self._ray_start(node, args)
             try:
                 self._wait_for(node)
-                return
-            except RuntimeError:
+            except RuntimeError as exc:  # with what `ray start` said, which start_local reads
                 said = log.read_bytes()[offset:].decode(errors="replace") if log.exists() else ""
-                if attempt == LOCAL_START_TRIES or START_TIMED_OUT not in said:
-                    raise
+                raise RuntimeError(f"{exc}: {said[-1000:]}") from None
+
+        def end_failed() -> None:  # the failed start's survivors left our process tree: its group
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.proc.pid, signal.SIGKILL)  # what the failed start left in its group
+                os.killpg(node.proc.pid, signal.SIGKILL)
             node.proc.wait()
-            print(f"node {node.name}: ray start timed out during startup; starting it again", flush=True)
+
+        start_local(start, end_failed=end_failed)
 
     def start_head(self) -> None:
         head = Node("head", "", None, 0)

@@ -66,11 +66,17 @@ START_TIMED_OUT = "timed out during startup"
 """What Ray's error says where a node's raylet did not register in time (ray/_private/node.py)."""
 
 
-def start_local(init: Callable[[], None], tries: int = LOCAL_START_TRIES) -> None:
+def start_local(
+    init: Callable[[], None],
+    tries: int = LOCAL_START_TRIES,
+    end_failed: Callable[[], None] | None = None,
+) -> None:
     """`init()`, a start of a private local Ray, up to `tries` times where it timed out during
-    startup (`LOCAL_START_TRIES`); each failed start's processes (its GCS, raylet and agents, this
-    process's children that were not there before it) are ended before the next. The last
-    failure is raised as a RuntimeError that says what happened and what to do."""
+    startup (`LOCAL_START_TRIES`: its error says `START_TIMED_OUT`); each failed start's processes
+    are ended before the next: by `end_failed` where given (benchmarks/two_class_cluster.py's
+    `ray start` nodes: their process group), else this process's children that were not there
+    before it (`ray.init`'s GCS, raylet and agents). The last failure is raised as a RuntimeError
+    that says what happened and what to do."""
     import sys
 
     import psutil
@@ -83,7 +89,10 @@ def start_local(init: Callable[[], None], tries: int = LOCAL_START_TRIES) -> Non
         except Exception as exc:
             if START_TIMED_OUT not in str(exc):
                 raise
-            _end_children_since(before)
+            if end_failed is not None:
+                end_failed()
+            else:
+                _end_children_since(before)
             if attempt == tries:
                 raise RuntimeError(
                     f"the local Ray did not start (tries: {tries}): its raylet did not register with "
