@@ -340,12 +340,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _prepared(side: dict) -> dict:
     """What preparing took in one served process: its seconds and, where compile_tuned timed them,
-    its steps."""
-    steps = ((side.get("applied") or {}).get("serving") or {}).get("prepare_steps")
+    its steps and each bucket's seconds."""
+    serving = (side.get("applied") or {}).get("serving") or {}
+    steps, buckets = serving.get("prepare_steps"), serving.get("bucket_prepare_s")
     return {
         "prepare_s": side["prepare_s"],
         "other_share": side.get("prepare_other_share"),
         **({"steps": steps} if steps else {}),
+        **({"bucket_prepare_s": buckets} if buckets else {}),
     }
 
 
@@ -353,6 +355,7 @@ def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side
     """A model's figures for the serving summary (`--summary`)."""
     serving = sides["served"]["applied"].get("serving") or {}
     served, oracle, stock = (rows[s]["weighted_ms"] for s in ("served", "oracle", stock_side))
+    slowest = max(sides["served"]["prepare_runs"], key=lambda r: r["prepare_s"])
     return {
         "model": args.name,
         "precision": args.dtype,
@@ -375,7 +378,9 @@ def _summary_entry(args: argparse.Namespace, sides: dict, rows: dict, stock_side
         "peak_mem_gib": (sides["served"]["peak_mem_bytes"] or 0) / 2**30,
         "plan_mem_gib": (serving.get("reserved_bytes") or 0) / 2**30,
         "package": (sides["served"]["applied"] or {}).get("package"),
-        **{k: serving[k] for k in ("prepare_steps", "bucket_prepare_s") if serving.get(k)},
+        # the steps and buckets of the slowest fresh process, the one whose seconds prepare_s reports
+        **({"prepare_steps": slowest["steps"]} if slowest.get("steps") else {}),
+        **({"bucket_prepare_s": slowest["bucket_prepare_s"]} if slowest.get("bucket_prepare_s") else {}),
         "process": sides["served"].get("process") or {},
     }
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from store.sink import ResultSink
+from tests.benchmark_scripts import load_benchmark
 from tests.test_regression import run_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,17 +157,8 @@ def test_the_published_overlap_summary_has_the_fields_the_results_page_reads():
     assert doc["wall_s_on"] > 0 and doc["wall_s_off"] > 0 and isinstance(doc["aa_flagged"], list)
 
 
-def _benchmark_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("overlap_benchmark", ROOT / "benchmarks/overlap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_side_by_side_splits_the_gpus_and_cores_in_halves_or_says_why_not():
-    halves = _benchmark_module().halves
+    halves = load_benchmark("overlap").halves
     got = halves(["0", "1", "2", "3"], list(range(64)))
     assert got == {
         "off": {"gpus": ["0", "1"], "cpus": list(range(32))},
@@ -187,7 +179,7 @@ def test_side_by_side_splits_the_gpus_and_cores_in_halves_or_says_why_not():
 def test_side_by_side_runs_both_at_once_each_on_its_own_gpus_and_cores(capfd):
     """Real processes: each sees only its half's GPUs and cores, both run at the same time, and
     each line of their output reaches the terminal marked with its run."""
-    module = _benchmark_module()
+    module = load_benchmark("overlap")
     cpus = sorted(os.sched_getaffinity(0))
     shares = module.halves(["0", "1"], cpus)
     code = (

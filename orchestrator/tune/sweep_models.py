@@ -105,9 +105,21 @@ def serving_line(serving: dict[str, Any] | None) -> str:
     miss = serving.get("config_miss") or {}
     if len(miss) > 1 or any(m["ratio"] > 1 for m in miss.values()):
         against += "; its config at the swept sizes: " + ", ".join(
-            f"bs{bs} {m['ratio']:.2f}x the fastest ({m['best']})" for bs, m in miss.items()
+            _miss_words(bs, m) for bs, m in miss.items()
         )
     return f", serves {profile} on {serving['plan']}{on}{why} (weighted {timed}){packed}{against}"
+
+
+def _miss_words(bs: str, miss: dict[str, Any]) -> str:
+    """One swept size of `config_miss` in the export line: the preset's config against the fastest
+    there, with the interval where it has one and whether the gap is more than noise."""
+    words = f"bs{bs} {miss['ratio']:.2f}x the fastest ({miss['best']})"
+    if miss["ratio"] == 1.0 or "ratio_low" not in miss:
+        return words  # the fastest itself, or an export written before intervals
+    low, high = miss["ratio_low"], miss["ratio_high"]
+    if low is None or high is None:
+        return f"{words}, no samples to judge it"
+    return f"{words} [{low:.2f}, {high:.2f}]" + ("" if miss.get("beyond_noise") else ", within noise")
 
 
 def _ordinal(n: int) -> str:
@@ -147,10 +159,14 @@ def config_miss(rows: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, 
     at the sizes the tune measured (its representative sizes): per batch size of the preset's
     model and dtype in `rows` (ok rows of its class) where its config ran, the fastest config
     there, both median latencies, and `ratio`, the preset's config's over the fastest's (1.0
-    where it is the fastest). The buckets between those sizes run the same config unmeasured."""
+    where it is the fastest), with its interval over the two configs' processes (`ratio_low`,
+    `ratio_high`, `compiler.statistics.ratio_interval`; None where the rows hold no samples) and
+    `beyond_noise`, whether the fastest beats the preset's config by a margin the samples support
+    (`compiler.statistics.beats`). The buckets between those sizes run the same config
+    unmeasured."""
     import statistics
 
-    cells: dict[int, dict[str, list[float]]] = {}
+    cells: dict[int, dict[str, list[dict[str, Any]]]] = {}
     for r in rows:
         if (
             r.get("status") == "ok"
@@ -158,20 +174,33 @@ def config_miss(rows: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, 
             and r.get("dtype") == entry.get("dtype")
             and r.get("compiled_ms") is not None
         ):
-            cells.setdefault(int(r["batch_size"]), {}).setdefault(r["config"], []).append(
-                float(r["compiled_ms"])
-            )
+            cells.setdefault(int(r["batch_size"]), {}).setdefault(r["config"], []).append(r)
     out = {}
     for bs in sorted(cells):
-        medians = {c: statistics.median(v) for c, v in cells[bs].items()}
-        if entry.get("config") not in medians:
+        medians = {c: statistics.median(float(r["compiled_ms"]) for r in rs) for c, rs in cells[bs].items()}
+        preset = entry.get("config")
+        if preset not in medians:
             continue
         best = min(medians, key=lambda c: medians[c])
+        low = high = None
+        beyond = False
+        if best != preset:  # each row's processes, pooled per config
+            mine, theirs = (
+                [g for r in cells[bs][c] for g in cstats.row_groups(r, "compiled")] for c in (preset, best)
+            )
+            if mine and theirs:
+                iv = cstats.ratio_interval(mine, theirs, paired=False)
+                low, high, beyond = iv.low, iv.high, cstats.beats(iv)
+        else:
+            low = high = 1.0
         out[str(bs)] = {
             "best": best,
             "best_ms": medians[best],
-            "preset_ms": medians[entry["config"]],
-            "ratio": medians[entry["config"]] / medians[best],
+            "preset_ms": medians[preset],
+            "ratio": medians[preset] / medians[best],
+            "ratio_low": low,
+            "ratio_high": high,
+            "beyond_noise": beyond,
         }
     return out
 

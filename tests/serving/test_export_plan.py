@@ -282,7 +282,16 @@ def test_the_export_says_what_one_config_for_the_range_misses_at_the_other_swept
     assert sorted(miss) == ["1", "16", "4"], miss
     assert miss["1"]["best"] == "ro" and miss["1"]["ratio"] == 1.0
     assert miss["4"]["best"] == "max-autotune" and miss["4"]["ratio"] == pytest.approx(0.71 / 0.62)
-    assert miss["16"] == {"best": "ro", "best_ms": 1.2, "preset_ms": 1.2, "ratio": 1.0}
+    assert miss["4"]["ratio_low"] is None and not miss["4"]["beyond_noise"]  # no samples: no interval
+    assert miss["16"] == {
+        "best": "ro",
+        "best_ms": 1.2,
+        "preset_ms": 1.2,
+        "ratio": 1.0,
+        "ratio_low": 1.0,
+        "ratio_high": 1.0,
+        "beyond_noise": False,
+    }
     plans = {"buckets": {"weighted_ms": 1.0}}
     line = serving_line(
         {
@@ -296,7 +305,63 @@ def test_the_export_says_what_one_config_for_the_range_misses_at_the_other_swept
     )
     assert line.endswith(
         "its config at the swept sizes: bs1 1.00x the fastest (ro), bs4 1.15x the fastest "
-        "(max-autotune), bs16 1.00x the fastest (ro)"
+        "(max-autotune), no samples to judge it, bs16 1.00x the fastest (ro)"
+    ), line
+
+
+def test_what_one_config_misses_at_a_size_carries_its_interval_and_says_whether_it_is_noise():
+    """Rows with their processes' samples: a config 20% slower in three tight processes is beyond
+    noise; 10% slower in two processes that spread 30% apart is within it."""
+    import random
+
+    from orchestrator.tune.sweep_models import config_miss, serving_line
+
+    rng = random.Random(0)
+
+    def row(bs, config, centres):
+        samples = [c * (1 + rng.uniform(-0.01, 0.01)) for c in centres for _ in range(20)]
+        return {
+            "model": "m",
+            "dtype": "bf16",
+            "batch_size": bs,
+            "config": config,
+            "compiled_ms": sorted(samples)[len(samples) // 2],
+            "compiled_samples_ms": samples,
+            "samples_per_repeat": [20] * len(centres),
+            "status": "ok",
+        }
+
+    rows = [
+        row(1, "ro+freezing", [1.20, 1.21, 1.19]),
+        row(1, "ro", [1.00, 1.01, 0.99]),
+        row(32, "ro+freezing", [2.2, 2.9]),
+        row(32, "ro", [2.0, 2.6]),
+        row(16, "ro+freezing", [1.5, 1.5]),
+        row(16, "ro", [1.7, 1.7]),
+    ]
+    miss = config_miss(rows, {"model": "m", "dtype": "bf16", "config": "ro+freezing"})
+    assert miss["1"]["best"] == "ro" and miss["1"]["beyond_noise"], miss["1"]
+    assert 1.0 < miss["1"]["ratio_low"] <= miss["1"]["ratio"] <= miss["1"]["ratio_high"], miss["1"]
+    assert miss["32"]["best"] == "ro" and not miss["32"]["beyond_noise"], miss["32"]
+    assert miss["32"]["ratio_low"] < 1.0 < miss["32"]["ratio_high"], miss["32"]
+    assert miss["16"]["ratio"] == 1.0 and not miss["16"]["beyond_noise"]
+    line = serving_line(
+        {
+            "profile": {"batch": {"min": 1, "max": 32}},
+            "plan": "buckets",
+            "buckets": [32],
+            "padding": {"ok": True},
+            "plans": {"buckets": {"weighted_ms": 1.0}},
+            "config_miss": miss,
+        }
+    )
+    m1, m32 = miss["1"], miss["32"]
+    assert (
+        f"bs1 {m1['ratio']:.2f}x the fastest (ro) [{m1['ratio_low']:.2f}, {m1['ratio_high']:.2f}], bs16 1.00x"
+        in line
+    ), line
+    assert line.endswith(
+        f"bs32 {m32['ratio']:.2f}x the fastest (ro) [{m32['ratio_low']:.2f}, {m32['ratio_high']:.2f}], within noise"
     ), line
 
 

@@ -5,6 +5,7 @@ stands in for a serving process a user starts, leaves both behind."""
 from __future__ import annotations
 
 from compiler.config import CompileConfig
+from tests.benchmark_scripts import load_benchmark
 from workers.affinity import AFFINITY_ENV, AHEAD_AFFINITY_ENV, UNPIN_ENV
 from workers.bench import PARENT_PID_ENV
 from workers.bench.run import JobRun
@@ -57,23 +58,6 @@ def test_the_stock_user_runs_under_torchs_runtime_defaults_not_the_presets(tmp_p
         runtime.restore(before)
 
 
-def _benchmark(name: str):
-    """benchmarks/NAME.py as a module (the scripts import their neighbours from beside them)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parents[2] / "benchmarks"
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(bench))
-    return module
-
-
 def test_the_traffic_benchmarks_oracle_compiles_with_the_presets_own_config(tmp_path):
     """benchmarks/serving_traffic.py's oracle (an exact preset per batch size) is compiled and run
     with the config of the export's preset it is held against, read from the verified serving.json:
@@ -83,7 +67,7 @@ def test_the_traffic_benchmarks_oracle_compiles_with_the_presets_own_config(tmp_
 
     from tests.tune.test_export_apply import edit_presets, write_export
 
-    oracle = _benchmark("serving_oracle")
+    oracle = load_benchmark("serving_oracle")
 
     def frozen_off(presets):
         compile_ = presets["presets"][0]["compile"]
@@ -110,7 +94,7 @@ def test_the_traffic_benchmark_serves_and_holds_the_oracle_in_the_presets_precis
 
     from tests.tune.test_export_apply import edit_presets, write_export
 
-    traffic = _benchmark("serving_traffic")
+    traffic = load_benchmark("serving_traffic")
 
     def tf32(presets):
         presets["presets"][0]["precision"] = "tf32"
