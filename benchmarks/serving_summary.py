@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,13 +69,12 @@ class ServingTargets:
 TARGETS = ServingTargets()
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+def judge(summary: dict, targets: ServingTargets = TARGETS) -> tuple[list[dict], list[str], dict]:
+    """One budget's models judged against `targets`: a row per model (its ratios), the targets
+    missed, each a sentence naming the model or the geometric mean, and the geometric means over
+    the models (`oracle`, `stock`; None without models)."""
+    from orchestrator.tune.deployed import geomean  # here: the traffic benchmark's children import this file
 
-
-def judge(summary: dict, targets: ServingTargets = TARGETS) -> tuple[list[dict], list[str]]:
-    """One budget's models judged against `targets`: a row per model (its ratios) and the
-    targets missed, each a sentence naming the model or the geometric mean."""
     rows, missed = [], []
     for m in summary["models"]:
         row = {
@@ -103,17 +101,19 @@ def judge(summary: dict, targets: ServingTargets = TARGETS) -> tuple[list[dict],
             missed.append(f"{name}: {row['vs_stock']:.3f}x the stock user (at least {targets.stock_each}x)")
         if row["prepare_s"] > targets.prepare_s:
             missed.append(f"{name}: prepared in {row['prepare_s']:.2f} s (at most {targets.prepare_s} s)")
-    oracle = _geomean([r["vs_oracle"] for r in rows])
-    stock = _geomean([r["vs_stock"] for r in rows])
-    if rows and oracle > targets.oracle_geomean:
-        missed.append(f"geometric mean {oracle:.3f}x the oracle (at most {targets.oracle_geomean}x)")
+    means = {
+        "oracle": geomean([r["vs_oracle"] for r in rows]),
+        "stock": geomean([r["vs_stock"] for r in rows]),
+    }
+    if means["oracle"] is not None and means["oracle"] > targets.oracle_geomean:
+        missed.append(f"geometric mean {means['oracle']:.3f}x the oracle (at most {targets.oracle_geomean}x)")
     want = targets.stock_geomean_for(summary["budget"])
-    if rows and stock < want:
-        missed.append(f"geometric mean {stock:.3f}x the stock user (at least {want}x)")
-    return rows, missed
+    if means["stock"] is not None and means["stock"] < want:
+        missed.append(f"geometric mean {means['stock']:.3f}x the stock user (at least {want}x)")
+    return rows, missed, means
 
 
-def _print_judged(summary: dict, rows: list[dict], missed: list[str]) -> None:
+def _print_judged(summary: dict, rows: list[dict], missed: list[str], means: dict) -> None:
     t = summary["traffic"]
     print(
         f"budget {summary['budget']}: {len(rows)} models, batch {t['min']}..{t['max']} "
@@ -129,10 +129,7 @@ def _print_judged(summary: dict, rows: list[dict], missed: list[str]) -> None:
             f"{r['compiles']} | {r['vs_oracle']:.3f}x | {r['vs_stock']:.3f}x |"
         )
     if rows:
-        print(
-            f"geometric mean: {_geomean([r['vs_oracle'] for r in rows]):.3f}x the oracle, "
-            f"{_geomean([r['vs_stock'] for r in rows]):.3f}x the stock user"
-        )
+        print(f"geometric mean: {means['oracle']:.3f}x the oracle, {means['stock']:.3f}x the stock user")
     print("every target met" if not missed else "MISSED: " + "; ".join(missed))
 
 
@@ -165,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     failed = False
     for i, summary in enumerate(chosen):
-        rows, missed = judge(summary)
+        rows, missed, means = judge(summary)
         if i:
             print()
-        _print_judged(summary, rows, missed)
+        _print_judged(summary, rows, missed, means)
         failed |= bool(missed)
     return 1 if failed else 0
 

@@ -182,7 +182,7 @@ def config_miss(rows: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, 
         if preset not in medians:
             continue
         best = min(medians, key=lambda c: medians[c])
-        low = high = None
+        low = high = 1.0 if best == preset else None
         beyond = False
         if best != preset:  # each row's processes, pooled per config
             mine, theirs = (
@@ -191,8 +191,6 @@ def config_miss(rows: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, 
             if mine and theirs:
                 iv = cstats.ratio_interval(mine, theirs, paired=False)
                 low, high, beyond = iv.low, iv.high, cstats.beats(iv)
-        else:
-            low = high = 1.0
         out[str(bs)] = {
             "best": best,
             "best_ms": medians[best],
